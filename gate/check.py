@@ -1,0 +1,84 @@
+"""`gate check` and `gate validate` as functions: policy -> session -> measure -> rules -> report.
+
+The CLI only parses arguments and prints; everything it runs is here.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from gate.errors import InputError, PolicyValueError
+from gate.measure.environment import environment
+from gate.models.load import resolve_device, resolve_source
+from gate.policy.load import LoadedPolicy, load_policy
+from gate.records import Failure, Measurements
+from gate.report.document import Report, make_report
+from gate.rules.evaluate import evaluate, exit_code
+from gate.rules.summary import summarize
+from gate.run import Progress, measure
+from gate.session import open_session
+from gate.workloads.interface import select
+from gate.workloads.jsonl import JsonlPrompts
+from gate.workloads.mt_bench import MTBench
+
+
+@dataclass
+class CheckResult:
+    report: Report
+    exit_code: int
+
+
+def validate(path: str | Path) -> LoadedPolicy:
+    """Validate a policy without loading models: schema, units, names, and that every model
+    source and the prompt source can be found. Raises InputError (file, YAML path, line)."""
+    loaded = load_policy(path)
+    policy = loaded.policy
+    try:
+        resolve_device(policy.target.device, "target.device")
+        resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
+        for name, draft in policy.drafts.items():
+            if draft.kind == "model" and draft.model != "target":
+                resolve_source(draft.model, draft.gguf_file, loaded.path.parent, f"drafts.{name}.model")
+        w = policy.workload
+        source = MTBench() if w.source == "mt_bench" else JsonlPrompts(loaded.resolve(w.path or ""))
+        if not select(source.load(), w.seed, w.per_category, w.num_prompts, w.categories):
+            raise PolicyValueError("workload", "the workload selects no prompt")
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
+    return loaded
+
+
+def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool = False,
+          warmup: bool = True) -> CheckResult:
+    """Run every measurement the policy needs, evaluate every rule, build the report.
+
+    Raises InputError for a bad policy or input (exit code 2). Measurement failures do not
+    raise: they are recorded, their rules become errors, and the exit code is 3 (or 1
+    when an error-level rule failed)."""
+    loaded = validate(path)
+    policy = loaded.policy
+    try:
+        session = open_session(loaded)
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a model that cannot be loaded is a failed measurement
+        m = Measurements(environment=environment(resolve_device(policy.target.device, "target.device"), policy.workload.seed),
+                         laws=[law.label for law in policy.laws])
+        m.drafts = {name: {"kind": d.kind, "num_draft_tokens": d.num_draft_tokens} for name, d in policy.drafts.items()}
+        m.failures.append(Failure("run", "*", "*", "loading models", f"{type(e).__name__}: {e}"))
+        return _finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
+    m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
+                warmup=warmup, progress=progress)
+    return _finish(loaded, m, fail_on_warn, [])
+
+
+def _finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str]) -> CheckResult:
+    outcomes = evaluate(loaded.policy.rules, m)
+    code = exit_code(outcomes, m, fail_on_warn)
+    report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code)
+    report.notes.extend(notes)
+    return CheckResult(report, code)

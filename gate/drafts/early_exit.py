@@ -1,0 +1,49 @@
+"""Early exit: the first k decoder layers of the target, then its final norm and shared head.
+
+The draft is a view: its modules are the target's own (no weights copied, billed once),
+with a KV cache of its own for its k layers. Without training the exit, overlap is
+usually low; that is what the gate is for.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from gate.drafts.model import ModelDraft
+from gate.errors import PolicyValueError
+
+
+def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -> torch.nn.Module:
+    """A causal LM of the target's class running its first `num_layers` layers.
+
+    Supports decoder-only models laid out as `model.layers` with `model.norm` and
+    `lm_head` (Llama, Mistral, Qwen2, Gemma and kin). Raises PolicyValueError otherwise,
+    or when num_layers is not below the target's layer count.
+    """
+    inner = getattr(target, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "norm") or not hasattr(target, "lm_head"):
+        raise PolicyValueError(yaml_path, f"early_exit needs a decoder laid out as model.layers (got {type(target).__name__})")
+    total = len(layers)
+    if not 1 <= num_layers < total:
+        raise PolicyValueError(yaml_path, f"num_layers must be between 1 and {total - 1} (the target has {total} layers)")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:num_layers]
+    with torch.device("meta"):
+        draft = type(target)(config)
+    # Share the target's modules: no copies, same parameters.
+    for name, child in inner.named_children():
+        setattr(draft.model, name, torch.nn.ModuleList(list(layers)[:num_layers]) if name == "layers" else child)
+    draft.lm_head = target.lm_head
+    return draft.eval()
+
+
+def early_exit_draft(name: str, target: torch.nn.Module, num_layers: int, num_draft_tokens: int,
+                     device: torch.device, yaml_path: str) -> ModelDraft:
+    """A ModelDraft over `early_exit_model`, marked as sharing the target's weights."""
+    model = early_exit_model(target, num_layers, yaml_path)
+    return ModelDraft(name, "early_exit", model, num_draft_tokens, device, shared_with_target=True)

@@ -1,0 +1,55 @@
+"""Prompt lookup (n-gram) proposals: copy what followed an earlier occurrence of the suffix.
+
+q is a point mass at the proposed token, so under sampling a proposal x is accepted with
+probability p(x) and the residual is p without x, renormalised (PRIMER, "Formulas").
+Matching follows transformers' PromptLookupCandidateGenerator: the longest suffix n-gram
+(max_ngram_size down to 1) and its earliest earlier occurrence with a continuation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gate.drafts.interface import Draft, Proposal
+from gate.law import Law
+
+
+def lookup(context: list[int], max_ngram_size: int, n: int) -> list[int]:
+    """Up to `n` tokens that followed the earliest earlier occurrence of the context's
+    longest matching suffix n-gram (n-gram sizes max_ngram_size..1); [] when none matches."""
+    length = len(context)
+    for size in range(min(max_ngram_size, length - 1), 0, -1):
+        suffix = context[length - size:]
+        for start in range(0, length - size):
+            if context[start:start + size] == suffix:
+                follow = context[start + size:start + size + n]
+                if follow:
+                    return follow
+    return []
+
+
+class PromptLookupDraft(Draft):
+    """Point-mass proposals from the request's own context; no weights, no cache."""
+
+    kind = "prompt_lookup"
+    probability_info = "point_mass"
+
+    def __init__(self, name: str, max_ngram_size: int, num_draft_tokens: int, vocab_size: int, device: torch.device):
+        self.name = name
+        self.max_ngram_size = max_ngram_size
+        self.num_draft_tokens = num_draft_tokens
+        self.vocab_size = vocab_size
+        self.device = device
+
+    def propose(self, context: list[int], n: int, law: Law, generator: torch.Generator | None) -> Proposal:
+        tokens = torch.tensor(lookup(context, self.max_ngram_size, n), dtype=torch.long, device=self.device)
+        q = torch.nn.functional.one_hot(tokens, self.vocab_size).float() if len(tokens) else torch.empty(0)
+        return Proposal(tokens, q)
+
+    def teacher_forced(self, ids: list[int], start: int, law: Law, vocab_size: int) -> torch.Tensor:
+        q = torch.zeros(len(ids) - start, vocab_size, device=self.device)
+        for row, i in enumerate(range(start, len(ids))):
+            follow = lookup(ids[:i], self.max_ngram_size, 1)
+            if follow:
+                q[row, follow[0]] = 1.0
+        return q

@@ -1,0 +1,1 @@
+"""Engines: how tokens are produced and timed (transformers in-process today)."""

@@ -1,0 +1,62 @@
+"""Errors that the CLI turns into one clear message and an exit code, never a traceback.
+
+Exit codes (documented in the README): 0 every error-level rule passed, 1 a rule failed,
+2 invalid policy, input or usage, 3 a measurement could not be made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_MEASUREMENT = 3
+
+
+class GateError(Exception):
+    """Base class of errors reported to the user without a traceback."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input file: where (file, YAML path, line) and what."""
+
+    file: str
+    path: str  # YAML path, e.g. "drafts.bf16.dtype" or "rules[2].threshold"; "" for the document
+    line: int | None  # 1-based
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file + (f":{self.line}" if self.line else "")
+        return f"{where}: {self.path or '(document)'}: {self.message}"
+
+
+class InputError(GateError):
+    """Invalid policy or input file: every problem names the file, the YAML path and the line."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class PolicyValueError(GateError):
+    """A policy value that turned out wrong when used (missing model file, prompt file,
+    incompatible tokenizer). Raised with the YAML path; the caller adds file and line."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}")
+
+
+class MeasurementError(GateError):
+    """A measurement could not be made (exit code 3)."""
+
+    exit_code = EXIT_MEASUREMENT

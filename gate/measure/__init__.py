@@ -1,0 +1,1 @@
+"""Measurements: pure functions on tensors and records wherever possible."""

@@ -1,0 +1,1 @@
+"""Loading targets and drafts, fingerprints and tokenizer compatibility."""

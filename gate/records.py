@@ -1,0 +1,255 @@
+"""Typed measurement records with units. Counters are stored; rates are derived.
+
+Records are plain dataclasses that serialise to the JSON report as they are, so any rule
+can aggregate the raw values later. They know nothing about rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FALLBACK = "fallback"
+
+
+@dataclass
+class SpecDecodeCounters:
+    """vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py). They add up across
+    requests and runs; rates are derived from pooled counters, never averaged.
+
+    num_drafts: verification steps that carried at least one proposal.
+    num_draft_tokens: proposals made. num_accepted_tokens: proposals committed.
+    num_accepted_tokens_per_pos[i]: steps whose proposal at position i was committed.
+    accepted_length_histogram[k]: steps with a proposal that committed k proposals.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    accepted_length_histogram: list[int] = field(default_factory=list)
+
+    def __add__(self, other: "SpecDecodeCounters") -> "SpecDecodeCounters":
+        return SpecDecodeCounters(
+            self.num_drafts + other.num_drafts,
+            self.num_draft_tokens + other.num_draft_tokens,
+            self.num_accepted_tokens + other.num_accepted_tokens,
+            _add_lists(self.num_accepted_tokens_per_pos, other.num_accepted_tokens_per_pos),
+            _add_lists(self.accepted_length_histogram, other.accepted_length_histogram),
+        )
+
+    @property
+    def acceptance_rate(self) -> float:
+        """num_accepted_tokens / num_draft_tokens (NaN without proposals)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + num_accepted_tokens / num_drafts: committed tokens per step with a proposal."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def acceptance_rate_per_pos(self) -> list[float]:
+        """num_accepted_tokens_per_pos[i] / num_drafts. Their sum + 1 is the mean acceptance length."""
+        return [a / self.num_drafts if self.num_drafts else float("nan") for a in self.num_accepted_tokens_per_pos]
+
+    @classmethod
+    def from_steps(cls, proposed: list[int], accepted: list[int]) -> "SpecDecodeCounters":
+        """Counters from per-step proposal and accepted counts (steps without proposals ignored)."""
+        width = max(proposed, default=0)
+        per_pos = [0] * width
+        hist = [0] * (width + 1)
+        drafts = 0
+        for n, a in zip(proposed, accepted):
+            if n == 0:
+                continue
+            drafts += 1
+            hist[a] += 1
+            for i in range(a):
+                per_pos[i] += 1
+        return cls(drafts, sum(proposed), sum(accepted), per_pos, hist)
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    out = [0] * max(len(a), len(b))
+    for i, v in enumerate(a):
+        out[i] += v
+    for i, v in enumerate(b):
+        out[i] += v
+    return out
+
+
+@dataclass
+class RequestRecord:
+    """One generation request, fallback or speculative, as the client sees it.
+
+    Times are milliseconds from the request's start. token_times_ms[i] is when output
+    token i was committed; tokens committed by one step share one time (so token-by-token
+    ITL has zeros inside a step; itl_chunk_ms has one gap per step). Stop handling is
+    applied before counting: an EOS inside an accepted block ends the output there.
+    """
+
+    draft: str  # draft name, or "fallback"
+    law: str
+    prompt_id: str
+    category: str
+    max_new_tokens: int
+    repetition: int
+    prompt_tokens: int
+    output_ids: list[int]
+    token_times_ms: list[float]
+    step_committed: list[int]  # committed tokens per step; the first step is the prefill
+    step_proposed: list[int]  # proposals verified per step (0 for the prefill and fallback)
+    step_accepted: list[int]  # proposals committed per step
+    stop_reason: str  # "eos" or "length"
+    e2el_ms: float
+    num_draft_tokens: int  # the configured gamma (0 for the fallback)
+    kv_cache_tokens: int  # tokens held in the target cache at the end of the request
+    kv_cache_bytes: int  # measured bytes of the target's cache tensors at the end
+    draft_kv_cache_bytes: int  # measured bytes of the draft's cache tensors at the end
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.token_times_ms[0] if self.token_times_ms else float("nan")
+
+    @property
+    def itl_ms(self) -> list[float]:
+        """Token-by-token inter-token latencies: len = output_tokens - 1; mean = TPOT."""
+        t = self.token_times_ms
+        return [t[i] - t[i - 1] for i in range(1, len(t))]
+
+    @property
+    def itl_chunk_ms(self) -> list[float]:
+        """One gap per step after the first (vLLM bench's per-chunk convention)."""
+        ends: list[float] = []
+        i = 0
+        for k in self.step_committed:
+            if k:
+                i += k
+                ends.append(self.token_times_ms[i - 1])
+        return [ends[j] - ends[j - 1] for j in range(1, len(ends))]
+
+    @property
+    def tpot_ms(self) -> float:
+        n = self.output_tokens
+        return (self.e2el_ms - self.ttft_ms) / (n - 1) if n > 1 else float("nan")
+
+    @property
+    def committed_tokens_per_s(self) -> float:
+        return self.output_tokens / (self.e2el_ms / 1e3) if self.e2el_ms > 0 else float("nan")
+
+    @property
+    def counters(self) -> SpecDecodeCounters:
+        return SpecDecodeCounters.from_steps(self.step_proposed, self.step_accepted)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["derived"] = {
+            "output_tokens": self.output_tokens,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "committed_tokens_per_s": self.committed_tokens_per_s,
+            "counters": asdict(self.counters),
+        }
+        return out
+
+
+@dataclass
+class OverlapRecord:
+    """Per-position overlap along one continuation the target generated under the law.
+
+    overlap[i] = sum_x min(p_i(x), q_i(x)) at output position i, both processed by the law;
+    None where the draft made no proposal (prompt lookup without an n-gram match).
+    top1[i] = argmax q_i == argmax p_i (diagnostic only).
+    """
+
+    draft: str
+    law: str
+    prompt_id: str
+    category: str
+    probability_info: str  # "distribution" or "point_mass"
+    overlap: list[float | None]
+    top1: list[bool | None]
+
+
+@dataclass
+class BillLine:
+    """One allocation of the resident resource bill."""
+
+    name: str
+    formula: str  # the formula with the numbers filled in
+    bytes: int
+    coexists_at_peak: bool = True
+
+
+@dataclass
+class BillRecord:
+    """Predicted resident bytes for one draft (or the fallback) at the workload's longest
+    sequence, one sequence at a time (concurrency 1, as the in-process engine runs)."""
+
+    draft: str
+    sequences: int
+    context_tokens: int
+    lines: list[BillLine]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(line.bytes for line in self.lines if line.coexists_at_peak)
+
+
+@dataclass
+class ModelInfo:
+    """What was loaded, for the report's environment section."""
+
+    role: str  # "target" or the draft name
+    source: str
+    kind: str
+    dtype: str
+    fingerprint: str  # sha256 over parameter bytes (first 16 hex), see gate.models.fingerprint
+    parameters: int
+    weight_bytes: int
+
+
+@dataclass
+class Environment:
+    """Versions, device and seed, written into every report."""
+
+    python: str
+    torch: str
+    transformers: str
+    gate: str
+    platform: str
+    device: str
+    device_name: str
+    seed: int
+    models: list[ModelInfo] = field(default_factory=list)
+
+
+@dataclass
+class Failure:
+    """A measurement that could not be made: which cell and why. Rules needing it are errors."""
+
+    stage: str  # "request", "overlap", "bill" or "run" (the whole run, e.g. interrupted)
+    draft: str  # a draft name, "fallback", or "*" for all
+    law: str  # a law name or "*"
+    what: str
+    message: str
+
+
+@dataclass
+class Measurements:
+    """Everything measured in one run; the input of rule evaluation and the JSON report."""
+
+    environment: Environment
+    requests: list[RequestRecord] = field(default_factory=list)
+    overlaps: list[OverlapRecord] = field(default_factory=list)
+    bills: list[BillRecord] = field(default_factory=list)
+    process_peak_rss_bytes: int | None = None
+    cuda_max_memory_allocated_bytes: int | None = None
+    failures: list[Failure] = field(default_factory=list)
+    drafts: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> kind, gamma, probability_info
+    laws: list[str] = field(default_factory=list)

@@ -1,0 +1,1 @@
+"""Report formats, one module each: json.py, junit.py, console.py."""

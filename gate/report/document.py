@@ -1,0 +1,58 @@
+"""The report document: every raw measurement, every outcome and the summary rows.
+
+One pydantic TypeAdapter serialises it (NaN becomes null) and generates its JSON Schema,
+checked in as schemas/report.schema.json (`gate schema --report`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from gate.records import Measurements
+from gate.rules.evaluate import Outcome
+from gate.rules.summary import SummaryRow
+
+FORMAT = "gate-report/1"
+
+
+@dataclass
+class Report:
+    """What `gate check` found. `status_counts` counts outcomes per status."""
+
+    gate_version: str
+    policy_file: str
+    policy: dict[str, Any]
+    created_utc: str
+    exit_code: int
+    status_counts: dict[str, int]
+    outcomes: list[Outcome]
+    summary: list[SummaryRow]
+    measurements: Measurements
+    format: str = FORMAT
+    notes: list[str] = field(default_factory=list)
+
+
+ADAPTER = TypeAdapter(Report)
+
+
+def make_report(policy_file: str, policy: dict[str, Any], m: Measurements, outcomes: list[Outcome],
+                summary: list[SummaryRow], exit_code: int) -> Report:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return Report(
+        gate_version=m.environment.gate, policy_file=policy_file, policy=policy,
+        created_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), exit_code=exit_code,
+        status_counts=counts, outcomes=outcomes, summary=summary, measurements=m,
+    )
+
+
+def report_schema() -> dict[str, Any]:
+    """JSON Schema of the report document (draft 2020-12, as pydantic writes it)."""
+    schema = ADAPTER.json_schema(mode="serialization")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "gate report"
+    return schema

@@ -1,0 +1,1 @@
+"""Rule evaluation over measurement records: samples, aggregation, comparison, outcomes."""

@@ -1,0 +1,1 @@
+"""Workload sources, one module each: mt_bench.py, jsonl.py."""
