@@ -8,10 +8,13 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from gate.errors import InputError, PolicyValueError
 from gate.measure.environment import environment
-from gate.models.load import resolve_device, resolve_source
+from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, resolve_device, resolve_source
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.records import Failure, Measurements
 from gate.report.document import Report, make_report
@@ -31,16 +34,20 @@ class CheckResult:
 
 
 def validate(path: str | Path) -> LoadedPolicy:
-    """Validate a policy without loading models: schema, units, names, and that every model
-    source and the prompt source can be found. Raises InputError (file, YAML path, line)."""
+    """Validate a policy without loading model weights: schema, units, names, that every
+    model source and the prompt source can be found, and that a separate draft model's
+    tokenizer matches the target's. Raises InputError (file, YAML path, line)."""
     loaded = load_policy(path)
     policy = loaded.policy
     try:
         resolve_device(policy.target.device, "target.device")
-        resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-        for name, draft in policy.drafts.items():
-            if draft.kind == "model" and draft.model != "target":
-                resolve_source(draft.model, draft.gguf_file, loaded.path.parent, f"drafts.{name}.model")
+        target = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
+        separate = {name: resolve_source(draft.model, draft.gguf_file, loaded.path.parent, f"drafts.{name}.model")
+                    for name, draft in policy.drafts.items() if draft.kind == "model" and draft.model != "target"}
+        if separate:
+            target_tokenizer = _tokenizer(target, "target.model")
+            for name, source in separate.items():
+                check_tokenizers(target_tokenizer, _tokenizer(source, f"drafts.{name}.model"), f"drafts.{name}.model")
         w = policy.workload
         source = MTBench() if w.source == "mt_bench" else JsonlPrompts(loaded.resolve(w.path or ""))
         if not select(source.load(), w.seed, w.per_category, w.num_prompts, w.categories):
@@ -48,6 +55,13 @@ def validate(path: str | Path) -> LoadedPolicy:
     except PolicyValueError as e:
         raise loaded.error(e) from None
     return loaded
+
+
+def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
+    try:
+        return load_tokenizer(source)
+    except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
+        raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
 
 
 def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool = False,
@@ -66,14 +80,28 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - a model that cannot be loaded is a failed measurement
-        m = Measurements(environment=environment(resolve_device(policy.target.device, "target.device"), policy.workload.seed),
-                         laws=[law.label for law in policy.laws])
-        m.drafts = {name: {"kind": d.kind, "num_draft_tokens": d.num_draft_tokens} for name, d in policy.drafts.items()}
+        m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure("run", "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return _finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
-    m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
-                warmup=warmup, progress=progress)
+    try:
+        m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
+                    warmup=warmup, progress=progress)
+    except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
+        # Whatever escaped the run (e.g. a failing warm-up request) is a measurement that
+        # could not be made: exit code 3 with the reports written, never a traceback.
+        m = _nothing_measured(loaded, session.device)
+        m.environment.models = session.models
+        m.failures.append(Failure("run", "*", "*", "measuring", f"{type(e).__name__}: {e}"))
+        return _finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
     return _finish(loaded, m, fail_on_warn, [])
+
+
+def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurements:
+    """Measurements with the environment, laws and drafts but no record (every rule: error)."""
+    policy = loaded.policy
+    m = Measurements(environment=environment(device, policy.workload.seed), laws=[law.label for law in policy.laws])
+    m.drafts = {name: {"kind": d.kind, "num_draft_tokens": d.num_draft_tokens} for name, d in policy.drafts.items()}
+    return m
 
 
 def _finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str]) -> CheckResult:

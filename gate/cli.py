@@ -16,9 +16,10 @@ import click
 from rich.console import Console
 
 from gate import __version__
-from gate.errors import EXIT_MEASUREMENT, GateError
+from gate.errors import EXIT_MEASUREMENT, EXIT_USAGE, GateError
 
-_err = Console(stderr=True, highlight=False)
+# emoji=False: a path like "/ci/:cat:/policy.yaml" must print as written
+_err = Console(stderr=True, highlight=False, emoji=False)
 
 
 def _fail(exc: GateError) -> None:
@@ -73,11 +74,15 @@ def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, n
             result = do_check(policy, progress=progress, fail_on_warn=fail_on_warn, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
-    JsonReport().write(result.report, json_path)
-    JunitReport().write(result.report, junit_path)
-    out = Console(highlight=False)
+    for fmt, path in ((JsonReport(), json_path), (JunitReport(), junit_path)):
+        try:
+            fmt.write(result.report, path)
+        except OSError as e:
+            _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
+            sys.exit(EXIT_USAGE)
+    out = Console(highlight=False, emoji=False)
     if not out.is_terminal:
-        out = Console(highlight=False, width=160)
+        out = Console(highlight=False, emoji=False, width=160)
     ConsoleReport().print(result.report, out)
     click.echo(f"reports: {json_path} {junit_path}")
     sys.exit(result.exit_code)

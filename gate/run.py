@@ -40,7 +40,7 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
         torch.cuda.reset_peak_memory_stats(session.device)
     try:
         if warmup:
-            _warmup(session)
+            _warmup(session, m)
         for i, req in enumerate(requests):
             progress("requests", i, len(requests))
             try:
@@ -68,11 +68,15 @@ def _generator(session: Session, seed: int) -> torch.Generator:
     return torch.Generator(device=session.device).manual_seed(seed)
 
 
-def _warmup(session: Session) -> None:
-    """One short untimed request per runner: first calls allocate and pick kernels."""
+def _warmup(session: Session, m: Measurements) -> None:
+    """One short untimed request per runner: first calls allocate and pick kernels.
+    A runner that fails here is recorded; its timed requests will say for themselves."""
     prompt = list(session.prompts[0].token_ids)
-    for draft in [None, *session.drafts.values()]:
-        session.engine.generate(prompt, draft, session.laws[0], 4, _generator(session, 0))
+    for name, draft in [(FALLBACK, None), *session.drafts.items()]:
+        try:
+            session.engine.generate(prompt, draft, session.laws[0], 4, _generator(session, 0))
+        except Exception as e:  # noqa: BLE001
+            m.failures.append(Failure("request", name, "*", "warm-up", _describe(e)))
 
 
 def _run_one(session: Session, req: Request) -> RequestRecord:

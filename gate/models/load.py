@@ -200,8 +200,11 @@ def check_tokenizers(target: Any, draft: Any, yaml_path: str) -> None:
         raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, draft {len(draft)}")
     tv, dv = target.get_vocab(), draft.get_vocab()
     if tv != dv:
-        diff = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])[0]
-        raise PolicyValueError(yaml_path, f"tokenizer mismatch: token {diff[0]!r} has id {tv.get(diff[0])} in the target, {dv.get(diff[0])} in the draft")
+        token, _ = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: (kv[1], kv[0]))[0]
+        where = [f"id {tv[token]} in the target" if token in tv else "not in the target vocabulary",
+                 f"id {dv[token]} in the draft" if token in dv else "missing from the draft vocabulary"]
+        raise PolicyValueError(yaml_path, f"tokenizer mismatch: token {token!r} is {where[0]} but {where[1]}; "
+                               "target and draft must share one vocabulary (the verifier compares token ids)")
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
         if getattr(target, attr, None) != getattr(draft, attr, None):
             raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, {getattr(draft, attr, None)} in the draft")

