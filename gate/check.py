@@ -15,6 +15,7 @@ import torch
 from gate.errors import InputError, PolicyValueError
 from gate.measure.environment import environment
 from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, resolve_device, resolve_source
+from gate.plan import plan_exactness
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.records import Failure, Measurements
 from gate.report.document import Report, make_report
@@ -83,9 +84,10 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure("run", "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return _finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
+    exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     try:
         m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
-                    warmup=warmup, progress=progress)
+                    warmup=warmup, progress=progress, exactness=exactness)
     except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
         # Whatever escaped the run (e.g. a failing warm-up request) is a measurement that
         # could not be made: exit code 3 with the reports written, never a traceback.

@@ -8,7 +8,8 @@ The fallback runs first because its continuation is the one overlap is measured 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 from gate.law import Law
 from gate.records import FALLBACK
@@ -53,3 +54,28 @@ def plan_requests(drafts: list[str], laws: list[Law], prompts: list[PlannedPromp
                     for runner in [FALLBACK, *drafts]:
                         out.append(Request(runner, law, prompt, mnt, rep, s))
     return out
+
+
+@dataclass
+class ExactnessPlan:
+    """Which (draft, law) pairs exactness rules need, and how many speculative first tokens
+    to draw per prompt for the next-token test (0: PIT or greedy equality only)."""
+
+    pairs: set[tuple[str, str]] = field(default_factory=set)
+    next_token_samples: dict[tuple[str, str], int] = field(default_factory=dict)
+    next_token_prompts: int = 1
+
+
+def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> ExactnessPlan:
+    """The exactness measurements every rule of kind 'exactness' (level not off) needs."""
+    plan = ExactnessPlan()
+    for rule in rules:
+        if rule.kind != "exactness" or rule.level == "off":
+            continue
+        for d in rule.scope.drafts or drafts:
+            for law in rule.scope.laws or laws:
+                plan.pairs.add((d, law))
+                n = plan.next_token_samples.get((d, law), 0)
+                plan.next_token_samples[(d, law)] = max(n, rule.next_token_samples)
+        plan.next_token_prompts = max(plan.next_token_prompts, rule.next_token_prompts)
+    return plan

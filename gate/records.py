@@ -177,6 +177,54 @@ class OverlapRecord:
 
 
 @dataclass
+class Divergence:
+    """Where a greedy speculative output first differs from the fallback's.
+
+    gap_logits: the target's top-1 minus top-2 logit at that position, teacher-forced on
+    the common prefix; a gap within the rule's tie tolerance is a numerical near-tie."""
+
+    prompt_id: str
+    position: int  # output position of the first difference
+    fallback_token: int
+    draft_token: int
+    gap_logits: float
+
+
+@dataclass
+class NextTokenCounts:
+    """Speculative first tokens drawn many times from one prompt, and the target's law there.
+
+    The law is stored sparsely: `support_ids`/`support_probs` hold the most likely tokens
+    covering all but `rest_prob` of the mass; `counts` counts samples per support id and
+    `rest_count` the samples outside it (tokens with probability 0 count in `zero_count`)."""
+
+    prompt_id: str
+    support_ids: list[int]
+    support_probs: list[float]
+    rest_prob: float
+    counts: list[int]
+    rest_count: int
+    zero_count: int
+
+
+@dataclass
+class ExactnessRecord:
+    """Raw material of the exactness tests for one draft under one law.
+
+    Greedy laws: `compared` speculative requests checked token for token against the
+    fallback and their `divergences`. Sampling laws: `pit` values of every generated token
+    (None for a token the law gives probability 0) and optional next-token counts."""
+
+    draft: str
+    law: str
+    greedy: bool
+    compared: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+    pit: list[float | None] = field(default_factory=list)
+    next_token: list[NextTokenCounts] = field(default_factory=list)
+
+
+@dataclass
 class BillLine:
     """One allocation of the resident resource bill."""
 
@@ -247,6 +295,7 @@ class Measurements:
     environment: Environment
     requests: list[RequestRecord] = field(default_factory=list)
     overlaps: list[OverlapRecord] = field(default_factory=list)
+    exactness: list[ExactnessRecord] = field(default_factory=list)
     bills: list[BillRecord] = field(default_factory=list)
     process_peak_rss_bytes: int | None = None
     cuda_max_memory_allocated_bytes: int | None = None

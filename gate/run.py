@@ -14,8 +14,10 @@ from gate.measure.bill import KVGeometry, build_bill, kv_geometry
 from gate.measure.environment import environment, process_peak_rss_bytes
 from gate.measure.overlap import position_overlaps
 from gate.models.load import weight_bytes
-from gate.plan import Request, plan_requests
-from gate.records import FALLBACK, Failure, Measurements, OverlapRecord, RequestRecord
+from gate.measure.exactness import randomized_pit
+from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
+from gate.records import (FALLBACK, Divergence, ExactnessRecord, Failure, Measurements, NextTokenCounts, OverlapRecord,
+                          RequestRecord)
 from gate.session import Session
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -27,7 +29,7 @@ def _geometry(model: torch.nn.Module) -> KVGeometry:
 
 
 def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed: int, warmup: bool = True,
-            progress: Progress | None = None) -> Measurements:
+            progress: Progress | None = None, exactness: ExactnessPlan | None = None) -> Measurements:
     """Every measurement the policy needs, as raw records (see gate.records)."""
     progress = progress or (lambda *_: None)
     env = environment(session.device, seed)
@@ -49,6 +51,8 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
                 m.failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
         progress("requests", len(requests), len(requests))
         _overlaps(session, m, progress)
+        if exactness and exactness.pairs:
+            _exactness(session, m, exactness, seed, progress)
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
     _bills(session, m, max(max_new_tokens))
@@ -124,6 +128,81 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
             ov, top1 = position_overlaps(p, q.to(p.device))
             m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1))
     progress("overlap", len(runs), len(runs))
+
+
+@torch.inference_mode()
+def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress) -> None:
+    """Raw material of the exactness tests: greedy divergences from the fallback (with the
+    target's top-1 minus top-2 logit gap there), PIT values of every sampled token under
+    the target's processed law, and speculative first tokens drawn many times."""
+    laws = {law.name: law for law in session.laws}
+    prompts = {p.id: p for p in session.prompts}
+    fallback = {(r.prompt_id, r.law, r.max_new_tokens, r.repetition): r for r in m.requests if r.draft == FALLBACK}
+    pit_generator = torch.Generator().manual_seed(seed)
+    pairs = sorted(p for p in plan.pairs if p[0] in session.drafts and p[1] in laws)
+    for i, (name, law_name) in enumerate(pairs):
+        progress("exactness", i, len(pairs))
+        law = laws[law_name]
+        rec = ExactnessRecord(name, law_name, law.greedy)
+        try:
+            for r in (r for r in m.requests if r.draft == name and r.law == law_name):
+                prompt = list(prompts[r.prompt_id].token_ids)
+                if law.greedy:
+                    fb = fallback.get((r.prompt_id, r.law, r.max_new_tokens, r.repetition))
+                    if fb is not None:
+                        rec.compared += 1
+                        d = _divergence(session, r.prompt_id, prompt, fb.output_ids, r.output_ids)
+                        if d is not None:
+                            rec.divergences.append(d)
+                elif r.output_ids:
+                    p = session.engine.target_probs(prompt + r.output_ids, len(prompt), law).cpu()
+                    u = randomized_pit(p, torch.tensor(r.output_ids), pit_generator)
+                    rec.pit += [None if v != v else float(v) for v in u.tolist()]
+            n = plan.next_token_samples.get((name, law_name), 0)
+            if n and not law.greedy:
+                for prompt in session.prompts[: plan.next_token_prompts]:
+                    g = _generator(session, request_seed(seed, prompt.id, law_name, -1, 0))
+                    tokens, p = session.engine.first_tokens(list(prompt.token_ids), session.drafts[name], law, n, g)
+                    rec.next_token.append(_sparse_counts(prompt.id, tokens, p.cpu()))
+        except Exception as e:  # noqa: BLE001
+            m.failures.append(Failure("exactness", name, law_name, "exactness", _describe(e)))
+            continue
+        m.exactness.append(rec)
+    progress("exactness", len(pairs), len(pairs))
+
+
+def _divergence(session: Session, prompt_id: str, prompt: list[int], fallback: list[int], spec: list[int]) -> Divergence | None:
+    """The first position where the outputs differ, with the target's logit gap there."""
+    j = next((i for i, (a, b) in enumerate(zip(fallback, spec)) if a != b), None)
+    if j is None:
+        if len(fallback) == len(spec):
+            return None
+        j = min(len(fallback), len(spec))
+    logits = session.engine.target_logits(prompt + fallback[: j + 1] if j < len(fallback) else prompt + spec[: j + 1],
+                                          len(prompt) + j)[-1].float()
+    top2 = torch.topk(logits, 2).values
+    return Divergence(prompt_id, j, fallback[j] if j < len(fallback) else -1, spec[j] if j < len(spec) else -1,
+                      float(top2[0] - top2[1]))
+
+
+def _sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: float = 1.0 - 1e-6,
+                   max_support: int = 4096) -> NextTokenCounts:
+    """Counts of sampled tokens over the law's likeliest tokens (covering `mass`)."""
+    probs, ids = torch.sort(p.float(), descending=True)
+    keep = int(min(int((torch.cumsum(probs, 0) < mass).sum()) + 1, max_support, int((probs > 0).sum())))
+    support = ids[:keep].tolist()
+    index = {t: i for i, t in enumerate(support)}
+    counts = [0] * keep
+    rest = zero = 0
+    for t in tokens:
+        if t in index:
+            counts[index[t]] += 1
+        elif float(p[t]) > 0:
+            rest += 1
+        else:
+            zero += 1
+    support_probs = probs[:keep].tolist()
+    return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero)
 
 
 def _bills(session: Session, m: Measurements, max_new_tokens: int) -> None:

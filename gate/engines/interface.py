@@ -40,5 +40,14 @@ class Engine(ABC):
         """One request: `prompt_ids` -> up to `max_new_tokens` committed tokens under `law`."""
 
     @abstractmethod
+    def first_tokens(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
+                     generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+        """`n` independent speculative first tokens after the prompt, and the target law there [V]."""
+
+    @abstractmethod
+    def target_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        """Teacher-forced raw target logits at positions start..len(ids)-1: [len(ids) - start, V]."""
+
+    @abstractmethod
     def target_probs(self, ids: list[int], start: int, law: Law) -> torch.Tensor:
         """Teacher-forced target law at positions start..len(ids)-1: float32 [len(ids) - start, V]."""

@@ -109,6 +109,34 @@ class TransformersEngine(Engine):
         )
 
     @torch.inference_mode()
+    def first_tokens(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
+                     generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+        """`n` independent speculative first tokens after `prompt_ids`, and the target law
+        there (float32 [V]). Each sample is one full speculative step from the prompt's
+        last token (draft proposals, one verification forward, acceptance or residual);
+        the prompt's prefill is computed once and the caches are rolled back in between."""
+        cache = new_cache(self.model.config)
+        prompt = list(prompt_ids)
+        if len(prompt) > 1:
+            self._forward(prompt[:-1], cache, 1)
+        base = int(cache.get_seq_length())
+        draft.start()
+        tokens: list[int] = []
+        first_law = torch.empty(0)
+        for _ in range(n):
+            crop_to(cache, base)
+            proposal = draft.propose(prompt, draft.num_draft_tokens, law, generator)
+            k = int(proposal.tokens.shape[0])
+            p = law_probs(self._forward(prompt[base:] + proposal.tokens.tolist(), cache, k + 1), law)
+            verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
+            tokens.append(int(proposal.tokens[0]) if verdict.accepted else verdict.next_token)
+            first_law = p[0]
+        return tokens, first_law
+
+    @torch.inference_mode()
+    def target_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        """Teacher-forced raw target logits at positions start..len(ids)-1: [len(ids) - start, V]."""
+        return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1:]
+
     def target_probs(self, ids: list[int], start: int, law: Law) -> torch.Tensor:
-        logits = forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0]
-        return law_probs(logits[start - 1:], law)
+        return law_probs(self.target_logits(ids, start), law)

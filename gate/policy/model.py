@@ -159,23 +159,38 @@ class ScopeSpec(_Strict):
 
 
 class RuleSpec(_Strict):
-    """One rule, read like a Lighthouse CI assertion: metric, aggregation, comparison, threshold."""
+    """One rule. kind 'metric' (the default) reads like a Lighthouse CI assertion: metric,
+    aggregation, comparison, threshold. kind 'exactness' tests that speculative output
+    follows the target's declared law (greedy: token equality with the fallback; sampling:
+    PIT and next-token tests with Holm correction and a stated power)."""
 
     id: str = Field(..., pattern=NAME)
-    metric: Literal[tuple(METRICS)]  # type: ignore[valid-type]
+    kind: Literal["metric", "exactness"] = "metric"
+    metric: Literal[tuple(METRICS)] | None = None  # type: ignore[valid-type]
     aggregation: Literal["mean", "median", "p90", "p99", "min", "max", "pooled"] = "mean"
-    comparison: Literal[">=", ">", "<=", "<"]
-    threshold: str | float = Field(..., description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'.")
+    comparison: Literal[">=", ">", "<=", "<"] | None = None
+    threshold: str | float | None = Field(None, description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'.")
     relative_to: Literal["fallback"] | None = Field(
         None, description="Compare the draft's aggregate divided by the fallback's (same target, law, prompts)."
     )
+    significance: float = Field(0.01, gt=0.0, lt=0.5, description="exactness: family-wise significance (Holm).")
+    power: float = Field(0.9, gt=0.5, lt=1.0, description="exactness: required power at detect_tv.")
+    detect_tv: float = Field(0.1, gt=0.0, le=1.0, description="exactness: the total-variation distance the tests must detect; "
+                             "fewer samples than that needs is an inconclusive verdict, never a pass.")
+    tie_tolerance: float = Field(0.01, ge=0.0, description="exactness, greedy: a divergence where the target's top-1 minus "
+                                 "top-2 logit gap is at most this is a numerical near-tie, not a fault (logits).")
+    next_token_samples: int = Field(0, ge=0, le=1_000_000, description="exactness, sampling: speculative first tokens drawn "
+                                    "per prompt for the next-token goodness-of-fit test (0: PIT only).")
+    next_token_prompts: int = Field(1, ge=1, description="exactness: prompts used for the next-token test.")
     scope: ScopeSpec = Field(default_factory=ScopeSpec)
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
 
     @field_validator("threshold")
     @classmethod
-    def _readable(cls, v: str | float) -> str | float:
+    def _readable(cls, v: str | float | None) -> str | float | None:
+        if v is None:
+            return v
         try:
             q = parse_quantity(v)
         except UnitError as e:
@@ -188,6 +203,14 @@ class RuleSpec(_Strict):
 
     @model_validator(mode="after")
     def _fits_metric(self) -> "RuleSpec":
+        if self.kind == "exactness":
+            for key in ("metric", "comparison", "threshold", "relative_to"):
+                if getattr(self, key) is not None:
+                    raise FieldError(key, f"an exactness rule takes no {key}: it tests the declared law itself")
+            return self
+        for key in ("metric", "comparison", "threshold"):
+            if getattr(self, key) is None:
+                raise FieldError(key, f"required key is missing (a metric rule needs metric, comparison and threshold)")
         metric = METRICS[self.metric]
         if self.aggregation not in metric.aggregations:
             raise FieldError("aggregation", f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
@@ -206,7 +229,7 @@ class RuleSpec(_Strict):
 
     @property
     def threshold_value(self) -> float:
-        return parse_quantity(self.threshold).value
+        return parse_quantity(self.threshold).value if self.threshold is not None else math.nan
 
 
 class Policy(_Strict):

@@ -12,7 +12,7 @@ from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.units import Dimension, format_value
 
-_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "warn": "yellow", "skipped": "dim"}
+_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "warn": "yellow", "skipped": "dim", "inconclusive": "bold yellow"}
 
 
 def _f(x: float | None, fmt: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gate.metrics import METRICS
@@ -40,6 +40,7 @@ class Outcome:
     samples: int
     fallback_value: float | None
     message: str
+    details: list[dict[str, Any]] = field(default_factory=list)  # e.g. exactness tests, divergences
 
     @property
     def name(self) -> str:
@@ -48,10 +49,15 @@ class Outcome:
 
 def evaluate(rules: Iterable[Any], m: Measurements) -> list[Outcome]:
     """Outcomes for every rule (gate.policy.model.RuleSpec) over the drafts and laws in its scope."""
+    from gate.rules.exactness import evaluate_exactness
+
     out: list[Outcome] = []
     for rule in rules:
         drafts = rule.scope.drafts or list(m.drafts)
         laws = rule.scope.laws or m.laws
+        if getattr(rule, "kind", "metric") == "exactness":
+            out += evaluate_exactness(rule, m, drafts, laws)
+            continue
         cats = tuple(rule.scope.categories) if rule.scope.categories else None
         for draft in drafts:
             for law in laws:
@@ -102,10 +108,11 @@ def _one(rule: Any, m: Measurements, draft: str, law: str, cats: tuple[str, ...]
 
 def exit_code(outcomes: list[Outcome], m: Measurements, fail_on_warn: bool = False) -> int:
     """1 when an error-level rule failed (or a warn one with fail_on_warn), else 3 when a
-    rule's measurement is missing or any measurement failed, else 0. A definite failure
-    outranks a missing measurement."""
+    rule's measurement is missing, an error-level exactness verdict is inconclusive (too
+    few samples for the required power) or any measurement failed, else 0. A definite
+    failure outranks a missing measurement."""
     if any(o.status == "fail" or (fail_on_warn and o.status == "warn") for o in outcomes):
         return 1
-    if m.failures or any(o.status == "error" for o in outcomes):
+    if m.failures or any(o.status == "error" or (o.status == "inconclusive" and o.level == "error") for o in outcomes):
         return 3
     return 0

@@ -1,0 +1,254 @@
+"""Statistics that test whether sampled tokens follow the target's declared law exactly.
+
+- Whole sequences: the randomized probability integral transform (PIT). With tokens
+  ordered by target probability (descending, ties by id), a sampled token x gets
+  u = F(x-) + V * p(x), V ~ U(0, 1). Under the null every u, across all positions, is
+  i.i.d. U(0, 1) (Diebold, Gunther & Tay 1998; Czado, Gneiting & Held 2009 for the
+  discrete case), tested with Kolmogorov-Smirnov (scipy.stats.kstest).
+- One position sampled many times: a G-test (scipy.stats.power_divergence,
+  log-likelihood) with categories of small expected count pooled; a Monte Carlo exact
+  test of the same statistic when expected counts are tiny. Mass outside the law's
+  support (e.g. beyond top-k) is its own category and fails at once.
+- Holm's step-down correction across tests (Holm 1979).
+- Power, stated with every verdict:
+  * G-test: for any alternative at total-variation distance d, the noncentrality
+    n * sum (q - p)^2 / p >= 4 n d^2 (Cauchy-Schwarz), so the asymptotic power
+    (noncentral chi-square) at d is at least ncx2.sf(crit, df, 4 n d^2). The detectable
+    TV is the smallest d whose bound reaches the required power.
+  * KS on PIT values: by the Dvoretzky-Kiefer-Wolfowitz inequality, a PIT law whose CDF
+    is D away from uniform is rejected with probability >= 1 - beta when
+    D >= c_alpha(n) + sqrt(ln(2 / beta) / (2 n)), c_alpha the exact KS critical value.
+    A fault that moves mass d in one direction along the probability ranking (temperature,
+    top-k, top-p, residual faults) moves the PIT CDF by d; alternating moves can hide in
+    the PIT, which is why the next-token test runs beside it.
+Too few samples for the required power is *inconclusive*, never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+
+
+@dataclass
+class ExactnessTest:
+    """One statistical test of exactness, as scipy reports it plus what it can detect.
+
+    kind: "ks" (PIT, effect = PIT CDF distance) or "g" (next token, effect = TV distance).
+    detectable: the smallest effect detected with probability >= power at this sample
+    size and at the significance it is finally judged at (alpha / m after Holm, see decide).
+    samples_needed: the sample size at which `target_effect` becomes detectable."""
+
+    name: str
+    kind: str
+    df: int  # degrees of freedom of the G-test after pooling (0 for KS)
+    statistic: float
+    pvalue: float
+    n: int
+    target_effect: float
+    power: float
+    detectable: float = math.inf
+    samples_needed: int = 0
+    adjusted_pvalue: float | None = None
+    verdict: str = INCONCLUSIVE
+    note: str = ""
+
+    def state_power(self, alpha: float) -> None:
+        """Fill `detectable` and `samples_needed` at significance `alpha`."""
+        if self.kind == "ks":
+            self.detectable = ks_detectable(self.n, alpha, self.power)
+            self.samples_needed = ks_samples_needed(self.target_effect, alpha, self.power)
+        else:
+            df = max(self.df, 1)
+            self.detectable = gtest_detectable(self.n, df, alpha, self.power)
+            self.samples_needed = gtest_samples_needed(self.target_effect, df, alpha, self.power)
+
+
+def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """PIT values u [T] of `tokens` [T] under target laws `probs` [T, V].
+
+    Tokens are ranked by descending probability (ties by ascending id); u = F(x-) + V p(x)
+    with V ~ U(0, 1) from `generator`. A token outside the support (p(x) = 0) yields u = NaN:
+    it is impossible under the law and must be reported as such (see pit_test)."""
+    probs = probs.float()
+    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(probs.shape[-1], device=probs.device).expand_as(order))
+    sorted_p = torch.gather(probs, -1, order)
+    cdf_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+    r = rank.gather(-1, tokens[:, None]).squeeze(-1)
+    f_before = cdf_before.gather(-1, r[:, None]).squeeze(-1)
+    px = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    v = torch.rand(tokens.shape[0], generator=generator, device=probs.device)
+    u = (f_before + v * px).clamp(0.0, 1.0)
+    return torch.where(px > 0, u, torch.full_like(u, float("nan")))
+
+
+def ks_detectable(n: int, alpha: float, power: float) -> float:
+    """Smallest PIT CDF distance D rejected with probability >= power (DKW bound), n samples."""
+    if n < 1:
+        return math.inf
+    return float(stats.kstwo.ppf(1.0 - alpha, n)) + math.sqrt(math.log(2.0 / (1.0 - power)) / (2.0 * n))
+
+
+def ks_samples_needed(effect: float, alpha: float, power: float) -> int:
+    """Smallest n with ks_detectable(n) <= effect (doubling then bisection)."""
+    return _smallest_n(lambda n: ks_detectable(n, alpha, power) <= effect)
+
+
+def gtest_detectable(n: int, df: int, alpha: float, power: float) -> float:
+    """Smallest TV distance d whose G-test power bound ncx2.sf(crit, df, 4 n d^2) >= power."""
+    if n < 1 or df < 1:
+        return math.inf
+    crit = stats.chi2.ppf(1.0 - alpha, df)
+    lo, hi = 0.0, 1.0
+    if stats.ncx2.sf(crit, df, 4.0 * n) < power:
+        return math.inf
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if stats.ncx2.sf(crit, df, 4.0 * n * mid * mid) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def gtest_samples_needed(effect: float, df: int, alpha: float, power: float) -> int:
+    """Smallest n with gtest_detectable(n, df) <= effect."""
+    return _smallest_n(lambda n: gtest_detectable(n, df, alpha, power) <= effect)
+
+
+def _smallest_n(ok, limit: int = 10**9) -> int:  # type: ignore[no-untyped-def]
+    hi = 1
+    while not ok(hi):
+        hi *= 2
+        if hi > limit:
+            return limit
+    lo = hi // 2
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def pit_test(u: np.ndarray | list[float], alpha: float, power: float, effect: float, name: str = "pit-ks") -> ExactnessTest:
+    """Kolmogorov-Smirnov test of PIT values against U(0, 1), with its detectable effect.
+
+    NaN values (tokens the law gives probability 0) make the test fail outright."""
+    arr = np.asarray(u, dtype=float)
+    impossible = int(np.isnan(arr).sum())
+    arr = arr[~np.isnan(arr)]
+    n = int(arr.size) + impossible
+    if impossible:
+        test = ExactnessTest(name, "ks", 0, math.inf, 0.0, n, effect, power,
+                             note=f"{impossible} sampled tokens have probability 0 under the law")
+    elif n == 0:
+        test = ExactnessTest(name, "ks", 0, math.nan, 1.0, 0, effect, power, note="no samples")
+    else:
+        result = stats.kstest(arr, "uniform")
+        test = ExactnessTest(name, "ks", 0, float(result.statistic), float(result.pvalue), n, effect, power)
+    test.state_power(alpha)
+    return test
+
+
+def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float], alpha: float, power: float,
+                    effect: float, name: str = "next-token-g", min_expected: float = 5.0,
+                    rng: np.random.Generator | None = None) -> ExactnessTest:
+    """G-test of observed token counts [V] against the law p [V].
+
+    Categories with expected count < min_expected are pooled (in ascending probability
+    order) into one; a count on a token with p = 0 fails at once. When fewer than two
+    categories have enough expected count, a Monte Carlo exact test of the same statistic
+    (scipy.stats.monte_carlo_test, 9,999 resamples) replaces the asymptotic p-value."""
+    counts = np.asarray(counts, dtype=float)
+    p = np.asarray(p, dtype=float)
+    n = int(counts.sum())
+    outside = int(counts[p <= 0].sum())
+    support = p > 0
+    p_s = p[support] / p[support].sum()
+    c_s = counts[support]
+    expected = n * p_s
+    big = expected >= min_expected
+    cells_p = list(p_s[big])
+    cells_c = list(c_s[big])
+    if (~big).any():
+        cells_p.append(float(p_s[~big].sum()))
+        cells_c.append(float(c_s[~big].sum()))
+    df = max(len(cells_p) - 1, 0)
+    if outside:
+        test = ExactnessTest(name, "g", df, math.inf, 0.0, n, effect, power,
+                             note=f"{outside} samples fell outside the law's support")
+    elif n == 0 or df == 0:
+        test = ExactnessTest(name, "g", df, 0.0, 1.0, n, effect, power,
+                             note="no samples" if n == 0 else "the law has one likely token")
+    else:
+        test = _gtest(name, np.asarray(cells_c), np.asarray(cells_p), n, df, int(big.sum()) >= 2, effect, power, rng)
+    test.state_power(alpha)
+    if df == 0:
+        test.detectable = math.inf
+    return test
+
+
+def _gtest(name: str, cells_c_arr: np.ndarray, cells_p_arr: np.ndarray, n: int, df: int, asymptotic: bool,
+           effect: float, power: float, rng: np.random.Generator | None) -> ExactnessTest:
+    g = stats.power_divergence(cells_c_arr, n * cells_p_arr, lambda_="log-likelihood")
+    if asymptotic:
+        return ExactnessTest(name, "g", df, float(g.statistic), float(g.pvalue), n, effect, power)
+    rng = rng or np.random.default_rng(0)
+    cats = np.arange(len(cells_p_arr))
+    expected = n * cells_p_arr
+
+    def g_statistic(x: np.ndarray, axis: int = -1) -> np.ndarray:
+        counts = (np.moveaxis(x, axis, -1)[..., None] == cats).sum(axis=-2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(counts > 0, counts * np.log(counts / expected), 0.0)
+        return 2.0 * terms.sum(axis=-1)
+
+    observations = np.repeat(cats, cells_c_arr.astype(int))
+    mc = stats.monte_carlo_test(observations, lambda size: rng.choice(cats, size=size, p=cells_p_arr), g_statistic,
+                                vectorized=True, n_resamples=9999, batch=200, alternative="greater")
+    return ExactnessTest(name, "g", df, float(mc.statistic), float(mc.pvalue), n, effect, power,
+                         note="Monte Carlo exact p-value (expected counts too small for the chi-square approximation)")
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), same order as the input."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
+    """Holm-adjust the p-values of `tests` together and set each verdict:
+    fail when the adjusted p-value < alpha; else pass only if the test could detect the
+    required effect (detectable <= target_effect); else inconclusive."""
+    adjusted = holm([t.pvalue for t in tests])
+    level = alpha / max(len(tests), 1)  # Holm's strictest step: power is stated at alpha / m
+    for t, a in zip(tests, adjusted):
+        t.adjusted_pvalue = a
+        if math.isfinite(t.detectable):
+            t.state_power(level)
+        if a < alpha:
+            t.verdict = FAIL
+        elif t.detectable <= t.target_effect:
+            t.verdict = PASS
+        else:
+            t.verdict = INCONCLUSIVE
+            t.note = (t.note + "; " if t.note else "") + (
+                f"{t.n} samples detect {t.detectable:.3f} but {t.target_effect:.3f} was required: "
+                f"needs {t.samples_needed} samples")
+    return tests

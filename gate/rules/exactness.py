@@ -1,0 +1,113 @@
+"""Exactness rules: does speculative output follow the target's declared law?
+
+Greedy laws: token-for-token equality with the fallback; a divergence whose target top-1
+minus top-2 logit gap exceeds the rule's tie tolerance is a fault, one within it a
+numerical near-tie (reported, not failed). Sampling laws: the PIT Kolmogorov-Smirnov test
+over every generated token and a next-token G-test per prompt, Holm-corrected together
+across every draft and law the rule covers (gate.measure.exactness). A sampling verdict
+passes only when its tests could detect the rule's detect_tv with the rule's power;
+otherwise it is inconclusive and says how many samples it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from gate.measure.exactness import FAIL, PASS, ExactnessTest, decide, next_token_test, pit_test
+from gate.records import ExactnessRecord, Measurements, NextTokenCounts
+from gate.rules.evaluate import Outcome
+
+INCONCLUSIVE = "inconclusive"
+
+
+def _next_token(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
+    counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
+    p = np.asarray(nt.support_probs + [nt.rest_prob, 0.0], dtype=float)
+    return next_token_test(counts, p, rule.significance, rule.power, rule.detect_tv, name=f"next-token[{nt.prompt_id}]")
+
+
+def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
+    """One outcome per (draft, law) in scope; sampling tests share one Holm family."""
+    base = dict(rule_id=rule.id, metric="exactness", aggregation="-", comparison="", threshold=rule.detect_tv,
+                relative_to=None, level=rule.level, fallback_value=None)
+    records = {(r.draft, r.law): r for r in m.exactness}
+    sampling: dict[tuple[str, str], list[ExactnessTest]] = {}
+    outcomes: dict[tuple[str, str], Outcome] = {}
+    for d in drafts:
+        for law in laws:
+            key = (d, law)
+            scope = f"{d}/{law}"
+            failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*") and f.stage in ("exactness", "run")]
+            rec = records.get(key)
+            if rule.level == "off":
+                outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="skipped", measured=None, samples=0,
+                                        message="exactness: level off, not evaluated")
+            elif failed or rec is None:
+                why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or "no exactness measurement for this scope"
+                outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
+                                        message=f"exactness: measurement missing ({why})")
+            elif rec.greedy:
+                outcomes[key] = _greedy(rule, rec, base, scope)
+            else:
+                tests = []
+                if rec.pit:
+                    tests.append(pit_test([np.nan if u is None else u for u in rec.pit], rule.significance, rule.power,
+                                          rule.detect_tv))
+                tests += [_next_token(nt, rule) for nt in rec.next_token]
+                sampling[key] = tests
+    decide([t for tests in sampling.values() for t in tests], rule.significance)
+    for key, tests in sampling.items():
+        outcomes[key] = _sampling(rule, key, tests, base)
+    return [outcomes[(d, law)] for d in drafts for law in laws]
+
+
+def _greedy(rule: Any, rec: ExactnessRecord, base: dict[str, Any], scope: str) -> Outcome:
+    faults = [d for d in rec.divergences if d.gap_logits > rule.tie_tolerance]
+    ties = len(rec.divergences) - len(faults)
+    details = [asdict(d) | {"near_tie": d.gap_logits <= rule.tie_tolerance} for d in rec.divergences]
+    if rec.compared == 0:
+        return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status="error", measured=None, samples=0,
+                       message="exactness (greedy): no speculative request could be compared with the fallback", details=details)
+    status = "fail" if faults else "pass"
+    if status == "fail" and rule.level == "warn":
+        status = "warn"
+    worst = max(faults, key=lambda d: d.gap_logits) if faults else None
+    text = (f"exactness (greedy): {len(faults)} of {rec.compared} requests diverge from the fallback beyond the "
+            f"{rule.tie_tolerance:g}-logit tie tolerance")
+    if worst:
+        text += (f" (e.g. {worst.prompt_id} at output position {worst.position}: draft token {worst.draft_token} vs "
+                 f"fallback {worst.fallback_token}, target top-1 minus top-2 gap {worst.gap_logits:.3f})")
+    if ties:
+        text += f"; {ties} near-tie divergence(s) within tolerance"
+    return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=status,
+                   measured=len(faults) / rec.compared, samples=rec.compared, message=f"{text}: {status}", details=details)
+
+
+def _sampling(rule: Any, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any]) -> Outcome:
+    d, law = key
+    scope = f"{d}/{law}"
+    details = [asdict(t) for t in tests]
+    if not tests:
+        return Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
+                       message="exactness (sampling): no sampled token to test", details=details)
+    if any(t.verdict == FAIL for t in tests):
+        status = "fail" if rule.level == "error" else "warn"
+    elif all(t.verdict == PASS for t in tests):
+        status = "pass"
+    else:
+        status = INCONCLUSIVE
+    parts = []
+    for t in tests:
+        effect = "PIT CDF distance" if t.kind == "ks" else "TV"
+        part = (f"{t.name}: statistic {t.statistic:.4g}, p {t.pvalue:.3g} (Holm {t.adjusted_pvalue:.3g}) over {t.n} samples, "
+                f"detects {effect} >= {t.detectable:.3f} at power {t.power:g}: {t.verdict}")
+        if t.note:
+            part += f" ({t.note})"
+        parts.append(part)
+    worst = min(t.adjusted_pvalue for t in tests if t.adjusted_pvalue is not None)
+    return Outcome(**base, scope=scope, draft=d, law=law, status=status, measured=worst, samples=sum(t.n for t in tests),
+                   message=f"exactness (sampling, required TV {rule.detect_tv:g}, significance {rule.significance:g}): "
+                           + "; ".join(parts) + f": {status}", details=details)
