@@ -106,8 +106,9 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     return m
 
 
-def _finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str]) -> CheckResult:
-    outcomes = evaluate(loaded.policy.rules, m)
+def _finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str],
+            rules: list[Any] | None = None) -> CheckResult:
+    outcomes = evaluate(loaded.policy.rules if rules is None else rules, m)
     code = exit_code(outcomes, m, fail_on_warn)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code)
     report.notes.extend(notes)

@@ -11,12 +11,16 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
 from gate import __version__
 from gate.errors import EXIT_MEASUREMENT, EXIT_USAGE, GateError
+
+if TYPE_CHECKING:
+    from gate.check import CheckResult
 
 # emoji=False: a path like "/ci/:cat:/policy.yaml" must print as written
 _err = Console(stderr=True, highlight=False, emoji=False)
@@ -64,9 +68,6 @@ def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, n
     Exit 0 when every error-level rule passes, 1 when a rule fails, 2 for an invalid
     policy or input, 3 when a measurement could not be made."""
     from gate.check import check as do_check
-    from gate.report.console import ConsoleReport
-    from gate.report.json import JsonReport
-    from gate.report.junit import JunitReport
 
     show = not no_progress and _err.is_terminal
     try:
@@ -74,6 +75,15 @@ def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, n
             result = do_check(policy, progress=progress, fail_on_warn=fail_on_warn, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
+    _write_and_exit(result, json_path, junit_path)
+
+
+def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path) -> None:
+    """Write the JSON and JUnit reports, print the console summary, exit with the gate's code."""
+    from gate.report.console import ConsoleReport
+    from gate.report.json import JsonReport
+    from gate.report.junit import JunitReport
+
     for fmt, path in ((JsonReport(), json_path), (JunitReport(), junit_path)):
         try:
             fmt.write(result.report, path)
@@ -89,14 +99,40 @@ def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, n
 
 
 @cli.command()
+@click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("samples", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-exactness-junit.xml"),
+              show_default=True, help="Where to write the JUnit XML report.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-exactness.json"),
+              show_default=True, help="Where to write the JSON report.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the PIT randomisation.")
+def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, seed: int) -> None:
+    """Test recorded SAMPLES (JSONL of prompt_ids, output_ids, law) against the target law of
+    POLICY, with the policy's exactness rules (or the defaults: significance 0.01, power 0.9,
+    detect_tv 0.1). Exit 0 pass, 1 fail, 2 bad input, 3 inconclusive or not measured."""
+    from gate.samples import check_samples
+
+    try:
+        result = check_samples(policy, samples, seed)
+    except GateError as e:
+        _fail(e)
+    _write_and_exit(result, json_path, junit_path)
+
+
+@cli.command()
 @click.option("--report", "which", flag_value="report", help="The JSON report's schema instead of the policy's.")
+@click.option("--samples", "which", flag_value="samples", help="The schema of one line of a `gate exactness` samples file.")
 @click.option("--policy", "which", flag_value="policy", default=True, help="The policy's schema (default).")
 def schema(which: str) -> None:
-    """Print the JSON Schema of the policy (or of the JSON report)."""
+    """Print the JSON Schema of the policy (or of the JSON report, or of a samples line)."""
     if which == "report":
         from gate.report.document import report_schema
 
         doc = report_schema()
+    elif which == "samples":
+        from gate.samples import samples_schema
+
+        doc = samples_schema()
     else:
         from gate.policy.schema import policy_schema
 

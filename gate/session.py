@@ -68,16 +68,34 @@ def load_prompts(loaded: LoadedPolicy, tokenizer: Any) -> list[PlannedPrompt]:
     return out
 
 
-def open_session(loaded: LoadedPolicy) -> Session:
-    """Load target, drafts and prompts for a policy (models are loaded once each)."""
+@dataclass
+class Target:
+    """The loaded target: model, tokenizer, engine and what was loaded."""
+
+    device: torch.device
+    model: torch.nn.Module
+    tokenizer: Any
+    engine: TransformersEngine
+    info: ModelInfo
+
+
+def open_target(loaded: LoadedPolicy) -> Target:
+    """Load the policy's target model and tokenizer and wrap them in an engine."""
     policy = loaded.policy
     device = models.resolve_device(policy.target.device, "target.device")
     source = models.resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
     tokenizer = models.load_tokenizer(source)
     target = models.load_model(source, policy.target.dtype, device)
-    infos = [_info("target", str(source), "target", policy.target.dtype, target)]
     eos = {i for i in [tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)] for i in (i if isinstance(i, list) else [i]) if i is not None}
-    engine = TransformersEngine(target, eos, device)
+    info = _info("target", str(source), "target", policy.target.dtype, target)
+    return Target(device, target, tokenizer, TransformersEngine(target, eos, device), info)
+
+
+def open_session(loaded: LoadedPolicy) -> Session:
+    """Load target, drafts and prompts for a policy (models are loaded once each)."""
+    policy = loaded.policy
+    t = open_target(loaded)
+    device, target, tokenizer, engine, infos = t.device, t.model, t.tokenizer, t.engine, [t.info]
     drafts: dict[str, Draft] = {}
     for name, spec in policy.drafts.items():
         path = f"drafts.{name}"

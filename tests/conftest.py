@@ -72,6 +72,31 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
     return path
 
 
+def sharp_llama(noise: float = 0.0, noise_seed: int = 1):
+    """tiny_llama(0) with its head scaled x20 (random tiny models have near-flat logits, std
+    ~0.1; this gives std ~2.3, so laws have real shape), plus optional Gaussian noise on the
+    head: noise 0.15 gives a draft whose overlap with the unnoised target is about 0.7."""
+    model = tiny_llama(0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+        if noise:
+            g = torch.Generator().manual_seed(noise_seed)
+            model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape, generator=g) * noise)
+    return model
+
+
+@pytest.fixture(scope="session")
+def sharp_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target dir, draft dir): a sharp tiny target and a noisy copy of it as the draft."""
+    dirs = []
+    for name, noise in (("sharp-target", 0.0), ("sharp-draft", 0.15)):
+        path = tmp_path_factory.mktemp(name)
+        sharp_llama(noise).save_pretrained(path)
+        tiny_tokenizer().save_pretrained(path)
+        dirs.append(path)
+    return dirs[0], dirs[1]
+
+
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory) -> Path:
     """A JSONL workload over the tiny vocabulary, two categories, repetitive text (so prompt lookup matches)."""

@@ -165,10 +165,10 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
                     rng: np.random.Generator | None = None) -> ExactnessTest:
     """G-test of observed token counts [V] against the law p [V].
 
-    Categories with expected count < min_expected are pooled (in ascending probability
-    order) into one; a count on a token with p = 0 fails at once. When fewer than two
-    categories have enough expected count, a Monte Carlo exact test of the same statistic
-    (scipy.stats.monte_carlo_test, 9,999 resamples) replaces the asymptotic p-value."""
+    With two or more categories of expected count >= min_expected, the asymptotic
+    chi-square G-test, the rarer categories pooled into one. Otherwise a Monte Carlo exact
+    test of the same statistic over the unpooled support (scipy.stats.monte_carlo_test,
+    9,999 resamples). A count on a token with p = 0 fails at once."""
     counts = np.asarray(counts, dtype=float)
     p = np.asarray(p, dtype=float)
     n = int(counts.sum())
@@ -176,25 +176,26 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
     support = p > 0
     p_s = p[support] / p[support].sum()
     c_s = counts[support]
-    expected = n * p_s
-    big = expected >= min_expected
-    cells_p = list(p_s[big])
-    cells_c = list(c_s[big])
-    if (~big).any():
-        cells_p.append(float(p_s[~big].sum()))
-        cells_c.append(float(c_s[~big].sum()))
+    big = n * p_s >= min_expected
+    if int(big.sum()) >= 2:
+        cells_p, cells_c = list(p_s[big]), list(c_s[big])
+        if (~big).any():
+            cells_p.append(float(p_s[~big].sum()))
+            cells_c.append(float(c_s[~big].sum()))
+    else:
+        cells_p, cells_c = list(p_s), list(c_s)
     df = max(len(cells_p) - 1, 0)
     if outside:
         test = ExactnessTest(name, "g", df, math.inf, 0.0, n, effect, power,
                              note=f"{outside} samples fell outside the law's support")
     elif n == 0 or df == 0:
         test = ExactnessTest(name, "g", df, 0.0, 1.0, n, effect, power,
-                             note="no samples" if n == 0 else "the law has one likely token")
+                             note="no samples" if n == 0 else "the law puts all its mass on one token")
     else:
         test = _gtest(name, np.asarray(cells_c), np.asarray(cells_p), n, df, int(big.sum()) >= 2, effect, power, rng)
     test.state_power(alpha)
     if df == 0:
-        test.detectable = math.inf
+        test.detectable = math.inf if n == 0 else 0.0  # a one-token law: any other token is caught by `outside`
     return test
 
 
@@ -240,7 +241,9 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
     level = alpha / max(len(tests), 1)  # Holm's strictest step: power is stated at alpha / m
     for t, a in zip(tests, adjusted):
         t.adjusted_pvalue = a
-        if math.isfinite(t.detectable):
+        # Restate power at alpha / m, also when nothing is detectable yet (samples_needed at
+        # alpha / m); a G-test of a one-token law (df 0) keeps what next_token_test stated.
+        if t.kind == "ks" or t.df > 0:
             t.state_power(level)
         if a < alpha:
             t.verdict = FAIL

@@ -3,7 +3,7 @@
 One test case per rule and scope, named "<rule_id>[<draft>/<law>]" with classname
 "gate.<rule_id>". pass: a passing case (message in system-out); fail: a failure "measured X
 (aggregation) vs threshold Y"; error: an error (measurement missing); inconclusive (an
-exactness test without the power the policy requires): an error; warn: skipped with
+exactness test without the power the policy requires): an error (skipped at level warn); warn: skipped with
 the warning as message (it does not fail CI unless --fail-on-warn); off: skipped.
 Every failure, error and skip carries a message: junit-xml treats a failure without one as
 a pass. Versions, device, seed and model fingerprints are suite properties.
@@ -41,9 +41,9 @@ class JunitReport(ReportFormat):
                 case.add_failure_info(message=message, failure_type="gate.rule_failed")
             elif o.status == "error":
                 case.add_error_info(message=message, error_type="gate.measurement_missing")
-            elif o.status == "inconclusive":
+            elif o.status == "inconclusive" and o.level == "error":
                 case.add_error_info(message=message, error_type="gate.inconclusive")
-            elif o.status == "warn":
+            elif o.status in ("warn", "inconclusive"):
                 case.add_skipped_info(message=f"warning: {message}")
             elif o.status == "skipped":
                 case.add_skipped_info(message=message)

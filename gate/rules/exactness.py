@@ -36,32 +36,34 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
     records = {(r.draft, r.law): r for r in m.exactness}
     sampling: dict[tuple[str, str], list[ExactnessTest]] = {}
     outcomes: dict[tuple[str, str], Outcome] = {}
-    for d in drafts:
-        for law in laws:
-            key = (d, law)
-            scope = f"{d}/{law}"
-            failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*") and f.stage in ("exactness", "run")]
-            rec = records.get(key)
-            if rule.level == "off":
-                outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="skipped", measured=None, samples=0,
-                                        message="exactness: level off, not evaluated")
-            elif failed or rec is None:
-                why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or "no exactness measurement for this scope"
-                outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
-                                        message=f"exactness: measurement missing ({why})")
-            elif rec.greedy:
-                outcomes[key] = _greedy(rule, rec, base, scope)
-            else:
-                tests = []
-                if rec.pit:
-                    tests.append(pit_test([np.nan if u is None else u for u in rec.pit], rule.significance, rule.power,
-                                          rule.detect_tv))
-                tests += [_next_token(nt, rule) for nt in rec.next_token]
-                sampling[key] = tests
+    # Recorded samples (gate exactness) name their own sources: only the laws they were sampled under.
+    pairs = [(d, law) for d in drafts for law in laws
+             if (d, law) in records or m.drafts.get(d, {}).get("kind") != "recorded samples"]
+    for d, law in pairs:
+        key = (d, law)
+        scope = f"{d}/{law}"
+        failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*") and f.stage in ("exactness", "run")]
+        rec = records.get(key)
+        if rule.level == "off":
+            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="skipped", measured=None, samples=0,
+                                    message="exactness: level off, not evaluated")
+        elif failed or rec is None:
+            why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or "no exactness measurement for this scope"
+            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
+                                    message=f"exactness: measurement missing ({why})")
+        elif rec.greedy:
+            outcomes[key] = _greedy(rule, rec, base, scope)
+        else:
+            tests = []
+            if rec.pit:
+                tests.append(pit_test([np.nan if u is None else u for u in rec.pit], rule.significance, rule.power,
+                                      rule.detect_tv))
+            tests += [_next_token(nt, rule) for nt in rec.next_token]
+            sampling[key] = tests
     decide([t for tests in sampling.values() for t in tests], rule.significance)
     for key, tests in sampling.items():
         outcomes[key] = _sampling(rule, key, tests, base)
-    return [outcomes[(d, law)] for d in drafts for law in laws]
+    return [outcomes[key] for key in pairs]
 
 
 def _greedy(rule: Any, rec: ExactnessRecord, base: dict[str, Any], scope: str) -> Outcome:
@@ -75,7 +77,7 @@ def _greedy(rule: Any, rec: ExactnessRecord, base: dict[str, Any], scope: str) -
     if status == "fail" and rule.level == "warn":
         status = "warn"
     worst = max(faults, key=lambda d: d.gap_logits) if faults else None
-    text = (f"exactness (greedy): {len(faults)} of {rec.compared} requests diverge from the fallback beyond the "
+    text = (f"exactness (greedy): {len(faults)} of {rec.compared} requests diverge from the target's greedy output beyond the "
             f"{rule.tie_tolerance:g}-logit tie tolerance")
     if worst:
         text += (f" (e.g. {worst.prompt_id} at output position {worst.position}: draft token {worst.draft_token} vs "

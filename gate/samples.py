@@ -1,0 +1,153 @@
+"""`gate exactness`: test recorded samples from any engine (a served endpoint's outputs, say)
+against the target's declared law, with the same statistics and reports as `gate check`.
+
+Input: JSONL, one generated sequence a line (schema: schemas/samples.schema.json):
+
+    {"prompt_ids": [1, 2, 3], "output_ids": [7, 8], "law": {"temperature": 0.7, "top_k": 50}}
+
+Optional keys: "id", "source" (which engine or draft produced it; default "samples").
+Lines with the same prompt_ids and law (at least MIN_NEXT_TOKEN_GROUP of them) also feed the
+next-token test on their first token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gate.check import CheckResult, _finish, validate
+from gate.errors import InputError, PolicyValueError, Problem
+from gate.law import Law, law_probs
+from gate.measure.environment import environment
+from gate.measure.exactness import randomized_pit
+from gate.policy.model import LawSpec
+from gate.records import Divergence, ExactnessRecord, Failure, Measurements
+from gate.run import _sparse_counts
+from gate.session import open_target
+
+
+MIN_NEXT_TOKEN_GROUP = 20
+
+
+class SampleLine(BaseModel):
+    """One generated sequence: prompt and output token ids and the law it was sampled under."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_ids: list[int] = Field(..., min_length=1, description="Token ids the engine was given (chat template applied).")
+    output_ids: list[int] = Field(..., min_length=1, description="Token ids it generated, in order.")
+    law: LawSpec = Field(..., description="The declared law the output was sampled under (temperature 0: greedy).")
+    id: str | None = None
+    source: str = Field("samples", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="The engine or draft that produced it.")
+
+
+def samples_schema() -> dict:
+    """JSON Schema of one line of a samples file."""
+    schema = SampleLine.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "gate samples line"
+    return schema
+
+
+def read_samples(path: Path, vocab_size: int) -> list[SampleLine]:
+    """Parse and check a samples file. Raises InputError naming the file and line for
+    malformed JSON, wrong keys or types, a law the target cannot express, token ids outside
+    the target's vocabulary, or an empty file."""
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError([Problem(name, "", None, "samples file not found")]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError([Problem(name, "", None, f"cannot read samples file: {e}")]) from None
+    out: list[SampleLine] = []
+    problems: list[Problem] = []
+    for n, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = SampleLine.model_validate(json.loads(raw))
+        except json.JSONDecodeError as e:
+            problems.append(Problem(name, f"line {n}", n, f"not valid JSON: {e.msg}"))
+            continue
+        except ValidationError as e:
+            for err in e.errors()[:3]:
+                where = ".".join(str(x) for x in err["loc"])
+                problems.append(Problem(name, where, n, err["msg"].removeprefix("Value error, ")))
+            continue
+        bad = [t for t in line.prompt_ids + line.output_ids if not 0 <= t < vocab_size]
+        if bad:
+            problems.append(Problem(name, "output_ids" if bad[0] in line.output_ids else "prompt_ids", n,
+                                    f"token id {bad[0]} is outside the target's vocabulary (0..{vocab_size - 1}); "
+                                    "were these samples made with another tokenizer?"))
+            continue
+        out.append(line)
+    if problems:
+        raise InputError(problems[:20])
+    if not out:
+        raise InputError([Problem(name, "", None, "the samples file holds no sample")])
+    return out
+
+
+@torch.inference_mode()
+def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int = 0) -> CheckResult:
+    """Evaluate the policy's exactness rules (or a default one) on recorded samples.
+
+    Greedy samples: every output token must be the target's argmax given the prefix; a
+    divergence within the rule's tie tolerance is a near-tie. Sampling: PIT over every token
+    and next-token tests over repeated prompts, Holm-corrected, with stated power."""
+    loaded = validate(policy_path)
+    try:
+        target = open_target(loaded)
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
+    lines = read_samples(Path(samples_path), target.engine.vocab_size)
+    m = Measurements(environment=environment(target.device, seed))
+    m.environment.models = [target.info]
+    laws: dict[str, Law] = {}
+    records: dict[tuple[str, str], ExactnessRecord] = {}
+    groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = defaultdict(list)
+    pit_generator = torch.Generator().manual_seed(seed)
+    for i, line in enumerate(lines):
+        law = Law(line.law.label, line.law.temperature, line.law.top_k, line.law.top_p)
+        laws[law.name] = law
+        rec = records.setdefault((line.source, law.name), ExactnessRecord(line.source, law.name, law.greedy))
+        ident = line.id or f"line-{i + 1}"
+        try:
+            ids = line.prompt_ids + line.output_ids
+            logits = target.engine.target_logits(ids, len(line.prompt_ids)).float()
+            if law.greedy:
+                rec.compared += 1
+                wrong = (logits.argmax(-1).cpu() != torch.tensor(line.output_ids)).nonzero()
+                if wrong.numel():
+                    j = int(wrong[0])
+                    top2 = torch.topk(logits[j], 2).values
+                    rec.divergences.append(Divergence(ident, j, int(logits[j].argmax()), line.output_ids[j], float(top2[0] - top2[1])))
+            else:
+                u = randomized_pit(law_probs(logits, law).cpu(), torch.tensor(line.output_ids), pit_generator)
+                rec.pit += [None if v != v else float(v) for v in u.tolist()]
+                groups[(line.source, law.name, tuple(line.prompt_ids))].append(line.output_ids[0])
+        except Exception as e:  # noqa: BLE001 - recorded; its rules become errors
+            m.failures.append(Failure("exactness", line.source, law.name, ident, f"{type(e).__name__}: {e}"))
+    for (source, law_name, prompt), firsts in groups.items():
+        if len(firsts) >= MIN_NEXT_TOKEN_GROUP:
+            p = law_probs(target.engine.target_logits(list(prompt) + [0], len(prompt))[-1], laws[law_name]).cpu()
+            rec = records[(source, law_name)]
+            rec.next_token.append(_sparse_counts(f"prompt-{len(rec.next_token) + 1}", firsts, p))
+    m.exactness = list(records.values())
+    m.laws = list(laws)
+    m.drafts = {src: {"kind": "recorded samples"} for src, _ in records}
+    return _finish_samples(loaded, m)
+
+
+def _finish_samples(loaded, m: Measurements) -> CheckResult:  # type: ignore[no-untyped-def]
+    from gate.policy.model import RuleSpec
+
+    rules = [r for r in loaded.policy.rules if r.kind == "exactness"] or [RuleSpec(id="exactness", kind="exactness")]
+    # The samples name their own sources: scope by law only.
+    rules = [r.model_copy(update={"scope": r.scope.model_copy(update={"drafts": None})}) for r in rules]
+    return _finish(loaded, m, False, [], rules=rules)

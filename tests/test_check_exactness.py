@@ -1,0 +1,56 @@
+"""`gate check` exactness rules end to end on tiny random models: gate's own speculative
+loop passes, and the same loop with a faulty verification step is caught."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from click.testing import CliRunner
+
+from conftest import tiny_policy, write_policy
+from gate.cli import cli
+from gate.speculative import Verdict, sample
+
+RULE = ("  - id: exact\n    kind: exactness\n    next_token_samples: 1500\n    detect_tv: 0.1\n    tie_tolerance: 0.0\n")
+LAWS = "  - temperature: 0\n  - {temperature: 1.0, top_k: 8}\n"
+SAMPLING = "other/t1-k8"
+
+
+def run(tmp_path, pair, prompts, laws=LAWS):
+    model_dir, draft_dir = pair
+    text = tiny_policy(model_dir, prompts, RULE, drafts=f"  other:\n    kind: model\n    model: {draft_dir}\n    num_draft_tokens: 3\n",
+                       laws=laws, max_new_tokens=64)
+    text = text.replace("  chat_template: true\n", "  chat_template: true\n  repetitions: 10\n")
+    policy = write_policy(tmp_path, text)
+    result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-warmup"])
+    report = json.loads((tmp_path / "r.json").read_text())
+    return result, {o["scope"]: o for o in report["outcomes"] if o["rule_id"] == "exact"}
+
+
+def test_gate_loop_passes_exactness(tmp_path, sharp_pair, prompts_file):
+    result, out = run(tmp_path, sharp_pair, prompts_file)
+    assert out["other/greedy"]["status"] == "pass", out["other/greedy"]["message"]
+    sampling = out[SAMPLING]
+    assert sampling["status"] == "pass", sampling["message"]
+    kinds = {d["kind"]: d for d in sampling["details"]}
+    assert kinds["ks"]["n"] > 900 and kinds["g"]["n"] == 1500
+    assert all(d["detectable"] <= 0.1 for d in sampling["details"])
+
+
+def test_a_faulty_verifier_is_caught(tmp_path, sharp_pair, prompts_file, monkeypatch):
+    """Deterministic acceptance (accept iff p(x) >= q(x), resample from p otherwise)."""
+
+    def deterministic(p, q, proposals, generator):
+        n = int(proposals.shape[0])
+        for i in range(n):
+            x = int(proposals[i])
+            if p[i, x] < q[i, x]:
+                return Verdict(i, sample(p[i], generator))
+        return Verdict(n, sample(p[n], generator))
+
+    monkeypatch.setattr("gate.engines.transformers.verify", deterministic)
+    result, out = run(tmp_path, sharp_pair, prompts_file, laws="  - {temperature: 1.0, top_k: 8}\n")
+    assert out[SAMPLING]["status"] == "fail", out[SAMPLING]["message"]
+    assert result.exit_code == 1
