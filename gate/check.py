@@ -87,7 +87,7 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     try:
         m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
-                    warmup=warmup, progress=progress, exactness=exactness)
+                    policy.resources, warmup=warmup, progress=progress, exactness=exactness)
     except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
         # Whatever escaped the run (e.g. a failing warm-up request) is a measurement that
         # could not be made: exit code 3 with the reports written, never a traceback.

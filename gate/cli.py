@@ -120,6 +120,113 @@ def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, se
 
 
 @cli.command()
+@click.argument("policy", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", "target_config", type=click.Path(path_type=Path), help="A config.json (or a model folder): bill it without a policy.")
+@click.option("--draft", "draft_config", type=click.Path(path_type=Path), help="The draft's config.json (with --target).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="bfloat16", show_default=True)
+@click.option("--kv-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"]), default="auto",
+              show_default=True, help="Cached K/V format (auto: --dtype).")
+@click.option("--num-draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--context-tokens", type=click.IntRange(1), default=4096, show_default=True)
+@click.option("--sequences", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--capacity", help="Device memory, e.g. '80 GiB': adds the budget statement.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def bill(policy: Path | None, target_config: Path | None, draft_config: Path | None, dtype: str, kv_dtype: str,
+         num_draft_tokens: int, context_tokens: int, sequences: int, capacity: str | None, as_json: bool) -> None:
+    """Print the resident resource bill of POLICY (or of --target/--draft configs): every
+    allocation with its formula and bytes, and with a capacity the headroom and how many
+    more sequences fit. No model weights are loaded."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from gate.errors import InputError, Problem
+    from gate.measure.kv import ConfigError
+    from gate.policy.model import ResourcesSpec
+    from gate.records import BillRecord
+    from gate.resources import config_bills, policy_bills
+
+    try:
+        if policy is not None and target_config is None:
+            from gate.check import validate as do_validate
+            from gate.errors import PolicyValueError
+
+            loaded = do_validate(policy)
+            try:
+                bills = policy_bills(loaded)
+            except PolicyValueError as e:
+                raise loaded.error(e) from None
+        elif target_config is not None and policy is None:
+            try:
+                res = ResourcesSpec(kv_dtype=kv_dtype, capacity=capacity)
+            except ValidationError as e:
+                raise InputError([Problem("--capacity", "", None, e.errors()[0]["msg"].removeprefix("Value error, "))]) from None
+            try:
+                bills = config_bills(target_config, draft_config, dtype, num_draft_tokens, context_tokens, sequences, res)
+            except ConfigError as e:
+                raise InputError([Problem(str(draft_config or target_config), "", None, str(e))]) from None
+        else:
+            raise click.UsageError("give a POLICY, or --target CONFIG (with optional --draft CONFIG), not both")
+    except GateError as e:
+        _fail(e)
+    if as_json:
+        click.echo(TypeAdapter(list[BillRecord]).dump_json(bills, indent=1).decode())
+        return
+    from gate.report.console import bill_tables
+
+    out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
+    for table in bill_tables(bills):
+        out.print(table)
+
+
+@cli.command()
+@click.argument("policy", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--bandwidth", required=True, help="Memory bandwidth, e.g. 100GB/s.")
+@click.option("--peak", required=True, help="Compute roof, e.g. 1000GFLOP/s.")
+@click.option("--intensity", type=float, multiple=True, help="Operational intensity in FLOP/byte (repeatable).")
+@click.option("--batch", type=click.IntRange(1), multiple=True, help="Batch sizes to place a policy's steps at (repeatable).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A gate check JSON report: adds the predicted speedup from its measured acceptance rate.")
+def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[float, ...], batch: tuple[int, ...],
+             report_path: Path | None) -> None:
+    """Attainable FLOP/s = min(peak, bandwidth x intensity); with a POLICY, the fallback's
+    decode step and every draft's verification step on the roofline, which is
+    bandwidth-bound, and the batch at which verification meets the compute roof."""
+    from gate.errors import InputError, Problem
+    from gate.measure.roofline import attainable, parse_rate
+
+    try:
+        try:
+            bw, pk = parse_rate(bandwidth, "B/s"), parse_rate(peak, "FLOP/s")
+        except ValueError as e:
+            raise InputError([Problem("command line", "--bandwidth/--peak", None, str(e))]) from None
+        if bw <= 0 or pk <= 0:
+            raise InputError([Problem("command line", "--bandwidth/--peak", None, "bandwidth and peak must be positive")])
+        click.echo(f"roof: {pk / 1e9:g} GFLOP/s compute, {bw / 1e9:g} GB/s bandwidth, ridge point {pk / bw:g} FLOP/byte")
+        for i in intensity:
+            att = attainable(pk, bw, i)
+            click.echo(f"intensity {i:g} FLOP/byte -> attainable {att / 1e9:g} GFLOP/s "
+                       f"({'bandwidth' if bw * i < pk else 'compute'}-bound)")
+        if policy is None:
+            return
+        from gate.check import validate as do_validate
+        from gate.errors import PolicyValueError
+        from gate.resources import policy_roofline
+
+        loaded = do_validate(policy)
+        report = json.loads(report_path.read_text()) if report_path else None
+        try:
+            rows = policy_roofline(loaded, bw, pk, list(batch) or [1, 8, 64], report)
+        except PolicyValueError as e:
+            raise loaded.error(e) from None
+    except GateError as e:
+        _fail(e)
+    from gate.report.console import roofline_tables
+
+    out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
+    for table in roofline_tables(rows):
+        out.print(table)
+
+
+@cli.command()
 @click.option("--report", "which", flag_value="report", help="The JSON report's schema instead of the policy's.")
 @click.option("--samples", "which", flag_value="samples", help="The schema of one line of a `gate exactness` samples file.")
 @click.option("--policy", "which", flag_value="policy", default=True, help="The policy's schema (default).")

@@ -235,14 +235,31 @@ class BillLine:
 
 
 @dataclass
+class Budget:
+    """The capacity-planning answer: what is left on the device and what it buys.
+
+    headroom_bytes = capacity - bill total (negative: the bill does not fit);
+    extra_sequences: more sequences of the same context that fit in the headroom;
+    extra_context_tokens: more tokens per sequence (for every sequence) that fit."""
+
+    capacity_bytes: int
+    headroom_bytes: int
+    bytes_per_extra_sequence: int
+    extra_sequences: int
+    bytes_per_extra_context_token: int
+    extra_context_tokens: int
+
+
+@dataclass
 class BillRecord:
-    """Predicted resident bytes for one draft (or the fallback) at the workload's longest
-    sequence, one sequence at a time (concurrency 1, as the in-process engine runs)."""
+    """Predicted resident bytes for one draft (or the fallback) at `sequences` sequences of
+    `context_tokens` tokens, with the budget statement when a capacity is declared."""
 
     draft: str
     sequences: int
     context_tokens: int
     lines: list[BillLine]
+    budget: Budget | None = None
 
     @property
     def total_bytes(self) -> int:

@@ -6,11 +6,12 @@ recorded as a Failure and the run goes on; an interrupt stops the run with what 
 from __future__ import annotations
 
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from gate.measure.bill import KVGeometry, build_bill, kv_geometry
+from gate.resources import DraftBill, bills_for, kv_format
+from gate.measure.kv import cache_model
 from gate.measure.environment import environment, process_peak_rss_bytes
 from gate.measure.overlap import position_overlaps
 from gate.models.load import weight_bytes
@@ -23,13 +24,8 @@ from gate.session import Session
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
-def _geometry(model: torch.nn.Module) -> KVGeometry:
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return kv_geometry(model.config, torch.empty(0, dtype=dtype).element_size())
-
-
-def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed: int, warmup: bool = True,
-            progress: Progress | None = None, exactness: ExactnessPlan | None = None) -> Measurements:
+def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed: int, resources: Any,
+            warmup: bool = True, progress: Progress | None = None, exactness: ExactnessPlan | None = None) -> Measurements:
     """Every measurement the policy needs, as raw records (see gate.records)."""
     progress = progress or (lambda *_: None)
     env = environment(session.device, seed)
@@ -55,7 +51,7 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
             _exactness(session, m, exactness, seed, progress)
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
-    _bills(session, m, max(max_new_tokens))
+    _bills(session, m, max(max_new_tokens), resources)
     m.process_peak_rss_bytes = process_peak_rss_bytes()
     if session.device.type == "cuda":
         m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
@@ -205,19 +201,24 @@ def _sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: flo
     return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero)
 
 
-def _bills(session: Session, m: Measurements, max_new_tokens: int) -> None:
-    """The first bill per runner at the workload's longest sequence, one sequence."""
+def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: Any) -> None:
+    """The bill per runner from the weights actually loaded and each model's own config,
+    at the policy's resources (default: the workload's longest sequence, one sequence)."""
     try:
-        target_geometry = _geometry(session.target)
-        target_bytes = weight_bytes(session.target)
-        longest = max(len(p.token_ids) for p in session.prompts) + max_new_tokens
-        vocab = session.engine.vocab_size
-        m.bills.append(build_bill(FALLBACK, target_geometry, target_bytes, vocab, longest, 0, None, 0, False))
+        context = resources.context_tokens or max(len(p.token_ids) for p in session.prompts) + max_new_tokens
+        drafts = []
         for name, draft in session.drafts.items():
             modules = draft.modules()
-            geometry = _geometry(modules[0]) if modules else None
+            cache = cache_model(modules[0].config, kv_format(resources, _dtype_name(modules[0]))) if modules else None
             own = weight_bytes(*modules, exclude=[session.target]) if modules else 0
-            m.bills.append(build_bill(name, target_geometry, target_bytes, vocab, longest, draft.num_draft_tokens,
-                                      geometry, own, draft.probability_info == "distribution"))
+            drafts.append(DraftBill(name, draft.num_draft_tokens, cache, own, draft.probability_info == "distribution"))
+        target_cache = cache_model(session.target.config, kv_format(resources, _dtype_name(session.target)))
+        m.bills.extend(bills_for(resources, context, session.engine.vocab_size, target_cache, weight_bytes(session.target), drafts))
     except Exception as e:  # noqa: BLE001
         m.failures.append(Failure("bill", "*", "*", "bill", _describe(e)))
+
+
+def _dtype_name(model: torch.nn.Module) -> str:
+    """The floating dtype activations (and so the cache) run at: int8 dynamic keeps float32."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]

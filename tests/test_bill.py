@@ -1,12 +1,17 @@
-"""The KV formula on known figures, the first bill's lines, and bad configs."""
+"""The resident resource bill: KV formulas on known figures, layer kinds (sliding windows,
+alternating local/global, MLA latents, recurrent state), quantized KV, the real cache tensors
+of tiny models, the bill's lines and the budget statement, and bad configs."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from gate.measure.bill import ConfigError, build_bill, kv_geometry
+from gate.measure.bill import BillInputs, build_bill
+from gate.measure.kv import ConfigError, KVFormat, cache_model
+from gate.models.cache import cache_tensor_bytes, new_cache
 
 KIB = 1024
 
@@ -15,25 +20,61 @@ def cfg(**kw):
     return SimpleNamespace(**kw)
 
 
+LLAMA2_7B = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096)
+LLAMA3_8B = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096)
+SMOLLM2 = cfg(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64)
+
+
 def test_llama2_7b_is_512_kib_per_token_at_16_bits():
-    c = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096)
-    assert kv_geometry(c, 2).bytes_per_token == 512 * KIB
+    assert cache_model(LLAMA2_7B, "float16").bytes_per_token == 512 * KIB
 
 
 def test_llama3_8b_uses_kv_heads_not_query_heads():
-    c = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096)
-    assert kv_geometry(c, 2).bytes_per_token == 128 * KIB
+    assert cache_model(LLAMA3_8B, "bfloat16").bytes_per_token == 128 * KIB
 
 
 def test_smollm2_135m_from_its_config():
-    # 30 layers, 9 query heads, 3 KV heads, hidden 576 -> head_dim 64
-    c = cfg(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64)
-    assert kv_geometry(c, 4).bytes_per_token == 2 * 30 * 3 * 64 * 4 == 46080
+    assert cache_model(SMOLLM2, "float32").bytes_per_token == 2 * 30 * 3 * 64 * 4 == 46080
 
 
 def test_explicit_head_dim_wins_over_hidden_over_heads():
     c = cfg(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, hidden_size=32, head_dim=16)
-    assert kv_geometry(c, 2).head_dim == 16
+    assert cache_model(c, "bfloat16").bytes_per_token == 2 * 2 * 1 * 16 * 2
+
+
+def test_sliding_window_caps_retained_tokens_and_alternating_layers():
+    mistral = cfg(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=64, sliding_window=100)
+    m = cache_model(mistral, "bfloat16")
+    per = 2 * 4 * 2 * 8 * 2
+    assert m.bytes(50) == per * 50 and m.bytes(5000) == per * 99
+    gemma = cfg(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=8, hidden_size=64,
+                sliding_window=100, layer_types=["sliding_attention", "full_attention"] * 2)
+    g = cache_model(gemma, "bfloat16")
+    layer = 2 * 2 * 8 * 2
+    assert g.bytes(5000) == 2 * layer * 99 + 2 * layer * 5000
+    assert "sliding" in g.formula(5000)
+
+
+def test_mla_latent_and_recurrent_state():
+    deepseek = cfg(num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, head_dim=64, hidden_size=7168,
+                   kv_lora_rank=512, qk_rope_head_dim=64)
+    assert cache_model(deepseek, "bfloat16").bytes_per_token == 61 * (512 + 64) * 2
+    jamba = cfg(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, hidden_size=64,
+                layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                mamba_d_state=16, mamba_expand=2, mamba_d_conv=4)
+    j = cache_model(jamba, "bfloat16")
+    state = 2 * 64 * (4 + 16) * 2
+    attn = 2 * 2 * 8 * 2
+    assert j.bytes(10) == 3 * state + attn * 10
+    assert j.bytes(10_000) - j.bytes(10) == attn * 9_990  # state does not grow with length
+
+
+def test_quantized_kv_counts_scales():
+    int8 = cache_model(LLAMA3_8B, KVFormat("int8", None, 2))
+    # per head vector of 128: 128 B data + scale and zero point (2 x 2 B)
+    assert int8.bytes_per_token == 32 * 2 * 8 * (128 + 4)
+    fp8 = cache_model(LLAMA3_8B, KVFormat("fp8", 32, 4))
+    assert fp8.bytes_per_token == 32 * 2 * 8 * (128 + 4 * 4)
 
 
 @pytest.mark.parametrize("c, words", [
@@ -42,26 +83,88 @@ def test_explicit_head_dim_wins_over_hidden_over_heads():
     (cfg(num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=4, hidden_size=48), "divide"),
     (cfg(num_hidden_layers=2, num_attention_heads=5, hidden_size=32), "head_dim"),
     (cfg(num_attention_heads=4, hidden_size=32), "num_hidden_layers"),
+    (cfg(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, layer_types=["full_attention"]), "layer_types"),
+    (cfg(num_hidden_layers=1, num_attention_heads=4, hidden_size=32, layer_types=["linear_attention"]), "state dimensions"),
+    (cfg(num_hidden_layers=1, num_attention_heads=4, hidden_size=32, layer_types=["sliding_attention"]), "sliding_window"),
 ])
 def test_bad_configs_give_clear_errors(c, words):
     with pytest.raises(ConfigError, match=words):
-        kv_geometry(c, 2)
+        cache_model(c, "bfloat16")
+
+
+def _real_cache_bytes(model, tokens: int) -> int:
+    cache = new_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.randint(0, model.config.vocab_size, (1, tokens)), **{_kw(model): cache}, use_cache=True)
+    return cache_tensor_bytes(cache)
+
+
+def _kw(model):
+    from gate.models.cache import _cache_kwarg
+
+    return _cache_kwarg(type(model))
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("llama", {}),
+    ("llama-mqa-head-dim", {"num_key_value_heads": 1, "head_dim": 16}),
+    ("mistral-sliding", {"sliding_window": 8}),
+])
+@pytest.mark.parametrize("tokens", [5, 30])
+def test_kv_lines_equal_real_cache_tensors(name, overrides, tokens):
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128)
+    base.update(overrides)
+    torch.manual_seed(0)
+    model = (MistralForCausalLM(MistralConfig(**base)) if "mistral" in name else LlamaForCausalLM(LlamaConfig(**base))).eval()
+    assert _real_cache_bytes(model, tokens) == cache_model(model.config, "float32").bytes(tokens)
+
+
+def _inputs(**kw):
+    c = cache_model(SMOLLM2, "float32")
+    d = cache_model(SMOLLM2, "bfloat16")
+    base = dict(runner="bf16", target_cache=c, target_weight_bytes=1000, vocab_size=49152, context_tokens=300,
+                num_draft_tokens=4, draft_cache=d, draft_weight_bytes=500, draft_has_distribution=True)
+    base.update(kw)
+    return BillInputs(**base)
 
 
 def test_bill_lines_for_a_draft_and_the_fallback():
-    g = kv_geometry(cfg(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64), 4)
-    bill = build_bill("bf16", g, 1000, 49152, 300, 4, kv_geometry(cfg(num_hidden_layers=30, num_attention_heads=9,
-                      num_key_value_heads=3, hidden_size=576, head_dim=64), 2), 500, True)
+    bill = build_bill(_inputs())
     lines = {line.name: line.bytes for line in bill.lines}
     assert lines["target KV cache"] == 46080 * 300
     assert lines["draft KV cache"] == 23040 * 300
-    assert lines["verification positions"] == 5 * 46080
+    assert lines["verification positions"] == 5 * 46080 + 4 * 23040
     assert lines["target logits"] == 5 * 49152 * 4
     assert lines["draft probabilities"] == 4 * 49152 * 4
     assert bill.total_bytes == sum(lines.values())
-    fallback = build_bill("fallback", g, 1000, 49152, 300, 0, None, 0, False)
+    fallback = build_bill(_inputs(runner="fallback", num_draft_tokens=0, draft_cache=None, draft_weight_bytes=0))
     assert {line.name for line in fallback.lines} == {"target weights", "target KV cache", "target logits"}
     assert fallback.total_bytes == 1000 + 46080 * 300 + 49152 * 4
     # the primer's example: vocab 128,256, gamma 4, fp32 target logits = 2.6 MB per sequence
-    big = build_bill("x", g, 0, 128256, 1, 4, None, 0, False)
-    assert next(line.bytes for line in big.lines if line.name == "target logits") == pytest.approx(2.6e6, rel=0.02)
+    big = build_bill(_inputs(vocab_size=128256))
+    assert next(x.bytes for x in big.lines if x.name == "target logits") == pytest.approx(2.6e6, rel=0.02)
+
+
+def test_declared_lines_fragmentation_and_tree_branches():
+    bill = build_bill(_inputs(workspace_bytes=10_000, communication_bytes=5_000, fragmentation=0.1, tree_branches=3))
+    lines = {line.name: line.bytes for line in bill.lines}
+    assert lines["workspace"] == 10_000 and lines["communication buffers"] == 5_000 and "graph captures" not in lines
+    assert lines["target logits"] == 5 * 3 * 49152 * 4
+    rest = sum(v for k, v in lines.items() if k != "fragmentation allowance")
+    assert lines["fragmentation allowance"] == round(0.1 * rest)
+
+
+def test_budget_statement_says_how_many_more_sequences_fit():
+    one = build_bill(_inputs(sequences=1)).total_bytes
+    two = build_bill(_inputs(sequences=2)).total_bytes
+    per_seq = two - one
+    capacity = one + 3 * per_seq + per_seq // 2
+    budget = build_bill(_inputs(sequences=1), capacity_bytes=capacity).budget
+    assert budget.headroom_bytes == capacity - one
+    assert budget.bytes_per_extra_sequence == per_seq and budget.extra_sequences == 3
+    assert budget.bytes_per_extra_context_token == 46080 + 23040
+    over = build_bill(_inputs(), capacity_bytes=one - 1).budget
+    assert over.headroom_bytes == -1 and over.extra_sequences == 0

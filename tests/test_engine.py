@@ -12,7 +12,7 @@ from gate.drafts.model import ModelDraft
 from gate.drafts.prompt_lookup import PromptLookupDraft, lookup
 from gate.engines.transformers import TransformersEngine
 from gate.law import Law
-from gate.measure.bill import kv_geometry
+from gate.measure.kv import cache_model
 from gate.records import SpecDecodeCounters
 
 CPU = torch.device("cpu")
@@ -104,10 +104,10 @@ def test_measured_cache_bytes_equal_the_kv_formula(overrides):
     draft = tiny_llama(1, num_hidden_layers=1, **overrides)
     engine = TransformersEngine(target, set(), CPU)
     spec = engine.generate(PROMPT, ModelDraft("d", "model", draft, 3, CPU), GREEDY, 20, None)
-    g = kv_geometry(target.config, 4)
+    g = cache_model(target.config, "float32")
     assert spec.kv_cache_tokens == len(PROMPT) + 20 - 1  # the last token is never fed
     assert spec.kv_cache_bytes == g.bytes_per_token * spec.kv_cache_tokens
-    dg = kv_geometry(draft.config, 4)
+    dg = cache_model(draft.config, "float32")
     assert spec.draft_kv_cache_bytes % dg.bytes_per_token == 0 and spec.draft_kv_cache_bytes > 0
 
 

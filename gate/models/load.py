@@ -123,17 +123,20 @@ def quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
         return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
-def _tensors(modules: Iterable[torch.nn.Module]) -> Iterable[torch.Tensor]:
+def _allocations(modules: Iterable[torch.nn.Module]) -> Iterable[tuple[tuple[object, ...], int]]:
+    """(identity, bytes) of every resident tensor: parameters and buffers by storage, and the
+    packed int8 weights of dynamically quantized Linear modules by module (their unpacked
+    copies are temporaries with no stable identity)."""
     for module in modules:
         for m in module.modules():
             for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False)):
-                yield t
+                yield (t.untyped_storage().data_ptr(), str(t.device)), t.untyped_storage().nbytes()
             packed = getattr(m, "_packed_params", None)
             if packed is not None and hasattr(packed, "_weight_bias"):
                 weight, bias = packed._weight_bias()
-                yield weight
-                if bias is not None:
-                    yield bias
+                nbytes = weight.numel() * weight.element_size() + 16  # int8 data, per-tensor scale and zero point
+                nbytes += bias.numel() * bias.element_size() if bias is not None else 0
+                yield ("packed", id(m)), nbytes
 
 
 def weight_bytes(*modules: torch.nn.Module, exclude: Iterable[torch.nn.Module] = ()) -> int:
@@ -142,26 +145,14 @@ def weight_bytes(*modules: torch.nn.Module, exclude: Iterable[torch.nn.Module] =
     Tensors that share storage (tied embeddings, a draft sharing the target's layers) are
     counted once; storages also held by `exclude` are not counted (weights already billed
     to the target). int8 dynamically quantized Linear weights count 1 byte per weight
-    plus their per-tensor scale and zero point (16 bytes).
-    """
-    seen = {_storage_key(t) for t in _tensors(exclude)}
+    plus their per-tensor scale and zero point (16 bytes), and their float32 bias."""
+    seen = {key for key, _ in _allocations(exclude)}
     total = 0
-    for t in _tensors(modules):
-        key = _storage_key(t)
-        if key in seen:
-            continue
-        seen.add(key)
-        if t.is_quantized:
-            total += t.numel() * t.element_size() + 16
-        else:
-            total += t.untyped_storage().nbytes()
+    for key, nbytes in _allocations(modules):
+        if key not in seen:
+            seen.add(key)
+            total += nbytes
     return total
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, str]:
-    if t.is_quantized:
-        return (id(t), "q")
-    return (t.untyped_storage().data_ptr(), str(t.device))
 
 
 def fingerprint(model: torch.nn.Module) -> str:

@@ -173,6 +173,7 @@ class RuleSpec(_Strict):
     relative_to: Literal["fallback"] | None = Field(
         None, description="Compare the draft's aggregate divided by the fallback's (same target, law, prompts)."
     )
+    line: str | None = Field(None, description="memory_line_bytes: the bill line, e.g. 'draft KV cache'.")
     significance: float = Field(0.01, gt=0.0, lt=0.5, description="exactness: family-wise significance (Holm).")
     power: float = Field(0.9, gt=0.5, lt=1.0, description="exactness: required power at detect_tv.")
     detect_tv: float = Field(0.1, gt=0.0, le=1.0, description="exactness: the total-variation distance the tests must detect; "
@@ -212,6 +213,8 @@ class RuleSpec(_Strict):
             if getattr(self, key) is None:
                 raise FieldError(key, f"required key is missing (a metric rule needs metric, comparison and threshold)")
         metric = METRICS[self.metric]
+        if (self.metric == "memory_line_bytes") != (self.line is not None):
+            raise FieldError("line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one")
         if self.aggregation not in metric.aggregations:
             raise FieldError("aggregation", f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
         if self.relative_to and not metric.fallback_has_it:
@@ -232,6 +235,41 @@ class RuleSpec(_Strict):
         return parse_quantity(self.threshold).value if self.threshold is not None else math.nan
 
 
+class ResourcesSpec(_Strict):
+    """What the resource bill and the budget statement assume (see `gate bill`)."""
+
+    capacity: str | None = Field(None, description="Device memory available to this process, e.g. '80 GiB'; enables the budget statement.")
+    sequences: int = Field(1, ge=1, description="Concurrent sequences the bill is for.")
+    context_tokens: int | None = Field(None, ge=1, description="Tokens per sequence; default: the workload's longest prompt + max_new_tokens.")
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"] = Field(
+        "auto", description="Cached K/V format; auto: each model's own dtype.")
+    kv_scale_group: int | None = Field(None, ge=1, description="Quantized KV: scalars per scale (default: one per head vector).")
+    tree_branches: int = Field(1, ge=1, description="Verification branches per sequence (tree drafts).")
+    workspace: str = Field("0 B", description="Declared workspace (activations, kernels' scratch).")
+    graph_captures: str = Field("0 B", description="Declared CUDA graph capture pools.")
+    communication_buffers: str = Field("0 B", description="Declared collective-communication buffers.")
+    fragmentation: float = Field(0.0, ge=0.0, le=1.0, description="Allowance as a fraction of the sum of the other lines.")
+
+    @field_validator("capacity", "workspace", "graph_captures", "communication_buffers")
+    @classmethod
+    def _bytes(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            q = parse_quantity(v)
+        except UnitError as e:
+            raise ValueError(str(e)) from None
+        if q.dimension is not Dimension.BYTES:
+            raise ValueError(f"{v!r} is not an amount of memory (write it with a unit, e.g. '2 GiB')")
+        if q.value < 0 or not math.isfinite(q.value):
+            raise ValueError(f"{v!r} must be a finite, non-negative amount of memory")
+        return v
+
+    def bytes_of(self, key: str) -> int:
+        value = getattr(self, key)
+        return int(parse_quantity(value).value) if value is not None else 0
+
+
 class Policy(_Strict):
     """A gate policy: target, drafts, laws, workload and rules."""
 
@@ -241,6 +279,7 @@ class Policy(_Strict):
     drafts: dict[Annotated[str, Field(pattern=NAME)], DraftSpec] = Field(..., min_length=1)
     law: LawSpec | list[LawSpec] = Field(default_factory=lambda: [LawSpec(temperature=0.0)], description="A list means a matrix.")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     rules: list[RuleSpec] = Field(default_factory=list)
 
     @property

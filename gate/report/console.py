@@ -67,3 +67,47 @@ class ConsoleReport(ReportFormat):
         buffer = io.StringIO()
         self.print(report, Console(file=buffer, width=160, no_color=True, force_terminal=False))
         return buffer.getvalue()
+
+
+def bill_tables(bills: list) -> list[Table]:  # type: ignore[type-arg]
+    """One table per runner: line, formula, bytes, whether it coexists at the peak; then the budget."""
+    tables = []
+    for b in bills:
+        t = Table(title=f"Resource bill: {escape(b.draft)} ({b.sequences} seq x {b.context_tokens} tokens)", title_justify="left")
+        for col in ("allocation", "formula", "bytes", "at peak"):
+            t.add_column(col, justify="right" if col == "bytes" else "left", overflow="fold")
+        for line in b.lines:
+            t.add_row(escape(line.name), escape(line.formula), format_value(line.bytes, Dimension.BYTES), "yes" if line.coexists_at_peak else "no")
+        t.add_row("total", "", format_value(b.total_bytes, Dimension.BYTES), "")
+        if b.budget is not None:
+            u = b.budget
+            t.add_row("capacity", "", format_value(u.capacity_bytes, Dimension.BYTES), "")
+            t.add_row("headroom", "capacity - total", format_value(u.headroom_bytes, Dimension.BYTES), "")
+            t.add_row("more sequences that fit", f"headroom / {format_value(u.bytes_per_extra_sequence, Dimension.BYTES)} per sequence",
+                      str(u.extra_sequences), "")
+            t.add_row("more context per sequence", f"headroom / {format_value(u.bytes_per_extra_context_token, Dimension.BYTES)} per token",
+                      f"{u.extra_context_tokens} tokens", "")
+        tables.append(t)
+    return tables
+
+
+def roofline_tables(rows: list) -> list[Table]:  # type: ignore[type-arg]
+    """Steps on the roofline per runner and batch; predicted vs measured speedup per law."""
+    t = Table(title="Steps on the roofline", title_justify="left")
+    for col in ("runner", "step", "batch", "tokens/seq", "GFLOP", "MB read", "FLOP/byte", "attainable GFLOP/s", "time", "bound", "ridge batch"):
+        t.add_column(col, justify="left" if col in ("runner", "step", "bound") else "right")
+    for r in rows:
+        for s in r.steps:
+            t.add_row(escape(r.runner), s.name, str(s.batch), str(s.tokens_per_sequence), f"{s.flops / 1e9:.3g}", f"{s.bytes / 1e6:.4g}",
+                      f"{s.intensity:.3g}", f"{s.attainable_flops / 1e9:.4g}", f"{s.time_s * 1e3:.3g} ms", s.bound,
+                      "never" if r.ridge_batch == float("inf") else f"{r.ridge_batch:.1f}")
+    p = Table(title="Predicted (primer formula, roofline cost coefficient) vs measured speedup", title_justify="left")
+    for col in ("draft", "law", "cost coefficient c", "acceptance rate", "predicted speedup", "measured speedup"):
+        p.add_column(col, justify="left" if col in ("draft", "law") else "right")
+    for r in rows[1:]:
+        if not r.by_law:
+            p.add_row(escape(r.runner), "-", _f(r.cost_coefficient, ".3f"), "-", "-", "-")
+        for law, v in r.by_law.items():
+            p.add_row(escape(r.runner), escape(law), _f(r.cost_coefficient, ".3f"), _f(v["acceptance_rate"], ".3f"),
+                      _f(v["predicted_speedup"], ".2f"), _f(v["measured_speedup"], ".2f"))
+    return [t, p]

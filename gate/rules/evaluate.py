@@ -17,7 +17,8 @@ from gate.records import FALLBACK, Measurements
 from gate.rules.samples import Selection, value
 from gate.units import Dimension, format_value
 
-_STAGE = {"overlap": "overlap", "top1_agreement": "overlap", "memory_bill_bytes": "bill", "process_peak_rss_bytes": "run"}
+_STAGE = {"overlap": "overlap", "top1_agreement": "overlap", "memory_bill_bytes": "bill", "memory_line_bytes": "bill",
+          "memory_headroom_bytes": "bill", "extra_sequences": "bill", "process_peak_rss_bytes": "run"}
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
@@ -73,7 +74,8 @@ def _one(rule: Any, m: Measurements, draft: str, law: str, cats: tuple[str, ...]
                 comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
     dim = Dimension.RATIO if rule.relative_to else metric.dimension
     bound = f"{rule.comparison} {format_value(threshold, dim)}" + ("x" if rule.relative_to else "")
-    what = f"{rule.metric} ({rule.aggregation}" + (", relative to fallback)" if rule.relative_to else ")")
+    what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
+        ", relative to fallback)" if rule.relative_to else ")")
     if rule.level == "off":
         return Outcome(**base, status="skipped", measured=None, samples=0, fallback_value=None,
                        message=f"{what}: level off, not evaluated")
@@ -85,15 +87,15 @@ def _one(rule: Any, m: Measurements, draft: str, law: str, cats: tuple[str, ...]
         (f.draft in runners and f.stage in (stage, "run"))
         or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK))]
     sel = Selection(draft, law, cats)
-    measured, n = value(rule.metric, rule.aggregation, m, sel)
+    measured, n = value(rule.metric, rule.aggregation, m, sel, rule.line)
     fallback = None
     if rule.relative_to and not math.isnan(measured):
-        fb, fb_n = value(rule.metric, rule.aggregation, m, Selection(FALLBACK, law, cats))
+        fb, fb_n = value(rule.metric, rule.aggregation, m, Selection(FALLBACK, law, cats), rule.line)
         fallback = fb
         measured = measured / fb if fb and not math.isnan(fb) else float("nan")
         n = min(n, fb_n)
     if failed or n == 0 or math.isnan(measured):
-        why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or "no sample was measured for this scope"
+        why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
         return Outcome(**base, status="error", measured=None if math.isnan(measured) else measured, samples=n,
                        fallback_value=fallback, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
@@ -104,6 +106,16 @@ def _one(rule: Any, m: Measurements, draft: str, law: str, cats: tuple[str, ...]
     unit = "requests" if rule.aggregation == "pooled" else "samples"
     message = f"{what}: measured {shown} over {n} {unit} vs threshold {bound}: {status}"
     return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=fallback, message=message)
+
+
+def _no_sample(rule: Any, m: Measurements, draft: str) -> str:
+    """Why a scope has no sample, as precisely as the records tell."""
+    bills = [b for b in m.bills if b.draft == draft]
+    if rule.metric in ("memory_headroom_bytes", "extra_sequences") and bills and all(b.budget is None for b in bills):
+        return "no budget: set resources.capacity in the policy"
+    if rule.metric == "memory_line_bytes" and bills:
+        return f"the bill has no line {rule.line!r}; its lines: {', '.join(x.name for x in bills[0].lines)}"
+    return "no sample was measured for this scope"
 
 
 def exit_code(outcomes: list[Outcome], m: Measurements, fail_on_warn: bool = False) -> int:

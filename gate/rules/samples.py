@@ -29,7 +29,7 @@ def _requests(m: Measurements, sel: Selection) -> list[RequestRecord]:
             and (sel.categories is None or r.category in sel.categories)]
 
 
-def samples(metric: str, m: Measurements, sel: Selection) -> list[float]:
+def samples(metric: str, m: Measurements, sel: Selection, line: str | None = None) -> list[float]:
     """Raw samples of `metric` (see gate.metrics for what one sample is). NaNs are dropped."""
     reqs = _requests(m, sel)
     values: list[float]
@@ -55,6 +55,11 @@ def samples(metric: str, m: Measurements, sel: Selection) -> list[float]:
         values = [float(r.kv_cache_bytes + r.draft_kv_cache_bytes) for r in reqs]
     elif metric == "memory_bill_bytes":
         values = [float(b.total_bytes) for b in m.bills if b.draft == sel.runner]
+    elif metric == "memory_line_bytes":
+        values = [float(x.bytes) for b in m.bills if b.draft == sel.runner for x in b.lines if x.name == line]
+    elif metric in ("memory_headroom_bytes", "extra_sequences"):
+        budgets = [b.budget for b in m.bills if b.draft == sel.runner and b.budget is not None]
+        values = [float(x.headroom_bytes if metric == "memory_headroom_bytes" else x.extra_sequences) for x in budgets]
     elif metric == "process_peak_rss_bytes":
         values = [float(m.process_peak_rss_bytes)] if m.process_peak_rss_bytes is not None else []
     else:
@@ -94,11 +99,11 @@ def aggregate(values: list[float], aggregation: str) -> float:
     raise KeyError(f"unknown aggregation {aggregation!r}")
 
 
-def value(metric: str, aggregation: str, m: Measurements, sel: Selection) -> tuple[float, int]:
+def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: str | None = None) -> tuple[float, int]:
     """The aggregated value and its sample count (requests for pooled metrics)."""
     if aggregation == "pooled":
         return pooled(metric, m, sel)
-    xs = samples(metric, m, sel)
+    xs = samples(metric, m, sel, line)
     return aggregate(xs, aggregation), len(xs)
 
 
