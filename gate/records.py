@@ -232,6 +232,11 @@ class BillLine:
     formula: str  # the formula with the numbers filled in
     bytes: int
     coexists_at_peak: bool = True
+    # Measured against predicted where gate can measure the line (the KV caches: the bytes of
+    # the real cache tensors at the end of the longest request, and the formula at that length).
+    measured_bytes: int | None = None
+    measured_at_tokens: int | None = None
+    predicted_at_measured_bytes: int | None = None
 
 
 @dataclass
@@ -316,6 +321,7 @@ class Measurements:
     bills: list[BillRecord] = field(default_factory=list)
     process_peak_rss_bytes: int | None = None
     cuda_max_memory_allocated_bytes: int | None = None
+    cuda_max_memory_reserved_bytes: int | None = None
     failures: list[Failure] = field(default_factory=list)
     drafts: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> kind, gamma, probability_info
     laws: list[str] = field(default_factory=list)

@@ -55,6 +55,7 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
     m.process_peak_rss_bytes = process_peak_rss_bytes()
     if session.device.type == "cuda":
         m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
+        m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
     return m
 
 
@@ -213,7 +214,16 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
             own = weight_bytes(*modules, exclude=[session.target]) if modules else 0
             drafts.append(DraftBill(name, draft.num_draft_tokens, cache, own, draft.probability_info == "distribution"))
         target_cache = cache_model(session.target.config, kv_format(resources, _dtype_name(session.target)))
-        m.bills.extend(bills_for(resources, context, session.engine.vocab_size, target_cache, weight_bytes(session.target), drafts))
+        bills = bills_for(resources, context, session.engine.vocab_size, target_cache, weight_bytes(session.target), drafts)
+        for bill in bills:
+            reqs = [r for r in m.requests if r.draft == bill.draft]
+            line = next(x for x in bill.lines if x.name == "target KV cache")
+            if reqs and resources.sequences == 1 and resources.kv_dtype == "auto":
+                longest = max(reqs, key=lambda r: r.kv_cache_tokens)
+                line.measured_bytes = longest.kv_cache_bytes
+                line.measured_at_tokens = longest.kv_cache_tokens
+                line.predicted_at_measured_bytes = target_cache.bytes(longest.kv_cache_tokens)
+        m.bills.extend(bills)
     except Exception as e:  # noqa: BLE001
         m.failures.append(Failure("bill", "*", "*", "bill", _describe(e)))
 

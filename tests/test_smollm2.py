@@ -40,6 +40,10 @@ def test_gate_check_on_smollm2_end_to_end(tmp_path):
     # the target's cache tensors hold exactly 2 x 30 layers x 3 KV heads x 64 x 4 B per token
     for r in m["requests"]:
         assert r["kv_cache_bytes"] == 46080 * r["kv_cache_tokens"]
+    # the bill's target KV line, measured against the real cache tensors, agrees to the byte
+    for bill in m["bills"]:
+        kv = next(x for x in bill["lines"] if x["name"] == "target KV cache")
+        assert kv["measured_bytes"] == kv["predicted_at_measured_bytes"] > 0
     # models and versions are recorded
     env = m["environment"]
     assert {x["role"] for x in env["models"]} == {"target", "bf16", "int8"}

@@ -78,6 +78,9 @@ def bill_tables(bills: list) -> list[Table]:  # type: ignore[type-arg]
             t.add_column(col, justify="right" if col == "bytes" else "left", overflow="fold")
         for line in b.lines:
             t.add_row(escape(line.name), escape(line.formula), format_value(line.bytes, Dimension.BYTES), "yes" if line.coexists_at_peak else "no")
+            if line.measured_bytes is not None:
+                t.add_row("  measured", f"real cache tensors at {line.measured_at_tokens} tokens (formula: "
+                          f"{line.predicted_at_measured_bytes} B)", format_value(line.measured_bytes, Dimension.BYTES), "")
         t.add_row("total", "", format_value(b.total_bytes, Dimension.BYTES), "")
         if b.budget is not None:
             u = b.budget
