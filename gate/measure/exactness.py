@@ -14,7 +14,8 @@
   * G-test: for any alternative at total-variation distance d, the noncentrality
     n * sum (q - p)^2 / p >= 4 n d^2 (Cauchy-Schwarz), so the asymptotic power
     (noncentral chi-square) at d is at least ncx2.sf(crit, df, 4 n d^2). The detectable
-    TV is the smallest d whose bound reaches the required power.
+    TV is the smallest d whose bound reaches the required power, plus the mass of the
+    pooled rare categories (a move inside the pooled cell is invisible to the test).
   * KS on PIT values: by the Dvoretzky-Kiefer-Wolfowitz inequality, a PIT law whose CDF
     is D away from uniform is rejected with probability >= 1 - beta when
     D >= c_alpha(n) + sqrt(ln(2 / beta) / (2 n)), c_alpha the exact KS critical value.
@@ -58,16 +59,22 @@ class ExactnessTest:
     adjusted_pvalue: float | None = None
     verdict: str = INCONCLUSIVE
     note: str = ""
+    pooled_mass: float = 0.0  # G-test: probability mass of the pooled rare categories
 
     def state_power(self, alpha: float) -> None:
-        """Fill `detectable` and `samples_needed` at significance `alpha`."""
+        """Fill `detectable` and `samples_needed` at significance `alpha`.
+
+        For a pooled G-test, mass moved inside the pooled cell is invisible, and TV <=
+        TV(pooled) + pooled mass, so the pooled mass is added to the detectable TV;
+        samples_needed then keeps the current pooling (an upper bound: more samples pool less)."""
         if self.kind == "ks":
             self.detectable = ks_detectable(self.n, alpha, self.power)
             self.samples_needed = ks_samples_needed(self.target_effect, alpha, self.power)
         else:
             df = max(self.df, 1)
-            self.detectable = gtest_detectable(self.n, df, alpha, self.power)
-            self.samples_needed = gtest_samples_needed(self.target_effect, df, alpha, self.power)
+            self.detectable = gtest_detectable(self.n, df, alpha, self.power) + self.pooled_mass
+            reachable = self.target_effect - self.pooled_mass
+            self.samples_needed = gtest_samples_needed(reachable, df, alpha, self.power) if reachable > 0 else 10**9
 
 
 def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -77,14 +84,13 @@ def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, generator: torch.G
     with V ~ U(0, 1) from `generator`. A token outside the support (p(x) = 0) yields u = NaN:
     it is impossible under the law and must be reported as such (see pit_test)."""
     probs = probs.float()
-    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(probs.shape[-1], device=probs.device).expand_as(order))
-    sorted_p = torch.gather(probs, -1, order)
-    cdf_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-    r = rank.gather(-1, tokens[:, None]).squeeze(-1)
-    f_before = cdf_before.gather(-1, r[:, None]).squeeze(-1)
-    px = probs.gather(-1, tokens[:, None]).squeeze(-1)
+    px = probs.gather(-1, tokens[:, None])  # [T, 1]
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    # F(x-): the mass of tokens ranked before x (more likely, or as likely with a lower id);
+    # the same order as a stable descending sort, without sorting the vocabulary
+    before = (probs > px) | ((probs == px) & (ids < tokens[:, None]))
+    f_before = (probs * before).sum(-1)
+    px = px.squeeze(-1)
     v = torch.rand(tokens.shape[0], generator=generator, device=probs.device)
     u = (f_before + v * px).clamp(0.0, 1.0)
     return torch.where(px > 0, u, torch.full_like(u, float("nan")))
@@ -177,8 +183,11 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
     p_s = p[support] / p[support].sum()
     c_s = counts[support]
     big = n * p_s >= min_expected
+    pooled = 0.0
     if int(big.sum()) >= 2:
         cells_p, cells_c = list(p_s[big]), list(c_s[big])
+        if (~big).sum() >= 2:
+            pooled = float(p_s[~big].sum())
         if (~big).any():
             cells_p.append(float(p_s[~big].sum()))
             cells_c.append(float(c_s[~big].sum()))
@@ -193,6 +202,7 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
                              note="no samples" if n == 0 else "the law puts all its mass on one token")
     else:
         test = _gtest(name, np.asarray(cells_c), np.asarray(cells_p), n, df, int(big.sum()) >= 2, effect, power, rng)
+        test.pooled_mass = pooled
     test.state_power(alpha)
     if df == 0:
         test.detectable = math.inf if n == 0 else 0.0  # a one-token law: any other token is caught by `outside`
