@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gate.metrics import METRICS, POOLED
-from gate.units import Dimension, UnitError, parse_quantity
+from gate.units import Dimension, Quantity, UnitError, parse_quantity
 
 PACKAGED_DEFAULT = "smollm2-135m-instruct"
 DType = Literal["float32", "bfloat16", "float16"]
@@ -34,6 +34,14 @@ _EXAMPLE_UNIT = {"bytes": "GiB", "ms": "ms", "tokens/s": "tokens/s", "tokens": "
 def _shown(v: str | float) -> str:
     """A threshold as the user wrote it: '2 GiB' quoted, a bare number without a trailing .0."""
     return f"{v:g}" if isinstance(v, float) else repr(v)
+
+
+def _quantity(v: str | float) -> Quantity:
+    """parse_quantity for validators: its errors become pydantic value errors."""
+    try:
+        return parse_quantity(v)
+    except UnitError as e:
+        raise ValueError(str(e)) from None
 
 
 class _Strict(BaseModel):
@@ -192,10 +200,7 @@ class RuleSpec(_Strict):
     def _readable(cls, v: str | float | None) -> str | float | None:
         if v is None:
             return v
-        try:
-            q = parse_quantity(v)
-        except UnitError as e:
-            raise ValueError(str(e)) from None
+        q = _quantity(v)
         if not math.isfinite(q.value):
             raise ValueError(f"threshold {_shown(v)} is not a finite number")
         if q.value < 0:
@@ -255,10 +260,7 @@ class ResourcesSpec(_Strict):
     def _bytes(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        try:
-            q = parse_quantity(v)
-        except UnitError as e:
-            raise ValueError(str(e)) from None
+        q = _quantity(v)
         if q.dimension is not Dimension.BYTES:
             raise ValueError(f"{v!r} is not an amount of memory (write it with a unit, e.g. '2 GiB')")
         if q.value < 0 or not math.isfinite(q.value):
