@@ -19,8 +19,9 @@ SAMPLING = "other/t1-k8"
 
 def run(tmp_path, pair, prompts, laws=LAWS):
     model_dir, draft_dir = pair
-    text = tiny_policy(model_dir, prompts, RULE, drafts=f"  other:\n    kind: model\n    model: {draft_dir}\n    num_draft_tokens: 3\n",
-                       laws=laws, max_new_tokens=64)
+    drafts = (f"  other:\n    kind: model\n    model: {draft_dir}\n    num_draft_tokens: 3\n"
+              "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n")
+    text = tiny_policy(model_dir, prompts, RULE, drafts=drafts, laws=laws, max_new_tokens=64)
     text = text.replace("  chat_template: true\n", "  chat_template: true\n  repetitions: 10\n")
     policy = write_policy(tmp_path, text)
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
@@ -37,6 +38,9 @@ def test_gate_loop_passes_exactness(tmp_path, sharp_pair, prompts_file):
     kinds = {d["kind"]: d for d in sampling["details"]}
     assert kinds["ks"]["n"] > 900 and kinds["g"]["n"] == 1500
     assert all(d["detectable"] <= 0.1 for d in sampling["details"])
+    # a point-mass proposal (prompt lookup) is exact under rejection sampling too
+    assert out["lookup/greedy"]["status"] == "pass"
+    assert out["lookup/t1-k8"]["status"] == "pass", out["lookup/t1-k8"]["message"]
 
 
 def test_a_faulty_verifier_is_caught(tmp_path, sharp_pair, prompts_file, monkeypatch):
