@@ -5,6 +5,7 @@ The CLI only parses arguments and prints; everything it runs is here.
 
 from __future__ import annotations
 
+import difflib
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,11 +52,53 @@ def validate(path: str | Path) -> LoadedPolicy:
                 check_tokenizers(target_tokenizer, _tokenizer(source, f"drafts.{name}.model"), f"drafts.{name}.model")
         w = policy.workload
         source = MTBench() if w.source == "mt_bench" else JsonlPrompts(loaded.resolve(w.path or ""))
-        if not select(source.load(), w.seed, w.per_category, w.num_prompts, w.categories):
+        everything = source.load()
+        if not select(everything, w.seed, w.per_category, w.num_prompts, w.categories):
             raise PolicyValueError("workload", "the workload selects no prompt")
+        _check_categories(policy, sorted({p.category for p in everything}))
+        _check_against_config(loaded, target)
     except PolicyValueError as e:
         raise loaded.error(e) from None
     return loaded
+
+
+def _check_categories(policy: Any, known: list[str]) -> None:
+    """Every category a rule scope or the workload names must exist in the prompt source."""
+    named = [("workload.categories", j, c) for j, c in enumerate(policy.workload.categories or [])]
+    named += [(f"rules[{i}].scope.categories", j, c) for i, r in enumerate(policy.rules) for j, c in enumerate(r.scope.categories or [])]
+    for path, j, c in named:
+        if c not in known:
+            close = difflib.get_close_matches(c, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PolicyValueError(f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}")
+
+
+def _check_against_config(loaded: LoadedPolicy, target: ModelSource) -> None:
+    """What the target's config decides before any weight is loaded: early-exit depth and
+    whether the longest prompt plus max_new_tokens (and the bill's context) fit its positions."""
+    from gate.resources import load_config
+    from gate.session import load_prompts
+
+    policy = loaded.policy
+    try:
+        config = load_config(target)
+    except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
+        raise PolicyValueError("target.model", f"cannot read the model config of {target}: {type(e).__name__}: {e}") from None
+    layers = getattr(config, "num_hidden_layers", None)
+    for name, d in policy.drafts.items():
+        if d.kind == "early_exit" and layers and not d.num_layers < layers:
+            raise PolicyValueError(f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {d.num_layers})")
+    limit = getattr(config, "max_position_embeddings", None)
+    if not limit:
+        return
+    if policy.resources.context_tokens and policy.resources.context_tokens > limit:
+        raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
+                               f"{limit} positions (max_position_embeddings)")
+    longest = max(len(p.token_ids) for p in load_prompts(loaded, _tokenizer(target, "target.model")))
+    need = longest + max(policy.workload.max_new_tokens_list)
+    if need > limit:
+        raise PolicyValueError("workload.max_new_tokens", f"the longest prompt ({longest} tokens) plus max_new_tokens needs "
+                               f"{need} positions; the target has {limit} (max_position_embeddings)")
 
 
 def _tokenizer(source: ModelSource, yaml_path: str) -> Any:

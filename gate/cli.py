@@ -7,11 +7,12 @@ usage; 3 a measurement could not be made.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -27,7 +28,8 @@ _err = Console(stderr=True, highlight=False, emoji=False)
 
 
 def _fail(exc: GateError) -> None:
-    _err.print(f"gate: error: {exc}", markup=False, soft_wrap=True)
+    for line in str(exc).splitlines() or [""]:
+        _err.print(f"gate: error: {line}", markup=False, soft_wrap=True)
     sys.exit(exc.exit_code)
 
 
@@ -75,16 +77,16 @@ def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, n
             result = do_check(policy, progress=progress, fail_on_warn=fail_on_warn, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
-    _write_and_exit(result, json_path, junit_path)
+    _write_and_exit(result, json_path, junit_path, fail_on_warn)
 
 
-def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path) -> None:
+def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, fail_on_warn: bool = False) -> None:
     """Write the JSON and JUnit reports, print the console summary, exit with the gate's code."""
     from gate.report.console import ConsoleReport
     from gate.report.json import JsonReport
     from gate.report.junit import JunitReport
 
-    for fmt, path in ((JsonReport(), json_path), (JunitReport(), junit_path)):
+    for fmt, path in ((JsonReport(), json_path), (JunitReport(fail_on_warn), junit_path)):
         try:
             fmt.write(result.report, path)
         except OSError as e:
@@ -155,16 +157,19 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
             except PolicyValueError as e:
                 raise loaded.error(e) from None
         elif target_config is not None and policy is None:
+            for flag, given in (("--target", target_config), ("--draft", draft_config)):
+                if given is not None and not given.exists():
+                    raise InputError([Problem("command line", flag, None, f"no such file or folder: {given}")])
             try:
                 res = ResourcesSpec(kv_dtype=kv_dtype, capacity=capacity)
             except ValidationError as e:
-                raise InputError([Problem("--capacity", "", None, e.errors()[0]["msg"].removeprefix("Value error, "))]) from None
+                raise InputError([Problem("command line", "--capacity", None, e.errors()[0]["msg"].removeprefix("Value error, "))]) from None
             try:
                 bills = config_bills(target_config, draft_config, dtype, num_draft_tokens, context_tokens, sequences, res)
             except ConfigError as e:
                 raise InputError([Problem(str(draft_config or target_config), "", None, str(e))]) from None
         else:
-            raise click.UsageError("give a POLICY, or --target CONFIG (with optional --draft CONFIG), not both")
+            raise click.UsageError("give either a POLICY or --target CONFIG (with an optional --draft CONFIG)")
     except GateError as e:
         _fail(e)
     if as_json:
@@ -200,6 +205,11 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
             raise InputError([Problem("command line", "--bandwidth/--peak", None, str(e))]) from None
         if bw <= 0 or pk <= 0:
             raise InputError([Problem("command line", "--bandwidth/--peak", None, "bandwidth and peak must be positive")])
+        bad = [i for i in intensity if not (i > 0 and math.isfinite(i))]
+        if bad:
+            raise InputError([Problem("command line", "--intensity", None, f"{bad[0]:g} is not a positive, finite FLOP/byte")])
+        if report_path is not None and policy is None:
+            raise InputError([Problem("command line", "--report", None, "--report needs the POLICY the report was made with")])
         click.echo(f"roof: {pk / 1e9:g} GFLOP/s compute, {bw / 1e9:g} GB/s bandwidth, ridge point {pk / bw:g} FLOP/byte")
         for i in intensity:
             att = attainable(pk, bw, i)
@@ -212,7 +222,7 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
         from gate.resources import policy_roofline
 
         loaded = do_validate(policy)
-        report = json.loads(report_path.read_text()) if report_path else None
+        report = _read_report(report_path, loaded) if report_path else None
         try:
             rows = policy_roofline(loaded, bw, pk, list(batch) or [1, 8, 64], report)
         except PolicyValueError as e:
@@ -245,6 +255,27 @@ def schema(which: str) -> None:
 
         doc = policy_schema()
     click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
+    """A gate check JSON report made with this policy's drafts (same num_draft_tokens).
+    Raises InputError for a file that is not such a report."""
+    from gate.errors import InputError, Problem
+    from gate.report.document import FORMAT
+
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError([Problem(str(path), "", None, f"not a gate check JSON report: {e}")]) from None
+    if not isinstance(report, dict) or report.get("format") != FORMAT:
+        raise InputError([Problem(str(path), "format", None, f"not a gate check JSON report (format {FORMAT!r} expected)")])
+    drafts = report.get("measurements", {}).get("drafts", {})
+    for name, d in loaded.policy.drafts.items():
+        if name not in drafts or drafts[name].get("num_draft_tokens") != d.num_draft_tokens:
+            raise InputError([Problem(str(path), f"measurements.drafts.{name}", None,
+                                      f"the report was not made with this policy: draft {name!r} "
+                                      f"{'is missing' if name not in drafts else 'has another num_draft_tokens'} there")])
+    return report
 
 
 class _progress:

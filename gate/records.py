@@ -232,8 +232,10 @@ class BillLine:
     formula: str  # the formula with the numbers filled in
     bytes: int
     coexists_at_peak: bool = True
-    # Measured against predicted where gate can measure the line (the KV caches: the bytes of
-    # the real cache tensors at the end of the longest request, and the formula at that length).
+    # Measured against predicted where gate can measure the line (the target KV cache: the
+    # bytes of the real cache tensors at the end of the longest request, one sequence, and the
+    # formula for one sequence at that length). Not filled when resources.kv_dtype overrides
+    # the dtype the model really caches in.
     measured_bytes: int | None = None
     measured_at_tokens: int | None = None
     predicted_at_measured_bytes: int | None = None

@@ -206,14 +206,15 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
     bills = {b.draft: b for b in policy_bills(loaded)}
     context = bills[FALLBACK].context_tokens
     kv = cache_model(config, kv_format(policy.resources, policy.target.dtype)).bytes_per_token
+    width = _attention_width(config)
     weights = next(x.bytes for x in bills[FALLBACK].lines if x.name == "target weights")
     summary = {(r["runner"], r["law"]): r for r in (report or {}).get("summary", [])}
-    rows = [RooflineRow(FALLBACK, [step("decode", params, weights, kv, context, b, 1, peak_flops, bandwidth) for b in batches],
-                        ridge_batch(params, weights, kv, context, 1, peak_flops, bandwidth), None, {})]
-    target_step = step("decode", params, weights, kv, context, 1, 1, peak_flops, bandwidth).time_s
+    rows = [RooflineRow(FALLBACK, [step("decode", params, weights, kv, context, b, 1, peak_flops, bandwidth, width) for b in batches],
+                        ridge_batch(params, weights, kv, context, 1, peak_flops, bandwidth, width), None, {})]
+    target_step = step("decode", params, weights, kv, context, 1, 1, peak_flops, bandwidth, width).time_s
     for name, d in policy.drafts.items():
         k = d.num_draft_tokens + 1
-        steps = [step("verify", params, weights, kv, context, b, k, peak_flops, bandwidth) for b in batches]
+        steps = [step("verify", params, weights, kv, context, b, k, peak_flops, bandwidth, width) for b in batches]
         c = 0.0  # prompt lookup: no draft model to run
         if d.kind != "prompt_lookup":
             if d.kind == "early_exit":
@@ -226,12 +227,19 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
                 dparams = sum(p.numel() for p in AutoModelForCausalLM.from_config(dcfg).parameters())
             dkv = cache_model(dcfg, kv_format(policy.resources, "float32" if quant == "int8_dynamic" else dtype)).bytes_per_token
             c = step("draft", dparams, estimate_weight_bytes(dcfg, dtype, quant), dkv, context, 1, 1, peak_flops,
-                     bandwidth).time_s / target_step
+                     bandwidth, _attention_width(dcfg)).time_s / target_step
         by_law: dict[str, dict[str, float | None]] = {}
         for (runner, law), r in summary.items():
             if runner == name and r.get("acceptance_rate") is not None:
                 alpha = r["acceptance_rate"]
                 by_law[law] = {"acceptance_rate": alpha, "predicted_speedup": predicted_speedup(alpha, d.num_draft_tokens, c),
                                "measured_speedup": r.get("speedup")}
-        rows.append(RooflineRow(name, steps, ridge_batch(params, weights, kv, context, k, peak_flops, bandwidth), c, by_law))
+        rows.append(RooflineRow(name, steps, ridge_batch(params, weights, kv, context, k, peak_flops, bandwidth, width), c, by_law))
     return rows
+
+
+def _attention_width(config: Any) -> int:
+    """layers x query heads x head_dim: attention FLOPs per token and context position / 4."""
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
+    return int(config.num_hidden_layers) * heads * int(head_dim)

@@ -46,9 +46,9 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
             except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                 m.failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
         progress("requests", len(requests), len(requests))
-        _overlaps(session, m, progress)
+        _phase(m, "overlap", lambda: _overlaps(session, m, progress))
         if exactness and exactness.pairs:
-            _exactness(session, m, exactness, seed, progress)
+            _phase(m, "exactness", lambda: _exactness(session, m, exactness, seed, progress))
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
     _bills(session, m, max(max_new_tokens), resources)
@@ -57,6 +57,14 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
         m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
         m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
     return m
+
+
+def _phase(m: Measurements, stage: str, run: Callable[[], None]) -> None:
+    """Run one measurement phase; an error that escapes it is recorded, never loses the rest."""
+    try:
+        run()
+    except Exception as e:  # noqa: BLE001
+        m.failures.append(Failure(stage, "*", "*", stage, _describe(e)))
 
 
 def _describe(e: BaseException) -> str:
@@ -119,10 +127,10 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
         for name, draft in session.drafts.items():
             try:
                 q = draft.teacher_forced(ids, len(prompt), law, p.shape[-1])
+                ov, top1 = position_overlaps(p, q.to(p.device))
             except Exception as e:  # noqa: BLE001
                 m.failures.append(Failure("overlap", name, rec.law, f"overlap {rec.prompt_id}", _describe(e)))
                 continue
-            ov, top1 = position_overlaps(p, q.to(p.device))
             m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1))
     progress("overlap", len(runs), len(runs))
 
@@ -218,7 +226,7 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
         for bill in bills:
             reqs = [r for r in m.requests if r.draft == bill.draft]
             line = next(x for x in bill.lines if x.name == "target KV cache")
-            if reqs and resources.sequences == 1 and resources.kv_dtype == "auto":
+            if reqs and resources.kv_dtype == "auto":  # requests run one sequence at a time
                 longest = max(reqs, key=lambda r: r.kv_cache_tokens)
                 line.measured_bytes = longest.kv_cache_bytes
                 line.measured_at_tokens = longest.kv_cache_tokens

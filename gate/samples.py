@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from gate.check import CheckResult, _finish, validate
 from gate.errors import InputError, PolicyValueError, Problem
@@ -38,8 +38,8 @@ class SampleLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_ids: list[int] = Field(..., min_length=1, description="Token ids the engine was given (chat template applied).")
-    output_ids: list[int] = Field(..., min_length=1, description="Token ids it generated, in order.")
+    prompt_ids: list[StrictInt] = Field(..., min_length=1, description="Token ids the engine was given (chat template applied).")
+    output_ids: list[StrictInt] = Field(..., min_length=1, description="Token ids it generated, in order.")
     law: LawSpec = Field(..., description="The declared law the output was sampled under (temperature 0: greedy).")
     id: str | None = None
     source: str = Field("samples", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="The engine or draft that produced it.")
@@ -72,12 +72,15 @@ def read_samples(path: Path, vocab_size: int) -> list[SampleLine]:
         try:
             line = SampleLine.model_validate(json.loads(raw))
         except json.JSONDecodeError as e:
-            problems.append(Problem(name, f"line {n}", n, f"not valid JSON: {e.msg}"))
+            problems.append(Problem(name, "(line)", n, f"not valid JSON: {e.msg}"))
             continue
         except ValidationError as e:
             for err in e.errors()[:3]:
                 where = ".".join(str(x) for x in err["loc"])
-                problems.append(Problem(name, where, n, err["msg"].removeprefix("Value error, ")))
+                msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "string_pattern_mismatch":
+                    msg = "use letters, digits, '_', '.' and '-', starting with a letter or digit"
+                problems.append(Problem(name, where or "(line)", n, msg))
             continue
         bad = [t for t in line.prompt_ids + line.output_ids if not 0 <= t < vocab_size]
         if bad:

@@ -118,7 +118,7 @@ def open_session(loaded: LoadedPolicy) -> Session:
                 if dtype != "float32":
                     raise PolicyValueError(f"{path}.dtype", "int8_dynamic quantizes float32 weights; leave dtype at float32")
                 model = models.quantize_int8_dynamic(model)
-            drafts[name] = ModelDraft(name, "model", model, spec.num_draft_tokens, device)
+            drafts[name] = ModelDraft(name, "model", model, spec.num_draft_tokens, device, vocab_size=engine.vocab_size)
             infos.append(_info(name, label, "model" + (f"+{spec.quantization}" if spec.quantization != "none" else ""), dtype, model))
     prompts = load_prompts(loaded, tokenizer)
     return Session(device, target, tokenizer, engine, drafts, laws_of(loaded), prompts, infos)

@@ -22,13 +22,14 @@ class ModelDraft(Draft):
     probability_info = "distribution"
 
     def __init__(self, name: str, kind: str, model: torch.nn.Module, num_draft_tokens: int, device: torch.device,
-                 shared_with_target: bool = False):
+                 shared_with_target: bool = False, vocab_size: int | None = None):
         self.name = name
         self.kind = kind
         self.model = model
         self.num_draft_tokens = num_draft_tokens
         self.device = device
         self.shared_with_target = shared_with_target  # weights belong to the target (early exit)
+        self.vocab_size = vocab_size  # the target's logits width; None: the draft's own
         self._cache: Any = None
         self._fed: list[int] = []
 
@@ -50,7 +51,7 @@ class ModelDraft(Draft):
         for _ in range(n):
             logits = forward(self.model, torch.tensor([new], device=self.device), self._cache, 1)
             self._fed += new
-            q = law_probs(logits[0, -1], law)
+            q = law_probs(self._aligned(logits[0, -1]), law)
             x = sample(q, generator)
             tokens.append(x)
             qs.append(q)
@@ -59,7 +60,18 @@ class ModelDraft(Draft):
 
     def teacher_forced(self, ids: list[int], start: int, law: Law, vocab_size: int) -> torch.Tensor:
         logits = forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0]
-        return law_probs(logits[start - 1:], law)
+        return law_probs(self._aligned(logits[start - 1:]), law)
+
+    def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits [..., V_draft] on the target's vocabulary [..., V_target]: padded ids a
+        model has beyond the shared tokenizer are dropped, missing ones get -inf (q = 0)."""
+        v = self.vocab_size
+        if v is None or logits.shape[-1] == v:
+            return logits
+        if logits.shape[-1] > v:
+            return logits[..., :v]
+        pad = torch.full((*logits.shape[:-1], v - logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=logits.device)
+        return torch.cat([logits, pad], dim=-1)
 
     def cache_bytes(self) -> int:
         return cache_tensor_bytes(self._cache)

@@ -75,7 +75,11 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
         if isinstance(found, str):
             return ModelSource("hub_cache", model, gguf_file, model)
         raise PolicyValueError(yaml_path, f"{model!r} is not a local path and not in the local Hugging Face cache (gate never downloads)")
-    raise PolicyValueError(yaml_path, f"model not found: {path}")
+    import difflib
+
+    close = difflib.get_close_matches(model, list(PACKAGED), n=1)
+    hint = f" (did you mean the packaged {close[0]!r}?)" if close else f" (packaged: {', '.join(PACKAGED)})"
+    raise PolicyValueError(yaml_path, f"model not found: {path}{hint}")
 
 
 def resolve_device(device: str, yaml_path: str) -> torch.device:

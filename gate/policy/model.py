@@ -28,7 +28,7 @@ class FieldError(ValueError):
         self.field = field
 
 
-_EXAMPLE_UNIT = {"bytes": "GiB", "ms": "ms", "tokens/s": "tokens/s", "tokens": "tokens"}
+_EXAMPLE = {"bytes": "2 GiB", "ms": "120 ms", "tokens/s": "25 tokens/s", "tokens": "3 tokens"}
 
 
 def _shown(v: str | float) -> str:
@@ -143,8 +143,8 @@ class WorkloadSpec(_Strict):
     @classmethod
     def _positive(cls, v: int | list[int]) -> int | list[int]:
         values = v if isinstance(v, list) else [v]
-        if not values or any(x < 1 for x in values):
-            raise ValueError("max_new_tokens must be a positive integer or a non-empty list of them")
+        if not values or any(x < 1 or x > 1_000_000 for x in values):
+            raise ValueError("max_new_tokens must be an integer from 1 to 1,000,000 or a non-empty list of them")
         return v
 
     @property
@@ -158,12 +158,17 @@ class WorkloadSpec(_Strict):
         return self
 
 
+BILL_LINES = ("target weights", "target KV cache", "draft weights", "draft KV cache", "verification positions",
+              "target logits", "draft probabilities", "workspace", "graph captures", "communication buffers",
+              "fragmentation allowance")
+
+
 class ScopeSpec(_Strict):
     """What a rule applies to; None means everything."""
 
-    drafts: list[str] | None = None
-    laws: list[str] | None = None
-    categories: list[str] | None = None
+    drafts: list[str] | None = Field(None, min_length=1)
+    laws: list[str] | None = Field(None, min_length=1)
+    categories: list[str] | None = Field(None, min_length=1)
 
 
 class RuleSpec(_Strict):
@@ -227,7 +232,7 @@ class RuleSpec(_Strict):
         q = parse_quantity(self.threshold)
         expected = Dimension.RATIO if self.relative_to else metric.dimension
         if q.dimension is None and expected is not Dimension.RATIO:
-            example = f"{q.value:g} {_EXAMPLE_UNIT.get(expected.value, expected.value)}"
+            example = _EXAMPLE.get(expected.value, expected.value)
             raise FieldError("threshold", f"threshold {_shown(self.threshold)} has no unit; {self.metric} is in {expected.value} "
                              f"(write it with a unit, e.g. '{example}')")
         if q.dimension is not None and q.dimension is not expected:
@@ -279,10 +284,11 @@ class Policy(_Strict):
     name: str | None = None
     target: TargetSpec = Field(default_factory=TargetSpec)
     drafts: dict[Annotated[str, Field(pattern=NAME)], DraftSpec] = Field(..., min_length=1)
-    law: LawSpec | list[LawSpec] = Field(default_factory=lambda: [LawSpec(temperature=0.0)], description="A list means a matrix.")
+    law: LawSpec | list[LawSpec] = Field(default_factory=lambda: [LawSpec(temperature=0.0)],
+                                         description="A list means a matrix (at least one law).")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    rules: list[RuleSpec] = Field(default_factory=list)
+    rules: list[RuleSpec] = Field(..., min_length=1, description="A gate without rules would pass anything.")
 
     @property
     def laws(self) -> list[LawSpec]:
@@ -292,18 +298,26 @@ class Policy(_Strict):
 def _check_names(policy: Policy) -> list[tuple[str, str]]:
     """Cross-field checks pydantic cannot place: returns (YAML path, message) pairs."""
     problems: list[tuple[str, str]] = []
+    if not policy.laws:
+        problems.append(("law", "the law list is empty; declare at least one law (temperature: 0 is greedy)"))
     law_path = "law" if not isinstance(policy.law, list) else "law[{}]"
     labels = [law.label for law in policy.laws]
     for i, label in enumerate(labels):
         if labels.index(label) != i:
             problems.append((law_path.format(i), f"law name {label!r} is used twice; give each law a distinct name"))
-    if "fallback" in policy.drafts:
-        problems.append(("drafts.fallback", "'fallback' is reserved for the non-speculative run"))
+    for reserved, why in (("fallback", "the non-speculative run"), ("target", "`model: target`, the target's own weights")):
+        if reserved in policy.drafts:
+            problems.append((f"drafts.{reserved}", f"the draft name {reserved!r} is reserved for {why}"))
     for name, draft in policy.drafts.items():
         if draft.kind == "model" and draft.model == "target" and draft.dtype in (None, policy.target.dtype) and draft.quantization == "none":
             problems.append((f"drafts.{name}", "this draft is the target itself (same weights, dtype, quantization)"))
     seen: dict[str, int] = {}
     for i, rule in enumerate(policy.rules):
+        if rule.metric in ("memory_headroom_bytes", "extra_sequences") and policy.resources.capacity is None:
+            problems.append((f"rules[{i}].metric", f"{rule.metric} needs resources.capacity (the device memory the budget is for)"))
+        if rule.line is not None and rule.line not in BILL_LINES:
+            problems.append((f"rules[{i}].line", f"no bill line is called {rule.line!r}{_did_you_mean(rule.line, list(BILL_LINES))}; "
+                             f"lines: {', '.join(BILL_LINES)}"))
         if rule.id in seen:
             problems.append((f"rules[{i}].id", f"rule id {rule.id!r} is used twice (first by rules[{seen[rule.id]}]); give each rule a distinct id"))
         seen.setdefault(rule.id, i)

@@ -44,7 +44,7 @@ class ConsoleReport(ReportFormat):
             rules.add_column(col, overflow="fold")
         for o in report.outcomes:
             rules.add_row(f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]", escape(o.name), o.level, escape(o.message))
-        tables = [summary, rules]
+        tables = [summary, rules] if report.measurements.requests else [rules]
         if report.measurements.failures:
             failures = Table(title="Measurements that could not be made", title_justify="left")
             for col in ("stage", "draft", "law", "what", "why"):
@@ -85,7 +85,8 @@ def bill_tables(bills: list) -> list[Table]:  # type: ignore[type-arg]
         if b.budget is not None:
             u = b.budget
             t.add_row("capacity", "", format_value(u.capacity_bytes, Dimension.BYTES), "")
-            t.add_row("headroom", "capacity - total", format_value(u.headroom_bytes, Dimension.BYTES), "")
+            t.add_row("headroom", "capacity - total" + ("  DOES NOT FIT" if u.headroom_bytes < 0 else ""),
+                      format_value(u.headroom_bytes, Dimension.BYTES), "")
             t.add_row("more sequences that fit", f"headroom / {format_value(u.bytes_per_extra_sequence, Dimension.BYTES)} per sequence",
                       str(u.extra_sequences), "")
             t.add_row("more context per sequence", f"headroom / {format_value(u.bytes_per_extra_context_token, Dimension.BYTES)} per token",
@@ -109,7 +110,7 @@ def roofline_tables(rows: list) -> list[Table]:  # type: ignore[type-arg]
         p.add_column(col, justify="left" if col in ("draft", "law") else "right")
     for r in rows[1:]:
         if not r.by_law:
-            p.add_row(escape(r.runner), "-", _f(r.cost_coefficient, ".3f"), "-", "-", "-")
+            p.add_row(escape(r.runner), "(no --report)", _f(r.cost_coefficient, ".3f"), "-", "-", "-")
         for law, v in r.by_law.items():
             p.add_row(escape(r.runner), escape(law), _f(r.cost_coefficient, ".3f"), _f(v["acceptance_rate"], ".3f"),
                       _f(v["predicted_speedup"], ".2f"), _f(v["measured_speedup"], ".2f"))

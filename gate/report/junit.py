@@ -28,16 +28,20 @@ def _properties(report: Report) -> dict[str, str]:
 
 
 class JunitReport(ReportFormat):
-    """One <testsuite name="gate"> per run."""
+    """One <testsuite name="gate"> per run. With fail_on_warn (gate check --fail-on-warn),
+    warn-level violations are failures, as they fail the build."""
 
     name = "junit"
+
+    def __init__(self, fail_on_warn: bool = False):
+        self.fail_on_warn = fail_on_warn
 
     def render(self, report: Report) -> str:
         cases = []
         for o in report.outcomes:
             case = TestCase(o.name, classname=f"gate.{o.rule_id}", stdout=o.message)
             message = o.message or f"{o.rule_id}: {o.status}"
-            if o.status == "fail":
+            if o.status == "fail" or (o.status == "warn" and self.fail_on_warn):
                 case.add_failure_info(message=message, failure_type="gate.rule_failed")
             elif o.status == "error":
                 case.add_error_info(message=message, error_type="gate.measurement_missing")

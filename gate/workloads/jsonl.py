@@ -3,15 +3,21 @@
     {"prompt": "text", "category": "qa", "id": "q1"}
     {"messages": [{"role": "user", "content": "..."}], "category": "chat"}
 
-`category` defaults to "default" and `id` to "<file stem>-<line>". Errors name the line."""
+`category` defaults to "default" and `id` to "<file stem>-<line>"; ids are unique; roles are
+system, user or assistant. Errors name the line."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource
+
+
+KEYS = {"id", "category", "prompt", "messages"}
+ROLES = ("system", "user", "assistant")
 
 
 class JsonlPrompts(WorkloadSource):
@@ -26,12 +32,13 @@ class JsonlPrompts(WorkloadSource):
 
     def load(self) -> list[Prompt]:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = self.path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is fine
         except FileNotFoundError:
             raise PolicyValueError(self.yaml_path, f"prompt file not found: {self.path}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise PolicyValueError(self.yaml_path, f"cannot read prompt file {self.path}: {e}") from None
         prompts = []
+        seen: dict[str, int] = {}
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -41,15 +48,29 @@ class JsonlPrompts(WorkloadSource):
                 raise self._bad(n, f"not valid JSON: {e.msg}") from None
             if not isinstance(row, dict):
                 raise self._bad(n, "each line must be a JSON object with 'prompt' or 'messages'")
-            if isinstance(row.get("prompt"), str) and row["prompt"]:
+            unknown = sorted(set(row) - KEYS)
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], sorted(KEYS), n=1)
+                raise self._bad(n, f"unknown key {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                                + f" (keys: {', '.join(sorted(KEYS))})")
+            if ("prompt" in row) == ("messages" in row):
+                raise self._bad(n, "give exactly one of 'prompt' (a string) or 'messages' (a list of {role, content})")
+            if "prompt" in row:
+                if not isinstance(row["prompt"], str) or not row["prompt"]:
+                    raise self._bad(n, "'prompt' must be a non-empty string")
                 messages = [{"role": "user", "content": row["prompt"]}]
-            elif isinstance(row.get("messages"), list) and row["messages"] and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in row["messages"]
-            ):
-                messages = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
             else:
-                raise self._bad(n, "needs a non-empty 'prompt' string or a 'messages' list of {role, content}")
-            prompts.append(Prompt(str(row.get("id", f"{self.path.stem}-{n}")), str(row.get("category", "default")), messages))
+                msgs = row["messages"]
+                if not isinstance(msgs, list) or not msgs or not all(
+                        isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES and isinstance(m["content"], str)
+                        for m in msgs):
+                    raise self._bad(n, f"'messages' must be a non-empty list of {{role, content}} with role one of {', '.join(ROLES)}")
+                messages = [{"role": m["role"], "content": m["content"]} for m in msgs]
+            ident = str(row.get("id", f"{self.path.stem}-{n}"))
+            if ident in seen:
+                raise self._bad(n, f"id {ident!r} is used twice (first on line {seen[ident]})")
+            seen[ident] = n
+            prompts.append(Prompt(ident, str(row.get("category", "default")), messages))
         if not prompts:
             raise PolicyValueError(self.yaml_path, f"prompt file {self.path} holds no prompts")
         return prompts

@@ -1,0 +1,102 @@
+"""Mistakes `gate validate` catches before anything runs (exit 2 with file, YAML path and
+line), and robustness fixes found by using the product as a new user."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import tiny_llama, tiny_policy, tiny_tokenizer, write_policy
+from gate.cli import cli
+from gate.measure.bill import bill_lines
+from gate.policy.model import BILL_LINES
+
+
+def validate(tmp_path, text):
+    policy = write_policy(tmp_path, text)
+    return CliRunner().invoke(cli, ["validate", str(policy)])
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    (lambda t: t.replace("law:\n  - temperature: 0\n", "law: []\n"), "law", "at least one law"),
+    (lambda t: t[: t.index("rules:")] + "rules: []\n", "rules", "at least 1"),
+    (lambda t: t + "    scope: {drafts: []}\n", "rules[1].scope.drafts", "at least 1"),
+    (lambda t: t + "    scope: {categories: [repaet]}\n", "rules[1].scope.categories[0]", "did you mean 'repeat'"),
+    (lambda t: t + "  - id: kv\n    metric: memory_line_bytes\n    line: draft kv cache\n    aggregation: max\n"
+                   "    comparison: '<='\n    threshold: 1 GiB\n", "rules[2].line", "did you mean 'draft KV cache'"),
+    (lambda t: t + "  - id: room\n    metric: extra_sequences\n    aggregation: min\n    comparison: '>='\n    threshold: 1\n",
+     "rules[2].metric", "needs resources.capacity"),
+    (lambda t: t.replace("num_layers: 1", "num_layers: 5"), "drafts.exit1.num_layers", "below the target's 2 layers"),
+    (lambda t: t.replace("max_new_tokens: 12", "max_new_tokens: 600"), "workload.max_new_tokens", "max_position_embeddings"),
+    (lambda t: t.replace("max_new_tokens: 12", "max_new_tokens: 100000000"), "workload.max_new_tokens", "1,000,000"),
+    (lambda t: t.replace("  lookup:\n", "  target:\n"), "drafts.target", "reserved"),
+])
+def test_validate_catches_it(tmp_path, tiny_model_dir, prompts_file, edit, where, words):
+    result = validate(tmp_path, edit(tiny_policy(tiny_model_dir, prompts_file)))
+    assert result.exit_code == 2, result.output
+    assert f": {where}: " in result.output and words in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("line, words", [
+    ({"prompt": "w1", "categroy": "x"}, "did you mean 'category'"),
+    ({"prompt": "w1", "messages": [{"role": "user", "content": "w2"}]}, "exactly one of"),
+    ({"messages": [{"role": "usr", "content": "w2"}]}, "role one of system, user, assistant"),
+    ({"id": "a", "prompt": "w3"}, "used twice (first on line 1)"),
+])
+def test_jsonl_prompt_lines_are_strict(tmp_path, tiny_model_dir, line, words):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\ufeff" + json.dumps({"id": "a", "prompt": "w1 w2"}) + "\n" + json.dumps(line) + "\n")
+    result = validate(tmp_path, tiny_policy(tiny_model_dir, prompts))
+    assert result.exit_code == 2 and f"{prompts}:2: " in result.output and words in result.output, result.output
+
+
+def test_every_bill_line_name_is_known_to_the_policy():
+    from gate.measure.bill import BillInputs
+    from gate.measure.kv import cache_model
+
+    c = cache_model(tiny_llama(0).config, "float32")
+    lines = bill_lines(BillInputs("d", c, 1, 96, 10, 1, 3, c, 1, True, 2, 1, 1, 1, 0.1))
+    assert {x.name for x in lines} == set(BILL_LINES)
+
+
+def test_a_draft_with_a_padded_vocabulary_runs(tmp_path, tiny_model_dir, prompts_file):
+    padded = tmp_path / "padded"
+    tiny_llama(1, vocab_size=128).save_pretrained(padded)
+    tiny_tokenizer().save_pretrained(padded)
+    drafts = f"  padded:\n    kind: model\n    model: {padded}\n    num_draft_tokens: 3\n"
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, drafts=drafts, laws="  - temperature: 0\n  - temperature: 0.8\n"))
+    result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["measurements"]["failures"] == [], report["measurements"]["failures"]
+    assert result.exit_code == 0, result.output
+    assert all(o["status"] == "pass" for o in report["outcomes"])
+
+
+def test_fail_on_warn_makes_warnings_junit_failures(tmp_path, tiny_model_dir, prompts_file):
+    rule = "  - id: w\n    level: warn\n    metric: itl_ms\n    aggregation: p99\n    comparison: '<='\n    threshold: 0.000001 ms\n"
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, rule))
+    result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-warmup", "--fail-on-warn"])
+    assert result.exit_code == 1
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    assert int(suite.get("failures")) == 3  # w[...] for each of the three drafts
+
+
+def test_roofline_report_must_be_a_report_of_this_policy(tmp_path, tiny_model_dir, prompts_file):
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    base = ["roofline", str(policy), "--bandwidth", "100GB/s", "--peak", "1TFLOP/s"]
+    result = CliRunner().invoke(cli, base + ["--report", str(broken)])
+    assert result.exit_code == 2 and "not a gate check JSON report" in result.output
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "gate-report/1", "measurements": {"drafts": {}}}))
+    result = CliRunner().invoke(cli, base + ["--report", str(other)])
+    assert result.exit_code == 2 and "not made with this policy" in result.output
+    result = CliRunner().invoke(cli, ["roofline", "--bandwidth", "1GiB/s", "--peak", "1TFLOP/s", "--report", str(other)])
+    assert result.exit_code == 2 and "--report needs the POLICY" in result.output
