@@ -61,10 +61,13 @@ def validate(policy: Path) -> None:
               show_default=True, help="Where to write the JUnit XML report.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-report.json"),
               show_default=True, help="Where to write the JSON report (every raw measurement).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file).")
 @click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated.")
 @click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up request per runner.")
-def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, no_progress: bool, no_warmup: bool) -> None:
+def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, fail_on_warn: bool, no_progress: bool,
+          no_warmup: bool) -> None:
     """Measure every draft in POLICY, evaluate every rule, write JUnit and JSON.
 
     Exit 0 when every error-level rule passes, 1 when a rule fails, 2 for an invalid
@@ -77,18 +80,27 @@ def check(policy: Path, junit_path: Path, json_path: Path, fail_on_warn: bool, n
             result = do_check(policy, progress=progress, fail_on_warn=fail_on_warn, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
-    _write_and_exit(result, json_path, junit_path, fail_on_warn)
+    _write_and_exit(result, json_path, junit_path, fail_on_warn, markdown_path)
 
 
-def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, fail_on_warn: bool = False) -> None:
+def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, fail_on_warn: bool = False,
+                    markdown_path: Path | None = None) -> None:
     """Write the JSON and JUnit reports, print the console summary, exit with the gate's code."""
     from gate.report.console import ConsoleReport
     from gate.report.json import JsonReport
     from gate.report.junit import JunitReport
 
-    for fmt, path in ((JsonReport(), json_path), (JunitReport(fail_on_warn), junit_path)):
+    from gate.report.markdown import MarkdownReport
+
+    for fmt, path in ((JsonReport(), json_path), (JunitReport(fail_on_warn), junit_path), (MarkdownReport(), markdown_path)):
+        if path is None:
+            continue
         try:
-            fmt.write(result.report, path)
+            if isinstance(fmt, MarkdownReport) and path.exists():
+                with path.open("a", encoding="utf-8") as f:  # step summaries accumulate
+                    f.write(fmt.render(result.report))
+            else:
+                fmt.write(result.report, path)
         except OSError as e:
             _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
             sys.exit(EXIT_USAGE)
@@ -234,6 +246,27 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
     out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
     for table in roofline_tables(rows):
         out.print(table)
+
+
+@cli.command()
+@click.argument("report_path", metavar="REPORT", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("rule_id")
+@click.option("--scope", help="Only this scope, e.g. bf16/greedy.")
+@click.option("--values", "max_values", type=click.IntRange(0), default=20, show_default=True, help="Raw values to print per scope.")
+def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int) -> None:
+    """Show how REPORT's verdicts for RULE_ID were reached: the samples, the aggregation,
+    the threshold, the comparison and the raw values (or the exactness tests)."""
+    from gate.errors import InputError, Problem
+    from gate.report.explain import explain_rule, load_report
+
+    try:
+        report = load_report(report_path)
+        text = explain_rule(report, rule_id, scope, max_values)
+    except GateError as e:
+        _fail(e)
+    except KeyError as e:
+        _fail(InputError([Problem(str(report_path), "outcomes", None, str(e.args[0]))]))
+    click.echo(text)
 
 
 @cli.command()

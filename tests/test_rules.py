@@ -143,3 +143,28 @@ def test_example_policies_validate_against_the_schema():
     schema = json.loads((ROOT / "schemas" / "policy.schema.json").read_text())
     for path in [*ROOT.glob("examples/*/policy.yaml"), *ROOT.glob("policies/*.yaml")]:
         jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(path.read_text()))
+
+
+def test_markdown_summary_and_explain(tmp_path):
+    from gate.report.explain import explain_rule, load_report
+    from gate.report.markdown import MarkdownReport
+
+    m = measurements()
+    rules = [rule(), rule(id="speed", metric="committed_tokens_per_s", aggregation="pooled", relative_to="fallback", threshold="1.1x"),
+             rule(id="ttft", metric="ttft_ms", aggregation="p99", comparison="<=", threshold="100 ms")]
+    outcomes = evaluate(rules, m)
+    policy = {"version": 1, "rules": [r.model_dump(mode="json") for r in rules]}
+    report = make_report("policy.yaml", policy, m, outcomes, summarize(m), exit_code(outcomes, m))
+    md = MarkdownReport().render(report)
+    assert md.startswith("## gate: failed")
+    assert "| **FAIL** | `r[bad/greedy]` |" in md and "r[good/greedy]" not in md  # passing rows are counted, not listed
+    assert "| good | greedy | 0.950 |" in md
+    JsonReport().write(report, tmp_path / "r.json")
+    loaded = load_report(tmp_path / "r.json")
+    text = explain_rule(loaded, "ttft", "bad/greedy", 5)
+    assert "bad: 2 samples (one request), p99 taken: 200.0 ms, 200.0 ms" in text
+    assert "value: p99 = 200.0 ms; threshold: <= 100.0 ms" in text
+    text = explain_rule(loaded, "speed", None, 5)
+    assert "pooled(draft) / pooled(fallback) = 2.000" in text and "speed[bad/greedy]: FAIL" in text
+    with pytest.raises(KeyError, match="rules: r, speed, ttft"):
+        explain_rule(loaded, "nope", None, 5)

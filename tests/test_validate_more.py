@@ -100,3 +100,18 @@ def test_roofline_report_must_be_a_report_of_this_policy(tmp_path, tiny_model_di
     assert result.exit_code == 2 and "not made with this policy" in result.output
     result = CliRunner().invoke(cli, ["roofline", "--bandwidth", "1GiB/s", "--peak", "1TFLOP/s", "--report", str(other)])
     assert result.exit_code == 2 and "--report needs the POLICY" in result.output
+
+
+def test_markdown_summary_appends_and_explain_reads_the_report(tmp_path, tiny_model_dir, prompts_file):
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file))
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    args = ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"), "--no-warmup",
+            "--markdown", str(summary)]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## gate: passed") and "| lookup | greedy |" in text
+    result = CliRunner().invoke(cli, ["explain", str(tmp_path / "r.json"), "itl", "--scope", "lookup/greedy"])
+    assert result.exit_code == 0 and "itl[lookup/greedy]: PASS" in result.output and "p99 taken:" in result.output
+    bad = CliRunner().invoke(cli, ["explain", str(policy), "itl"])
+    assert bad.exit_code == 2 and "not a gate JSON report" in bad.output

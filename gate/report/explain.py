@@ -1,0 +1,71 @@
+"""`gate explain`: how a verdict in a saved report was reached, from its raw records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from gate.errors import InputError, Problem
+from gate.metrics import METRICS
+from gate.report.document import ADAPTER, FORMAT, Report
+from gate.rules.samples import FALLBACK, Selection, samples
+from gate.units import Dimension, format_value
+
+
+_METRIC_KEYS = ("kind", "metric", "line", "aggregation", "comparison", "threshold", "relative_to", "scope", "level")
+_EXACTNESS_KEYS = ("kind", "significance", "power", "detect_tv", "tie_tolerance", "next_token_samples", "next_token_prompts",
+                   "scope", "level")
+
+
+def load_report(path: Path) -> Report:
+    """A gate JSON report. Raises InputError for anything else."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError([Problem(str(path), "", None, f"not a gate JSON report: {e}")]) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError([Problem(str(path), "format", None, f"not a gate JSON report (format {FORMAT!r} expected)")])
+    try:
+        return ADAPTER.validate_python(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError([Problem(str(path), ".".join(str(x) for x in err["loc"]), None, err["msg"])]) from None
+
+
+def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: int) -> str:
+    """Text explaining every outcome of `rule_id` (or only `scope`). Raises KeyError when absent."""
+    outcomes = [o for o in report.outcomes if o.rule_id == rule_id and (scope is None or o.scope == scope)]
+    if not outcomes:
+        known = sorted({o.rule_id for o in report.outcomes})
+        raise KeyError(f"no outcome for rule {rule_id!r}" + (f" in scope {scope!r}" if scope else "") + f"; rules: {', '.join(known)}")
+    policy_rule = next((r for r in report.policy.get("rules", []) if r.get("id") == rule_id), {})
+    keys = _EXACTNESS_KEYS if policy_rule.get("kind") == "exactness" else _METRIC_KEYS
+    shown_rule = dict(policy_rule, scope={k: v for k, v in (policy_rule.get("scope") or {}).items() if v})
+    lines = [f"rule {rule_id}: " + ", ".join(f"{k}={shown_rule[k]}" for k in keys if shown_rule.get(k) not in (None, {}, []))]
+    m = report.measurements
+    for o in outcomes:
+        lines += ["", f"{o.name}: {o.status.upper()} (level {o.level})", f"  {o.message}"]
+        if o.metric == "exactness":
+            for d in o.details:
+                keys = ("name", "kind", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
+                        "prompt_id", "position", "draft_token", "fallback_token", "gap_logits", "near_tie")
+                lines.append("  - " + ", ".join(f"{k}={d[k]}" for k in keys if k in d))
+            continue
+        metric = METRICS[o.metric]
+        cats = tuple(o.scope.split("/", 2)[2].split(",")) if o.scope.count("/") >= 2 else None
+        line = policy_rule.get("line")
+        for runner in [o.draft] + ([FALLBACK] if o.relative_to else []):
+            if o.aggregation == "pooled":
+                lines.append(f"  {runner}: pooled over {o.samples} requests (counters and totals are summed, never ratios averaged)")
+                continue
+            xs = samples(o.metric, m, Selection(runner, o.law, cats), line)
+            shown = ", ".join(format_value(x, metric.dimension) for x in xs[:max_values])
+            more = f" ... ({len(xs) - max_values} more)" if len(xs) > max_values else ""
+            lines.append(f"  {runner}: {len(xs)} samples ({metric.sample}), {o.aggregation} taken: {shown}{more}")
+        if o.measured is not None:
+            dim = Dimension.RATIO if o.relative_to else metric.dimension
+            how = f"{o.aggregation}(draft) / {o.aggregation}(fallback)" if o.relative_to else o.aggregation
+            lines.append(f"  value: {how} = {format_value(o.measured, dim)}; threshold: {o.comparison} {format_value(o.threshold, dim)}")
+    return "\n".join(lines)

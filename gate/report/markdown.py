@@ -1,0 +1,52 @@
+"""Markdown summary for $GITHUB_STEP_SUMMARY or a pull-request comment: verdict, the
+per-draft figures and every rule that did not pass (passing rules are counted)."""
+
+from __future__ import annotations
+
+from gate.report.document import Report
+from gate.report.interface import ReportFormat
+from gate.units import Dimension, format_value
+
+_MARK = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "warn": "warn", "skipped": "skipped",
+         "inconclusive": "**INCONCLUSIVE**"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _f(x: float | None, fmt: str, suffix: str = "") -> str:
+    return "-" if x is None else format(x, fmt) + suffix
+
+
+class MarkdownReport(ReportFormat):
+    """GitHub-flavoured Markdown."""
+
+    name = "markdown"
+
+    def render(self, report: Report) -> str:
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
+        verdict = {0: "passed", 1: "failed", 3: "could not measure everything"}.get(report.exit_code, f"exit {report.exit_code}")
+        env = report.measurements.environment
+        out = [f"## gate: {verdict}", "",
+               f"`{_cell(report.policy_file)}`: {counts} (exit code {report.exit_code}); torch {env.torch}, "
+               f"transformers {env.transformers}, {env.device}, seed {env.seed}.", ""]
+        if report.summary and report.measurements.requests:
+            out += ["| draft | law | overlap | accept rate | mean acc len | tokens/s | speedup | TTFT p50 | ITL p99 | bill |",
+                    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for r in report.summary:
+                bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
+                out.append(f"| {_cell(r.runner)} | {_cell(r.law)} | {_f(r.overlap_mean, '.3f')} | {_f(r.acceptance_rate, '.3f')} | "
+                           f"{_f(r.mean_acceptance_length, '.2f')} | {_f(r.committed_tokens_per_s, '.1f')} | {_f(r.speedup, '.2f', 'x')} | "
+                           f"{_f(r.ttft_p50_ms, '.0f', ' ms')} | {_f(r.itl_p99_ms, '.1f', ' ms')} | {bill} |")
+            out.append("")
+        shown = [o for o in report.outcomes if o.status != "pass"]
+        if shown:
+            out += ["| status | rule | level | message |", "|---|---|---|---|"]
+            out += [f"| {_MARK.get(o.status, o.status)} | `{_cell(o.name)}` | {o.level} | {_cell(o.message)} |" for o in shown]
+            out.append("")
+        passed = sum(o.status == "pass" for o in report.outcomes)
+        out.append(f"{passed} rule outcome(s) passed." if passed else "No rule outcome passed.")
+        for f in report.measurements.failures:
+            out.append(f"- measurement failed: {f.stage} {f.draft}/{f.law} {f.what}: {_cell(f.message)}")
+        return "\n".join(out) + "\n"
