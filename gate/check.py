@@ -62,6 +62,22 @@ def validate(path: str | Path) -> LoadedPolicy:
     return loaded
 
 
+def _check_sliding_window(config: Any, positions: int) -> None:
+    """gate's loop rolls the target's cache back after rejected proposals; transformers'
+    sliding-window cache cannot roll back once its window is full, so such a target must
+    not outgrow its window in this workload."""
+    from gate.measure.kv import ConfigError, cache_model
+
+    try:
+        windows = [layer.window for layer in cache_model(config).layers if layer.window]
+    except ConfigError:
+        return  # a layout gate cannot bill is reported by the bill, not here
+    if windows and positions >= min(windows) - 1:
+        raise PolicyValueError("workload.max_new_tokens", f"the target has sliding-window layers (window {min(windows)}) and "
+                               f"this workload needs {positions} positions: gate's speculative loop cannot roll back a full "
+                               "sliding-window cache yet; keep prompt + max_new_tokens + num_draft_tokens below the window")
+
+
 def _check_categories(policy: Any, known: list[str]) -> None:
     """Every category a rule scope or the workload names must exist in the prompt source."""
     named = [("workload.categories", j, c) for j, c in enumerate(policy.workload.categories or [])]
@@ -85,17 +101,18 @@ def _check_against_config(loaded: LoadedPolicy, target: ModelSource) -> None:
     except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
         raise PolicyValueError("target.model", f"cannot read the model config of {target}: {type(e).__name__}: {e}") from None
     layers = getattr(config, "num_hidden_layers", None)
+    limit = getattr(config, "max_position_embeddings", None)
     for name, d in policy.drafts.items():
         if d.kind == "early_exit" and layers and not d.num_layers < layers:
             raise PolicyValueError(f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {d.num_layers})")
-    limit = getattr(config, "max_position_embeddings", None)
     if not limit:
-        return
+        limit = 10**12
     if policy.resources.context_tokens and policy.resources.context_tokens > limit:
         raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
                                f"{limit} positions (max_position_embeddings)")
     longest = max(len(p.token_ids) for p in load_prompts(loaded, _tokenizer(target, "target.model")))
     need = longest + max(policy.workload.max_new_tokens_list)
+    _check_sliding_window(config, need + max(d.num_draft_tokens for d in policy.drafts.values()))
     if need > limit:
         raise PolicyValueError("workload.max_new_tokens", f"the longest prompt ({longest} tokens) plus max_new_tokens needs "
                                f"{need} positions; the target has {limit} (max_position_embeddings)")

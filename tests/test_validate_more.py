@@ -115,3 +115,51 @@ def test_markdown_summary_appends_and_explain_reads_the_report(tmp_path, tiny_mo
     assert result.exit_code == 0 and "itl[lookup/greedy]: PASS" in result.output and "p99 taken:" in result.output
     bad = CliRunner().invoke(cli, ["explain", str(policy), "itl"])
     assert bad.exit_code == 2 and "not a gate JSON report" in bad.output
+
+
+def test_a_hub_id_already_in_the_local_cache_is_used_offline(tmp_path, prompts_file):
+    """`model: acme/tiny` resolves from the Hugging Face cache without any network."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--tiny" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (cache / "models--acme--tiny" / "refs").mkdir()
+    (cache / "models--acme--tiny" / "refs" / "main").write_text("0123abc")
+    tiny_llama(0).save_pretrained(snapshot)
+    tiny_tokenizer().save_pretrained(snapshot)
+    policy = write_policy(tmp_path, tiny_policy("acme/tiny", prompts_file))
+    env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    run = [sys.executable, "-c", "from gate.cli import main; main()", "check", str(policy), "--json", str(tmp_path / "r.json"),
+           "--junit", str(tmp_path / "j.xml"), "--no-warmup"]
+    done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    models = json.loads((tmp_path / "r.json").read_text())["measurements"]["environment"]["models"]
+    assert models[0]["source"] == "acme/tiny"
+    missing = subprocess.run(run[:4] + [str(write_policy(tmp_path, tiny_policy("acme/absent", prompts_file), "p2.yaml"))],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "not in the local Hugging Face cache" in missing.stderr
+
+
+def test_sliding_window_targets_run_inside_their_window_and_are_refused_beyond(tmp_path, prompts_file):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, max_position_embeddings=512, sliding_window=64, bos_token_id=1,
+                           eos_token_id=2, pad_token_id=0)
+    model_dir = tmp_path / "mistral"
+    MistralForCausalLM(config).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    policy = write_policy(tmp_path, tiny_policy(model_dir, prompts_file, max_new_tokens=12))
+    result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-warmup"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    kv = next(x for x in report["measurements"]["bills"][0]["lines"] if x["name"] == "target KV cache")
+    assert kv["measured_bytes"] == kv["predicted_at_measured_bytes"]
+    too_long = write_policy(tmp_path, tiny_policy(model_dir, prompts_file, max_new_tokens=80), "long.yaml")
+    result = CliRunner().invoke(cli, ["validate", str(too_long)])
+    assert result.exit_code == 2 and "sliding-window layers (window 64)" in result.output
