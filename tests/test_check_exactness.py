@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import torch
 from click.testing import CliRunner
 
 from conftest import tiny_policy, write_policy

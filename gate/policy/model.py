@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gate.metrics import METRICS, POOLED
+from gate.metrics import METRICS
 from gate.units import Dimension, Quantity, UnitError, parse_quantity
 
 PACKAGED_DEFAULT = "smollm2-135m-instruct"
@@ -221,7 +221,7 @@ class RuleSpec(_Strict):
             return self
         for key in ("metric", "comparison", "threshold"):
             if getattr(self, key) is None:
-                raise FieldError(key, f"required key is missing (a metric rule needs metric, comparison and threshold)")
+                raise FieldError(key, "required key is missing (a metric rule needs metric, comparison and threshold)")
         metric = METRICS[self.metric]
         if (self.metric == "memory_line_bytes") != (self.line is not None):
             raise FieldError("line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one")
