@@ -149,7 +149,7 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
         m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
                     policy.resources, warmup=warmup, progress=progress, exactness=exactness)
     except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
-        # Whatever escaped the run (e.g. a failing warm-up request) is a measurement that
+        # Whatever escaped the run is a measurement that
         # could not be made: exit code 3 with the reports written, never a traceback.
         m = _nothing_measured(loaded, session.device)
         m.environment.models = session.models

@@ -54,9 +54,3 @@ class PolicyValueError(GateError):
         self.path = path
         self.message = message
         super().__init__(f"{path}: {message}")
-
-
-class MeasurementError(GateError):
-    """A measurement could not be made (exit code 3)."""
-
-    exit_code = EXIT_MEASUREMENT

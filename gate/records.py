@@ -178,15 +178,17 @@ class OverlapRecord:
 
 @dataclass
 class Divergence:
-    """Where a greedy speculative output first differs from the fallback's.
+    """A position where a greedy speculative output is not the target's argmax.
 
-    gap_logits: the target's top-1 minus top-2 logit at that position, teacher-forced on
-    the common prefix; a gap within the rule's tie tolerance is a numerical near-tie."""
+    Teacher-forced on the output's own prefix; gap_logits = the target's top logit minus
+    the logit of the token the speculative run committed (the top-1 minus top-2 gap when
+    that token is the runner-up). A gap within the rule's tie tolerance is a numerical
+    near-tie (e.g. bfloat16 or batch-shape rounding), not a fault."""
 
     prompt_id: str
-    position: int  # output position of the first difference
-    fallback_token: int
-    draft_token: int
+    position: int  # output position
+    target_token: int  # the target's argmax there
+    draft_token: int  # the token the speculative run committed
     gap_logits: float
 
 
@@ -211,8 +213,8 @@ class NextTokenCounts:
 class ExactnessRecord:
     """Raw material of the exactness tests for one draft under one law.
 
-    Greedy laws: `compared` speculative requests checked token for token against the
-    fallback and their `divergences`. Sampling laws: `pit` values of every generated token
+    Greedy laws: `compared` speculative requests, every token checked against the target's
+    argmax on the output's own prefix, and their `divergences`. Sampling laws: `pit` values of every generated token
     (None for a token the law gives probability 0) and optional next-token counts."""
 
     draft: str

@@ -55,15 +55,25 @@ def bills_for(resources: Any, context_tokens: int, vocab_size: int, target_cache
     return out
 
 
+def meta_model(config: Any) -> torch.nn.Module:
+    """The causal LM of `config` built on the meta device (no memory). Raises ConfigError
+    for a config transformers cannot build as a causal LM."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - any failure means: not a causal LM gate can bill
+        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): {type(e).__name__}: {e}") from None
+
+
 def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -> int:
     """Weight bytes of a causal LM built from `config` on the meta device (tied tensors once).
 
     int8_dynamic: every nn.Linear weight at 1 byte plus a per-tensor scale and zero point
-    (16 bytes), biases and every other tensor at float32, as torch dynamic quantization keeps them."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    (16 bytes), biases and every other tensor at float32, as torch dynamic quantization keeps them.
+    Raises ConfigError for a config that is not a causal LM."""
+    model = meta_model(config)
     size = DTYPE_BYTES[dtype]
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # e.g. rotary inv_freq, kept float32
     if quantization != "int8_dynamic":
@@ -102,7 +112,7 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
     source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
     config = _config(source, "target.model")
     target_cache = _cache(config, kv_format(res, policy.target.dtype), "target.model")
-    target_bytes = estimate_weight_bytes(config, policy.target.dtype)
+    target_bytes = _weights(config, policy.target.dtype, "none", "target.model")
     context = res.context_tokens or _longest(loaded) + max(policy.workload.max_new_tokens_list)
     drafts = []
     for name, d in policy.drafts.items():
@@ -117,7 +127,7 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
                 resolve_source(d.model, d.gguf_file, loaded.path.parent, f"drafts.{name}.model"), f"drafts.{name}.model")
             kv_dtype = "float32" if d.quantization == "int8_dynamic" else dtype
             drafts.append(DraftBill(name, d.num_draft_tokens, _cache(dcfg, kv_format(res, kv_dtype), f"drafts.{name}"),
-                                    estimate_weight_bytes(dcfg, dtype, d.quantization), True))
+                                    _weights(dcfg, dtype, d.quantization, f"drafts.{name}"), True))
     return bills_for(res, context, int(config.vocab_size), target_cache, target_bytes, drafts)
 
 
@@ -135,6 +145,20 @@ def _config(source: Any, yaml_path: str) -> Any:
         return load_config(source)
     except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
         raise PolicyValueError(yaml_path, f"cannot read the model config of {source}: {type(e).__name__}: {e}") from None
+
+
+def _meta(config: Any, yaml_path: str) -> torch.nn.Module:
+    try:
+        return meta_model(config)
+    except ConfigError as e:
+        raise PolicyValueError(yaml_path, str(e)) from None
+
+
+def _weights(config: Any, dtype: str, quantization: str, yaml_path: str) -> int:
+    try:
+        return estimate_weight_bytes(config, dtype, quantization)
+    except ConfigError as e:
+        raise PolicyValueError(yaml_path, str(e)) from None
 
 
 def _cache(config: Any, fmt: KVFormat, yaml_path: str) -> CacheModel:
@@ -184,7 +208,7 @@ class RooflineRow:
     steps: list[Any]
     ridge_batch: float  # batch at which this runner's step reaches the compute roof
     cost_coefficient: float | None  # predicted draft step time / target step time (batch 1)
-    by_law: dict[str, dict[str, float | None]]  # law -> measured acceptance_rate, predicted and measured speedup
+    by_law: dict[str, dict[str, float | None]]  # law -> alpha (mean overlap), predicted and measured speedup
 
 
 def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: list[int],
@@ -193,16 +217,13 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
     roofline, from the target's and drafts' parameter and cache bytes at the policy's
     context. With a gate check report, the predicted speedup from its measured acceptance
     rate and the roofline's cost coefficient stands beside the measured speedup."""
-    from transformers import AutoModelForCausalLM
-
     from gate.measure.roofline import predicted_speedup, ridge_batch, step
     from gate.models.load import resolve_source
 
     policy = loaded.policy
     source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
     config = _config(source, "target.model")
-    with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    params = sum(p.numel() for p in _meta(config, "target.model").parameters())
     bills = {b.draft: b for b in policy_bills(loaded)}
     context = bills[FALLBACK].context_tokens
     kv = cache_model(config, kv_format(policy.resources, policy.target.dtype)).bytes_per_token
@@ -223,16 +244,18 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
                 dcfg = config if d.model == "target" else _config(
                     resolve_source(d.model, d.gguf_file, loaded.path.parent, f"drafts.{name}.model"), f"drafts.{name}.model")
                 dtype, quant = d.dtype or policy.target.dtype, d.quantization
-            with torch.device("meta"):
-                dparams = sum(p.numel() for p in AutoModelForCausalLM.from_config(dcfg).parameters())
+            dparams = sum(p.numel() for p in _meta(dcfg, f"drafts.{name}").parameters())
             dkv = cache_model(dcfg, kv_format(policy.resources, "float32" if quant == "int8_dynamic" else dtype)).bytes_per_token
-            c = step("draft", dparams, estimate_weight_bytes(dcfg, dtype, quant), dkv, context, 1, 1, peak_flops,
+            c = step("draft", dparams, _weights(dcfg, dtype, quant, f"drafts.{name}"), dkv, context, 1, 1, peak_flops,
                      bandwidth, _attention_width(dcfg)).time_s / target_step
         by_law: dict[str, dict[str, float | None]] = {}
         for (runner, law), r in summary.items():
-            if runner == name and r.get("acceptance_rate") is not None:
-                alpha = r["acceptance_rate"]
-                by_law[law] = {"acceptance_rate": alpha, "predicted_speedup": predicted_speedup(alpha, d.num_draft_tokens, c),
+            # alpha in Leviathan et al.'s formula is the per-proposal acceptance probability:
+            # the mean overlap (PRIMER), not vLLM's accepted / proposed, which also counts
+            # proposals made after the first rejection
+            if runner == name and r.get("overlap_mean") is not None:
+                alpha = r["overlap_mean"]
+                by_law[law] = {"alpha": alpha, "predicted_speedup": predicted_speedup(alpha, d.num_draft_tokens, c),
                                "measured_speedup": r.get("speedup")}
         rows.append(RooflineRow(name, steps, ridge_batch(params, weights, kv, context, k, peak_flops, bandwidth, width), c, by_law))
     return rows

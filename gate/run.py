@@ -15,9 +15,10 @@ from gate.measure.kv import cache_model
 from gate.measure.environment import environment, process_peak_rss_bytes
 from gate.measure.overlap import position_overlaps
 from gate.models.load import weight_bytes
-from gate.measure.exactness import randomized_pit
+from gate.law import law_probs
+from gate.measure.exactness import greedy_divergences, randomized_pit
 from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
-from gate.records import (FALLBACK, Divergence, ExactnessRecord, Failure, Measurements, NextTokenCounts, OverlapRecord,
+from gate.records import (FALLBACK, ExactnessRecord, Failure, Measurements, NextTokenCounts, OverlapRecord,
                           RequestRecord)
 from gate.session import Session
 
@@ -79,13 +80,14 @@ def _generator(session: Session, seed: int) -> torch.Generator:
 
 def _warmup(session: Session, m: Measurements) -> None:
     """One short untimed request per runner: first calls allocate and pick kernels.
-    A runner that fails here is recorded; its timed requests will say for themselves."""
+    A runner that fails here is recorded (stage "warm-up", so the run exits 3); rules judge
+    its timed requests, which say for themselves whether they failed too."""
     prompt = list(session.prompts[0].token_ids)
     for name, draft in [(FALLBACK, None), *session.drafts.items()]:
         try:
             session.engine.generate(prompt, draft, session.laws[0], 4, _generator(session, 0))
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure("request", name, "*", "warm-up", _describe(e)))
+            m.failures.append(Failure("warm-up", name, "*", "warm-up", _describe(e)))
 
 
 def _run_one(session: Session, req: Request) -> RequestRecord:
@@ -111,12 +113,13 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
     runs = [r for r in m.requests if r.draft == FALLBACK and r.repetition == 0 and r.output_ids]
     for i, rec in enumerate(runs):
         progress("overlap", i, len(runs))
-        key = (rec.prompt_id, rec.law)
-        if key in done:  # the longest max_new_tokens covers the shorter ones' prefixes
-            continue
-        rec = max((r for r in runs if (r.prompt_id, r.law) == key), key=lambda r: len(r.output_ids))
-        done.add(key)
         law = laws[rec.law]
+        if law.greedy:  # greedy continuations of one prompt are prefixes of the longest one
+            key = (rec.prompt_id, rec.law)
+            if key in done:
+                continue
+            rec = max((r for r in runs if (r.prompt_id, r.law) == key), key=lambda r: len(r.output_ids))
+            done.add(key)
         prompt = list(prompts[rec.prompt_id].token_ids)
         ids = prompt + rec.output_ids
         try:
@@ -137,12 +140,12 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
 
 @torch.inference_mode()
 def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress) -> None:
-    """Raw material of the exactness tests: greedy divergences from the fallback (with the
-    target's top-1 minus top-2 logit gap there), PIT values of every sampled token under
-    the target's processed law, and speculative first tokens drawn many times."""
+    """Raw material of the exactness tests: for greedy laws every committed token checked
+    against the target's argmax on the output's own prefix (one teacher-forced forward per
+    request), for sampling laws the PIT value of every token under the target's processed
+    law, and speculative first tokens drawn many times."""
     laws = {law.name: law for law in session.laws}
     prompts = {p.id: p for p in session.prompts}
-    fallback = {(r.prompt_id, r.law, r.max_new_tokens, r.repetition): r for r in m.requests if r.draft == FALLBACK}
     pit_generator = torch.Generator().manual_seed(seed)
     pairs = sorted(p for p in plan.pairs if p[0] in session.drafts and p[1] in laws)
     for i, (name, law_name) in enumerate(pairs):
@@ -150,18 +153,14 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
         law = laws[law_name]
         rec = ExactnessRecord(name, law_name, law.greedy)
         try:
-            for r in (r for r in m.requests if r.draft == name and r.law == law_name):
+            for r in (r for r in m.requests if r.draft == name and r.law == law_name and r.output_ids):
                 prompt = list(prompts[r.prompt_id].token_ids)
+                logits = session.engine.target_logits(prompt + r.output_ids, len(prompt))
                 if law.greedy:
-                    fb = fallback.get((r.prompt_id, r.law, r.max_new_tokens, r.repetition))
-                    if fb is not None:
-                        rec.compared += 1
-                        d = _divergence(session, r.prompt_id, prompt, fb.output_ids, r.output_ids)
-                        if d is not None:
-                            rec.divergences.append(d)
-                elif r.output_ids:
-                    p = session.engine.target_probs(prompt + r.output_ids, len(prompt), law).cpu()
-                    u = randomized_pit(p, torch.tensor(r.output_ids), pit_generator)
+                    rec.compared += 1
+                    rec.divergences += greedy_divergences(logits, r.output_ids, r.prompt_id)
+                else:
+                    u = randomized_pit(law_probs(logits, law).cpu(), torch.tensor(r.output_ids), pit_generator)
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
             n = plan.next_token_samples.get((name, law_name), 0)
             if n and not law.greedy:
@@ -174,20 +173,6 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
             continue
         m.exactness.append(rec)
     progress("exactness", len(pairs), len(pairs))
-
-
-def _divergence(session: Session, prompt_id: str, prompt: list[int], fallback: list[int], spec: list[int]) -> Divergence | None:
-    """The first position where the outputs differ, with the target's logit gap there."""
-    j = next((i for i, (a, b) in enumerate(zip(fallback, spec)) if a != b), None)
-    if j is None:
-        if len(fallback) == len(spec):
-            return None
-        j = min(len(fallback), len(spec))
-    logits = session.engine.target_logits(prompt + fallback[: j + 1] if j < len(fallback) else prompt + spec[: j + 1],
-                                          len(prompt) + j)[-1].float()
-    top2 = torch.topk(logits, 2).values
-    return Divergence(prompt_id, j, fallback[j] if j < len(fallback) else -1, spec[j] if j < len(spec) else -1,
-                      float(top2[0] - top2[1]))
 
 
 def _sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: float = 1.0 - 1e-6,

@@ -23,9 +23,9 @@ from gate.check import CheckResult, _finish, validate
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.law import Law, law_probs
 from gate.measure.environment import environment
-from gate.measure.exactness import randomized_pit
+from gate.measure.exactness import greedy_divergences, randomized_pit
 from gate.policy.model import LawSpec
-from gate.records import Divergence, ExactnessRecord, Failure, Measurements
+from gate.records import ExactnessRecord, Failure, Measurements
 from gate.run import _sparse_counts
 from gate.session import open_target
 
@@ -117,6 +117,9 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     pit_generator = torch.Generator().manual_seed(seed)
     for i, line in enumerate(lines):
         law = Law(line.law.label, line.law.temperature, line.law.top_k, line.law.top_p)
+        if laws.get(law.name, law) != law:
+            raise InputError([Problem(str(samples_path), "law.name", i + 1, f"law name {law.name!r} was used on an earlier line "
+                                      "with other settings; give each law a distinct name")])
         laws[law.name] = law
         rec = records.setdefault((line.source, law.name), ExactnessRecord(line.source, law.name, law.greedy))
         ident = line.id or f"line-{i + 1}"
@@ -125,11 +128,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
             logits = target.engine.target_logits(ids, len(line.prompt_ids)).float()
             if law.greedy:
                 rec.compared += 1
-                wrong = (logits.argmax(-1).cpu() != torch.tensor(line.output_ids)).nonzero()
-                if wrong.numel():
-                    j = int(wrong[0])
-                    top2 = torch.topk(logits[j], 2).values
-                    rec.divergences.append(Divergence(ident, j, int(logits[j].argmax()), line.output_ids[j], float(top2[0] - top2[1])))
+                rec.divergences += greedy_divergences(logits, line.output_ids, ident)
             else:
                 u = randomized_pit(law_probs(logits, law).cpu(), torch.tensor(line.output_ids), pit_generator)
                 rec.pit += [None if v != v else float(v) for v in u.tolist()]

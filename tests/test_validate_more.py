@@ -163,3 +163,66 @@ def test_sliding_window_targets_run_inside_their_window_and_are_refused_beyond(t
     too_long = write_policy(tmp_path, tiny_policy(model_dir, prompts_file, max_new_tokens=80), "long.yaml")
     result = CliRunner().invoke(cli, ["validate", str(too_long)])
     assert result.exit_code == 2 and "sliding-window layers (window 64)" in result.output
+
+
+def test_greedy_check_judges_every_token_by_its_distance_from_the_top():
+    from gate.measure.exactness import greedy_divergences
+
+    logits = torch.tensor([[5.0, 4.999, 0.0, -3.0],   # near-tie at the top, but token 3 is 8 logits below it
+                           [0.0, 2.0, 1.0, 0.0],      # correct (argmax 1)
+                           [1.0, 0.0, 0.9995, 0.0]])  # a genuine near-tie: token 2 is 0.0005 below
+    found = greedy_divergences(logits, [3, 1, 2], "p")
+    assert [(d.position, d.target_token, d.draft_token) for d in found] == [(0, 0, 3), (2, 0, 2)]
+    assert found[0].gap_logits == pytest.approx(8.0) and found[1].gap_logits == pytest.approx(0.0005, abs=1e-6)
+
+
+def test_exactness_rules_refuse_category_scopes(tmp_path, tiny_model_dir, prompts_file):
+    rule = "  - id: exact\n    kind: exactness\n    scope: {categories: [repeat]}\n"
+    result = validate(tmp_path, tiny_policy(tiny_model_dir, prompts_file, rule))
+    assert result.exit_code == 2 and "rules[2].scope: an exactness rule covers every prompt" in result.output
+
+
+def test_exactness_is_an_error_when_requests_failed(tmp_path, tiny_model_dir, prompts_file, monkeypatch):
+    from gate.engines.transformers import TransformersEngine
+
+    generate = TransformersEngine.generate
+
+    def flaky(self, prompt_ids, draft, *args, **kwargs):  # fails on the draft's requests for one prompt only
+        if draft is not None and draft.name == "lookup" and 14 in prompt_ids:  # "w10": prompt c
+            raise RuntimeError("simulated failure")
+        return generate(self, prompt_ids, draft, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersEngine, "generate", flaky)
+    rule = "  - id: exact\n    kind: exactness\n"
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, rule))
+    result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-warmup"])
+    out = {o["scope"]: o for o in json.loads((tmp_path / "r.json").read_text())["outcomes"] if o["rule_id"] == "exact"}
+    assert out["lookup/greedy"]["status"] == "error" and "simulated failure" in out["lookup/greedy"]["message"]
+    assert out["same_bf16/greedy"]["status"] == "pass"
+    assert result.exit_code == 3
+
+
+def test_recorded_samples_matching_no_rule_scope_are_an_error(tmp_path, tiny_model_dir, prompts_file):
+    rule = "  - id: exact\n    kind: exactness\n    scope: {laws: [greedy]}\n"
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, rule))
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"prompt_ids": [1, 5], "output_ids": [7, 8], "law": {"temperature": 0.7}}) + "\n")
+    result = CliRunner().invoke(cli, ["exactness", str(policy), str(samples), "--json", str(tmp_path / "r.json"),
+                                      "--junit", str(tmp_path / "j.xml")])
+    assert result.exit_code == 3
+    outcome = json.loads((tmp_path / "r.json").read_text())["outcomes"][0]
+    assert outcome["status"] == "error" and "nothing recorded matches" in outcome["message"]
+    conflicting = tmp_path / "c.jsonl"
+    conflicting.write_text(json.dumps({"prompt_ids": [1], "output_ids": [7], "law": {"name": "x", "temperature": 0.7}}) + "\n"
+                           + json.dumps({"prompt_ids": [1], "output_ids": [7], "law": {"name": "x", "temperature": 0.9}}) + "\n")
+    result = CliRunner().invoke(cli, ["exactness", str(policy), str(conflicting), "--json", str(tmp_path / "r2.json")])
+    assert result.exit_code == 2 and "c.jsonl:2: law.name: law name 'x' was used on an earlier line" in result.output
+
+
+def test_bill_of_a_config_that_is_not_a_causal_lm_is_a_usage_error(tmp_path):
+    from transformers import T5Config
+
+    T5Config().save_pretrained(tmp_path / "t5")
+    result = CliRunner().invoke(cli, ["bill", "--target", str(tmp_path / "t5")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output

@@ -44,6 +44,6 @@ def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -
 
 def early_exit_draft(name: str, target: torch.nn.Module, num_layers: int, num_draft_tokens: int,
                      device: torch.device, yaml_path: str) -> ModelDraft:
-    """A ModelDraft over `early_exit_model`, marked as sharing the target's weights."""
+    """A ModelDraft over `early_exit_model` (its weights are the target's: billed once)."""
     model = early_exit_model(target, num_layers, yaml_path)
-    return ModelDraft(name, "early_exit", model, num_draft_tokens, device, shared_with_target=True)
+    return ModelDraft(name, "early_exit", model, num_draft_tokens, device)

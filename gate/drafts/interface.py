@@ -57,7 +57,3 @@ class Draft(ABC):
     def modules(self) -> list[torch.nn.Module]:
         """The modules whose weights the draft keeps resident (for the bill)."""
         return []
-
-    def kv_config(self) -> object | None:
-        """The model config its KV cache follows (None when it has no cache)."""
-        return None

@@ -22,13 +22,12 @@ class ModelDraft(Draft):
     probability_info = "distribution"
 
     def __init__(self, name: str, kind: str, model: torch.nn.Module, num_draft_tokens: int, device: torch.device,
-                 shared_with_target: bool = False, vocab_size: int | None = None):
+                 vocab_size: int | None = None):
         self.name = name
         self.kind = kind
         self.model = model
         self.num_draft_tokens = num_draft_tokens
         self.device = device
-        self.shared_with_target = shared_with_target  # weights belong to the target (early exit)
         self.vocab_size = vocab_size  # the target's logits width; None: the draft's own
         self._cache: Any = None
         self._fed: list[int] = []
@@ -78,9 +77,6 @@ class ModelDraft(Draft):
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.model]
-
-    def kv_config(self) -> object | None:
-        return self.model.config
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

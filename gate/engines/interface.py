@@ -48,6 +48,8 @@ class Engine(ABC):
     def target_logits(self, ids: list[int], start: int) -> torch.Tensor:
         """Teacher-forced raw target logits at positions start..len(ids)-1: [len(ids) - start, V]."""
 
-    @abstractmethod
     def target_probs(self, ids: list[int], start: int, law: Law) -> torch.Tensor:
         """Teacher-forced target law at positions start..len(ids)-1: float32 [len(ids) - start, V]."""
+        from gate.law import law_probs
+
+        return law_probs(self.target_logits(ids, start), law)

@@ -136,7 +136,7 @@ class TransformersEngine(Engine):
     @torch.inference_mode()
     def target_logits(self, ids: list[int], start: int) -> torch.Tensor:
         """Teacher-forced raw target logits at positions start..len(ids)-1: [len(ids) - start, V]."""
+        if start < 1:
+            raise ValueError("teacher forcing needs at least one token of prefix (start >= 1)")
         return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1:]
 
-    def target_probs(self, ids: list[int], start: int, law: Law) -> torch.Tensor:
-        return law_probs(self.target_logits(ids, start), law)

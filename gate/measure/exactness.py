@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from gate.records import Divergence
+
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 
@@ -94,6 +96,19 @@ def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, generator: torch.G
     v = torch.rand(tokens.shape[0], generator=generator, device=probs.device)
     u = (f_before + v * px).clamp(0.0, 1.0)
     return torch.where(px > 0, u, torch.full_like(u, float("nan")))
+
+
+def greedy_divergences(logits: torch.Tensor, tokens: list[int], prompt_id: str) -> list[Divergence]:
+    """Every position where `tokens` [T] is not the argmax of teacher-forced target `logits`
+    [T, V] (row i given the prefix before token i), with how far below the top logit the
+    committed token is."""
+    logits = logits.float()
+    top, argmax = logits.max(dim=-1)
+    chosen = logits.gather(-1, torch.tensor(tokens, device=logits.device)[:, None]).squeeze(-1)
+    out = []
+    for i in (argmax.cpu() != torch.tensor(tokens)).nonzero().flatten().tolist():
+        out.append(Divergence(prompt_id, i, int(argmax[i]), tokens[i], float(top[i] - chosen[i])))
+    return out
 
 
 def ks_detectable(n: int, alpha: float, power: float) -> float:
@@ -219,10 +234,11 @@ def _gtest(name: str, cells_c_arr: np.ndarray, cells_p_arr: np.ndarray, n: int, 
     expected = n * cells_p_arr
 
     def g_statistic(x: np.ndarray, axis: int = -1) -> np.ndarray:
-        counts = (np.moveaxis(x, axis, -1)[..., None] == cats).sum(axis=-2)
+        rows = np.moveaxis(x, axis, -1).reshape(-1, x.shape[axis])
+        counts = np.stack([np.bincount(r, minlength=len(cats)) for r in rows])
         with np.errstate(divide="ignore", invalid="ignore"):
             terms = np.where(counts > 0, counts * np.log(counts / expected), 0.0)
-        return 2.0 * terms.sum(axis=-1)
+        return (2.0 * terms.sum(axis=-1)).reshape(np.moveaxis(x, axis, -1).shape[:-1])
 
     observations = np.repeat(cats, cells_c_arr.astype(int))
     mc = stats.monte_carlo_test(observations, lambda size: rng.choice(cats, size=size, p=cells_p_arr), g_statistic,

@@ -215,9 +215,11 @@ class RuleSpec(_Strict):
     @model_validator(mode="after")
     def _fits_metric(self) -> "RuleSpec":
         if self.kind == "exactness":
-            for key in ("metric", "comparison", "threshold", "relative_to"):
+            for key in ("metric", "comparison", "threshold", "relative_to", "line"):
                 if getattr(self, key) is not None:
                     raise FieldError(key, f"an exactness rule takes no {key}: it tests the declared law itself")
+            if self.scope.categories:
+                raise FieldError("scope", "an exactness rule covers every prompt; scope it by drafts and laws only")
             return self
         for key in ("metric", "comparison", "threshold"):
             if getattr(self, key) is None:

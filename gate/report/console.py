@@ -105,13 +105,13 @@ def roofline_tables(rows: list) -> list[Table]:  # type: ignore[type-arg]
             t.add_row(escape(r.runner), s.name, str(s.batch), str(s.tokens_per_sequence), f"{s.flops / 1e9:.3g}", f"{s.bytes / 1e6:.4g}",
                       f"{s.intensity:.3g}", f"{s.attainable_flops / 1e9:.4g}", f"{s.time_s * 1e3:.3g} ms", s.bound,
                       "never" if r.ridge_batch == float("inf") else f"{r.ridge_batch:.1f}")
-    p = Table(title="Predicted (primer formula, roofline cost coefficient) vs measured speedup", title_justify="left")
-    for col in ("draft", "law", "cost coefficient c", "acceptance rate", "predicted speedup", "measured speedup"):
+    p = Table(title="Predicted (primer formula: alpha = mean overlap, c from the roofline) vs measured speedup", title_justify="left")
+    for col in ("draft", "law", "cost coefficient c", "alpha", "predicted speedup", "measured speedup"):
         p.add_column(col, justify="left" if col in ("draft", "law") else "right")
     for r in rows[1:]:
         if not r.by_law:
             p.add_row(escape(r.runner), "(no --report)", _f(r.cost_coefficient, ".3f"), "-", "-", "-")
         for law, v in r.by_law.items():
-            p.add_row(escape(r.runner), escape(law), _f(r.cost_coefficient, ".3f"), _f(v["acceptance_rate"], ".3f"),
+            p.add_row(escape(r.runner), escape(law), _f(r.cost_coefficient, ".3f"), _f(v["alpha"], ".3f"),
                       _f(v["predicted_speedup"], ".2f"), _f(v["measured_speedup"], ".2f"))
     return [t, p]

@@ -50,7 +50,7 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         if o.metric == "exactness":
             for d in o.details:
                 keys = ("name", "kind", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
-                        "prompt_id", "position", "draft_token", "fallback_token", "gap_logits", "near_tie")
+                        "prompt_id", "position", "draft_token", "target_token", "gap_logits", "near_tie")
                 lines.append("  - " + ", ".join(f"{k}={d[k]}" for k in keys if k in d))
             continue
         metric = METRICS[o.metric]

@@ -16,12 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from gate.measure.exactness import FAIL, PASS, ExactnessTest, decide, next_token_test, pit_test
+from gate.measure.exactness import FAIL, INCONCLUSIVE, PASS, ExactnessTest, decide, next_token_test, pit_test
 from gate.records import ExactnessRecord, Measurements, NextTokenCounts
 from gate.rules.evaluate import Outcome
-
-INCONCLUSIVE = "inconclusive"
-
 
 def _next_token(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
     counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
@@ -42,7 +39,9 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
     for d, law in pairs:
         key = (d, law)
         scope = f"{d}/{law}"
-        failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*") and f.stage in ("exactness", "run")]
+        # a failed request leaves its tokens untested: the verdict would rest on what is left
+        failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*")
+                  and f.stage in ("exactness", "run", "request")]
         rec = records.get(key)
         if rule.level == "off":
             outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="skipped", measured=None, samples=0,
@@ -60,6 +59,10 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
                                       rule.detect_tv))
             tests += [_next_token(nt, rule) for nt in rec.next_token]
             sampling[key] = tests
+    if not pairs:
+        return [Outcome(**base, scope="*", draft="*", law="*", status="error", measured=None, samples=0,
+                        message=f"exactness: nothing recorded matches this rule's scope (laws: {', '.join(rule.scope.laws or laws)}; "
+                                f"recorded: {', '.join(sorted(f'{d}/{law}' for d, law in records)) or 'none'})")]
     decide([t for tests in sampling.values() for t in tests], rule.significance)
     for key, tests in sampling.items():
         outcomes[key] = _sampling(rule, key, tests, base)
@@ -77,15 +80,16 @@ def _greedy(rule: Any, rec: ExactnessRecord, base: dict[str, Any], scope: str) -
     if status == "fail" and rule.level == "warn":
         status = "warn"
     worst = max(faults, key=lambda d: d.gap_logits) if faults else None
-    text = (f"exactness (greedy): {len(faults)} of {rec.compared} requests diverge from the target's greedy output beyond the "
-            f"{rule.tie_tolerance:g}-logit tie tolerance")
+    text = (f"exactness (greedy): {len(faults)} committed tokens in {rec.compared} requests are not the target's argmax "
+            f"beyond the {rule.tie_tolerance:g}-logit tie tolerance")
     if worst:
-        text += (f" (e.g. {worst.prompt_id} at output position {worst.position}: draft token {worst.draft_token} vs "
-                 f"fallback {worst.fallback_token}, target top-1 minus top-2 gap {worst.gap_logits:.3f})")
+        text += (f" (worst: {worst.prompt_id} at output position {worst.position}: token {worst.draft_token}, target argmax "
+                 f"{worst.target_token}, {worst.gap_logits:.3f} logits below the top)")
     if ties:
-        text += f"; {ties} near-tie divergence(s) within tolerance"
+        text += f"; {ties} near-tie(s) within tolerance"
     return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=status,
-                   measured=len(faults) / rec.compared, samples=rec.compared, message=f"{text}: {status}", details=details)
+                   measured=float(len({d.prompt_id for d in faults})) / rec.compared, samples=rec.compared,
+                   message=f"{text}: {status}", details=details)
 
 
 def _sampling(rule: Any, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any]) -> Outcome:
