@@ -52,3 +52,10 @@ def test_gate_check_on_smollm2_end_to_end(tmp_path):
     summary = {(s["runner"], s["law"]): s for s in report["summary"]}
     assert summary[("bf16", "greedy")]["overlap_mean"] > summary[("int8", "greedy")]["overlap_mean"]
     assert "overlap-floor[bf16/greedy]" in (tmp_path / "j.xml").read_text()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "policies").glob("*.yaml")) + [ROOT / "examples" / "smollm2" / "policy.yaml"],
+                         ids=lambda p: p.name if p.parent.name == "policies" else "example")
+def test_reference_policies_validate(path):
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
