@@ -143,7 +143,7 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
     except Exception as e:  # noqa: BLE001 - a model that cannot be loaded is a failed measurement
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure("run", "*", "*", "loading models", f"{type(e).__name__}: {e}"))
-        return _finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
+        return finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     try:
         m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
@@ -154,8 +154,8 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
         m = _nothing_measured(loaded, session.device)
         m.environment.models = session.models
         m.failures.append(Failure("run", "*", "*", "measuring", f"{type(e).__name__}: {e}"))
-        return _finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
-    return _finish(loaded, m, fail_on_warn, [])
+        return finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
+    return finish(loaded, m, fail_on_warn, [])
 
 
 def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurements:
@@ -166,8 +166,9 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     return m
 
 
-def _finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str],
-            rules: list[Any] | None = None) -> CheckResult:
+def finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str],
+           rules: list[Any] | None = None) -> CheckResult:
+    """Evaluate `rules` (default: the policy's) on `m` and build the report and exit code."""
     outcomes = evaluate(loaded.policy.rules if rules is None else rules, m)
     code = exit_code(outcomes, m, fail_on_warn)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code)

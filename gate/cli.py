@@ -294,14 +294,9 @@ def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
     """A gate check JSON report made with this policy's drafts (same num_draft_tokens).
     Raises InputError for a file that is not such a report."""
     from gate.errors import InputError, Problem
-    from gate.report.document import FORMAT
+    from gate.report.explain import read_report_data
 
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError([Problem(str(path), "", None, f"not a gate check JSON report: {e}")]) from None
-    if not isinstance(report, dict) or report.get("format") != FORMAT:
-        raise InputError([Problem(str(path), "format", None, f"not a gate check JSON report (format {FORMAT!r} expected)")])
+    report = read_report_data(path, "gate check")
     drafts = report.get("measurements", {}).get("drafts", {})
     for name, d in loaded.policy.drafts.items():
         if name not in drafts or drafts[name].get("num_draft_tokens") != d.num_draft_tokens:

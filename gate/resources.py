@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
+from gate.drafts.early_exit import truncated_config
 from gate.errors import PolicyValueError
 from gate.measure.bill import BillInputs, build_bill
+from gate.models.load import DTYPES
 from gate.measure.kv import CacheModel, ConfigError, KVFormat, cache_model
 from gate.records import FALLBACK, BillRecord
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -
     (16 bytes), biases and every other tensor at float32, as torch dynamic quantization keeps them.
     Raises ConfigError for a config that is not a causal LM."""
     model = meta_model(config)
-    size = DTYPE_BYTES[dtype]
+    size = torch.empty(0, dtype=DTYPES[dtype]).element_size()
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # e.g. rotary inv_freq, kept float32
     if quantization != "int8_dynamic":
         return sum(p.numel() for p in model.parameters()) * size + buffers
@@ -119,7 +120,7 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
         if d.kind == "prompt_lookup":
             drafts.append(DraftBill(name, d.num_draft_tokens, None, 0, False))
         elif d.kind == "early_exit":
-            cfg = _truncated(config, d.num_layers)
+            cfg = truncated_config(config, d.num_layers)
             drafts.append(DraftBill(name, d.num_draft_tokens, _cache(cfg, kv_format(res, policy.target.dtype), f"drafts.{name}"), 0, True))
         else:
             dtype = d.dtype or policy.target.dtype
@@ -166,16 +167,6 @@ def _cache(config: Any, fmt: KVFormat, yaml_path: str) -> CacheModel:
         return cache_model(config, fmt)
     except ConfigError as e:
         raise PolicyValueError(yaml_path, str(e)) from None
-
-
-def _truncated(config: Any, layers: int) -> Any:
-    import copy
-
-    cfg = copy.deepcopy(config)
-    cfg.num_hidden_layers = layers
-    if getattr(cfg, "layer_types", None):
-        cfg.layer_types = list(cfg.layer_types)[:layers]
-    return cfg
 
 
 def config_bills(target: Path, draft: Path | None, dtype: str, num_draft_tokens: int, context_tokens: int,
@@ -239,7 +230,7 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
         c = 0.0  # prompt lookup: no draft model to run
         if d.kind != "prompt_lookup":
             if d.kind == "early_exit":
-                dcfg, dtype, quant = _truncated(config, d.num_layers), policy.target.dtype, "none"
+                dcfg, dtype, quant = truncated_config(config, d.num_layers), policy.target.dtype, "none"
             else:
                 dcfg = config if d.model == "target" else _config(
                     resolve_source(d.model, d.gguf_file, loaded.path.parent, f"drafts.{name}.model"), f"drafts.{name}.model")

@@ -14,11 +14,11 @@ from gate.resources import DraftBill, bills_for, kv_format
 from gate.measure.kv import cache_model
 from gate.measure.environment import environment, process_peak_rss_bytes
 from gate.measure.overlap import position_overlaps
-from gate.models.load import weight_bytes
+from gate.models.load import dtype_name, weight_bytes
 from gate.law import law_probs
-from gate.measure.exactness import greedy_divergences, randomized_pit
+from gate.measure.exactness import greedy_divergences, randomized_pit, sparse_counts
 from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
-from gate.records import (FALLBACK, ExactnessRecord, Failure, Measurements, NextTokenCounts, OverlapRecord,
+from gate.records import (FALLBACK, ExactnessRecord, Failure, Measurements, OverlapRecord,
                           RequestRecord)
 from gate.session import Session
 
@@ -167,32 +167,12 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     g = _generator(session, request_seed(seed, prompt.id, law_name, -1, 0))
                     tokens, p = session.engine.first_tokens(list(prompt.token_ids), session.drafts[name], law, n, g)
-                    rec.next_token.append(_sparse_counts(prompt.id, tokens, p.cpu()))
+                    rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu()))
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure("exactness", name, law_name, "exactness", _describe(e)))
             continue
         m.exactness.append(rec)
     progress("exactness", len(pairs), len(pairs))
-
-
-def _sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: float = 1.0 - 1e-6,
-                   max_support: int = 4096) -> NextTokenCounts:
-    """Counts of sampled tokens over the law's likeliest tokens (covering `mass`)."""
-    probs, ids = torch.sort(p.float(), descending=True)
-    keep = int(min(int((torch.cumsum(probs, 0) < mass).sum()) + 1, max_support, int((probs > 0).sum())))
-    support = ids[:keep].tolist()
-    index = {t: i for i, t in enumerate(support)}
-    counts = [0] * keep
-    rest = zero = 0
-    for t in tokens:
-        if t in index:
-            counts[index[t]] += 1
-        elif float(p[t]) > 0:
-            rest += 1
-        else:
-            zero += 1
-    support_probs = probs[:keep].tolist()
-    return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero)
 
 
 def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: Any) -> None:
@@ -203,10 +183,10 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
         drafts = []
         for name, draft in session.drafts.items():
             modules = draft.modules()
-            cache = cache_model(modules[0].config, kv_format(resources, _dtype_name(modules[0]))) if modules else None
+            cache = cache_model(modules[0].config, kv_format(resources, dtype_name(modules[0]))) if modules else None
             own = weight_bytes(*modules, exclude=[session.target]) if modules else 0
             drafts.append(DraftBill(name, draft.num_draft_tokens, cache, own, draft.probability_info == "distribution"))
-        target_cache = cache_model(session.target.config, kv_format(resources, _dtype_name(session.target)))
+        target_cache = cache_model(session.target.config, kv_format(resources, dtype_name(session.target)))
         bills = bills_for(resources, context, session.engine.vocab_size, target_cache, weight_bytes(session.target), drafts)
         for bill in bills:
             reqs = [r for r in m.requests if r.draft == bill.draft]
@@ -219,9 +199,3 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
         m.bills.extend(bills)
     except Exception as e:  # noqa: BLE001
         m.failures.append(Failure("bill", "*", "*", "bill", _describe(e)))
-
-
-def _dtype_name(model: torch.nn.Module) -> str:
-    """The floating dtype activations (and so the cache) run at: int8 dynamic keeps float32."""
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]

@@ -19,14 +19,13 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from gate.check import CheckResult, _finish, validate
+from gate.check import CheckResult, finish, validate
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.law import Law, law_probs
 from gate.measure.environment import environment
-from gate.measure.exactness import greedy_divergences, randomized_pit
+from gate.measure.exactness import greedy_divergences, randomized_pit, sparse_counts
 from gate.policy.model import LawSpec
 from gate.records import ExactnessRecord, Failure, Measurements
-from gate.run import _sparse_counts
 from gate.session import open_target
 
 
@@ -139,7 +138,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
         if len(firsts) >= MIN_NEXT_TOKEN_GROUP:
             p = law_probs(target.engine.target_logits(list(prompt) + [0], len(prompt))[-1], laws[law_name]).cpu()
             rec = records[(source, law_name)]
-            rec.next_token.append(_sparse_counts(f"prompt-{len(rec.next_token) + 1}", firsts, p))
+            rec.next_token.append(sparse_counts(f"prompt-{len(rec.next_token) + 1}", firsts, p))
     m.exactness = list(records.values())
     m.laws = list(laws)
     m.drafts = {src: {"kind": "recorded samples"} for src, _ in records}
@@ -152,4 +151,4 @@ def _finish_samples(loaded, m: Measurements) -> CheckResult:  # type: ignore[no-
     rules = [r for r in loaded.policy.rules if r.kind == "exactness"] or [RuleSpec(id="exactness", kind="exactness")]
     # The samples name their own sources: scope by law only.
     rules = [r.model_copy(update={"scope": r.scope.model_copy(update={"drafts": None})}) for r in rules]
-    return _finish(loaded, m, False, [], rules=rules)
+    return finish(loaded, m, False, [], rules=rules)

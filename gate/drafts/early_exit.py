@@ -8,11 +8,21 @@ usually low; that is what the gate is for.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
 from gate.drafts.model import ModelDraft
 from gate.errors import PolicyValueError
+
+
+def truncated_config(config: Any, num_layers: int) -> Any:
+    """A copy of a transformers config with only its first `num_layers` layers."""
+    config = copy.deepcopy(config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:num_layers]
+    return config
 
 
 def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -> torch.nn.Module:
@@ -29,12 +39,8 @@ def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -
     total = len(layers)
     if not 1 <= num_layers < total:
         raise PolicyValueError(yaml_path, f"num_layers must be between 1 and {total - 1} (the target has {total} layers)")
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types)[:num_layers]
     with torch.device("meta"):
-        draft = type(target)(config)
+        draft = type(target)(truncated_config(target.config, num_layers))
     # Share the target's modules: no copies, same parameters.
     for name, child in inner.named_children():
         setattr(draft.model, name, torch.nn.ModuleList(list(layers)[:num_layers]) if name == "layers" else child)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from gate.records import Divergence
+from gate.records import Divergence, NextTokenCounts
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
@@ -281,3 +281,23 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
                 f"{t.n} samples detect {t.detectable:.3f} but {t.target_effect:.3f} was required: "
                 f"needs {t.samples_needed} samples")
     return tests
+
+
+def sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: float = 1.0 - 1e-6,
+                   max_support: int = 4096) -> NextTokenCounts:
+    """Counts of sampled tokens over the law's likeliest tokens (covering `mass`)."""
+    probs, ids = torch.sort(p.float(), descending=True)
+    keep = int(min(int((torch.cumsum(probs, 0) < mass).sum()) + 1, max_support, int((probs > 0).sum())))
+    support = ids[:keep].tolist()
+    index = {t: i for i, t in enumerate(support)}
+    counts = [0] * keep
+    rest = zero = 0
+    for t in tokens:
+        if t in index:
+            counts[index[t]] += 1
+        elif float(p[t]) > 0:
+            rest += 1
+        else:
+            zero += 1
+    support_probs = probs[:keep].tolist()
+    return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero)

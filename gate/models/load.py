@@ -82,6 +82,13 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
     raise PolicyValueError(yaml_path, f"model not found: {path}{hint}")
 
 
+def dtype_name(model: torch.nn.Module) -> str:
+    """The policy name of the floating dtype a model computes (and caches) in; int8 dynamic
+    quantization keeps float32 activations."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return next(name for name, d in DTYPES.items() if d == dtype)
+
+
 def resolve_device(device: str, yaml_path: str) -> torch.device:
     """'auto' -> cuda when available, else cpu. Raises PolicyValueError for cuda without CUDA."""
     if device == "auto":

@@ -19,14 +19,21 @@ _EXACTNESS_KEYS = ("kind", "significance", "power", "detect_tv", "tie_tolerance"
                    "scope", "level")
 
 
-def load_report(path: Path) -> Report:
-    """A gate JSON report. Raises InputError for anything else."""
+def read_report_data(path: Path, kind: str = "gate") -> dict:
+    """The plain data of a gate JSON report (format checked, not the rest). Raises
+    InputError naming the file for anything else; `kind` words the message."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError([Problem(str(path), "", None, f"not a gate JSON report: {e}")]) from None
+        raise InputError([Problem(str(path), "", None, f"not a {kind} JSON report: {e}")]) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise InputError([Problem(str(path), "format", None, f"not a gate JSON report (format {FORMAT!r} expected)")])
+        raise InputError([Problem(str(path), "format", None, f"not a {kind} JSON report (format {FORMAT!r} expected)")])
+    return data
+
+
+def load_report(path: Path) -> Report:
+    """A gate JSON report as typed records. Raises InputError for anything else."""
+    data = read_report_data(path)
     try:
         return ADAPTER.validate_python(data)
     except ValidationError as e:
