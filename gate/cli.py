@@ -52,7 +52,10 @@ def validate(policy: Path) -> None:
     except GateError as e:
         _fail(e)
     p = loaded.policy
-    click.echo(f"{policy}: valid (version {p.version}; {len(p.drafts)} drafts, {len(p.laws)} laws, {len(p.rules)} rules)")
+    for w in loaded.warnings:
+        _err.print(f"gate: warning: {w}", markup=False, soft_wrap=True)
+    click.echo(f"{policy}: valid (version {p.version}; {len(p.drafts)} drafts, {len(p.laws)} laws, {len(p.rules)} rules)"
+               + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else ""))
 
 
 @cli.command()
@@ -64,27 +67,39 @@ def validate(policy: Path) -> None:
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file).")
 @click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated.")
+@click.option("--fail-on-inconclusive", is_flag=True, help="Exit 1 when a verdict is inconclusive (whatever measurement.inconclusive says).")
+@click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth.")
+@click.option("--junit-warn", type=click.Choice(["skipped", "failure", "passed"]), default=None,
+              help="How warn outcomes appear in JUnit [default: skipped; failure with --fail-on-warn].")
+@click.option("--junit-inconclusive", type=click.Choice(["auto", "error", "failure", "skipped"]), default="auto", show_default=True,
+              help="How inconclusive outcomes appear in JUnit; auto follows their effect on the exit code.")
 @click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
-@click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up request per runner.")
-def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, fail_on_warn: bool, no_progress: bool,
+@click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
+def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, fail_on_warn: bool,
+          fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None, junit_inconclusive: str, no_progress: bool,
           no_warmup: bool) -> None:
     """Measure every draft in POLICY, evaluate every rule, write JUnit and JSON.
 
-    Exit 0 when every error-level rule passes, 1 when a rule fails, 2 for an invalid
-    policy or input, 3 when a measurement could not be made."""
-    from gate.check import check as do_check
+    Exit 0 when every error-level rule passes, 1 when a rule fails (or warns with
+    --fail-on-warn, or is inconclusive with --fail-on-inconclusive or measurement.inconclusive:
+    fail), 2 for an invalid policy or input, 3 when a measurement could not be made or an
+    error-level verdict is inconclusive (measurement.inconclusive: error, the default)."""
+    from gate.check import Options, check as do_check
+    from gate.report.junit import JunitReport
 
     show = not no_progress and _err.is_terminal
+    options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers)
     try:
         with _progress(show) as progress:
-            result = do_check(policy, progress=progress, fail_on_warn=fail_on_warn, warmup=not no_warmup)
+            result = do_check(policy, progress=progress, options=options, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
-    _write_and_exit(result, json_path, junit_path, fail_on_warn, markdown_path)
+    _write_and_exit(result, json_path, junit_path, markdown_path,
+                    JunitReport(fail_on_warn, fail_on_inconclusive, junit_warn, junit_inconclusive))
 
 
-def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, fail_on_warn: bool = False,
-                    markdown_path: Path | None = None) -> None:
+def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, markdown_path: Path | None = None,
+                    junit: Any = None) -> None:
     """Write the JSON and JUnit reports, print the console summary, exit with the gate's code."""
     from gate.report.console import ConsoleReport
     from gate.report.json import JsonReport
@@ -92,7 +107,7 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, fa
 
     from gate.report.markdown import MarkdownReport
 
-    for fmt, path in ((JsonReport(), json_path), (JunitReport(fail_on_warn), junit_path), (MarkdownReport(), markdown_path)):
+    for fmt, path in ((JsonReport(), json_path), (junit or JunitReport(), junit_path), (MarkdownReport(), markdown_path)):
         if path is None:
             continue
         try:
@@ -267,6 +282,51 @@ def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int)
     except KeyError as e:
         _fail(InputError([Problem(str(report_path), "outcomes", None, str(e.args[0]))]))
     click.echo(text)
+
+
+@cli.command()
+@click.argument("base_path", metavar="BASE", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("candidate_path", metavar="CANDIDATE", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--draft", "mapping", multiple=True, metavar="CANDIDATE=BASE",
+              help="Compare candidate draft CANDIDATE with the baseline's BASE (repeatable; default: same names).")
+@click.option("--tolerance", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              help="Relative change within which a figure is unchanged.")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as JSON.")
+def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tolerance: float, confidence: float,
+            json_path: Path | None) -> None:
+    """Compare a CANDIDATE report's drafts with a BASE report's (the released draft): overlap
+    per category, mean acceptance length, speedup, bill lines and exactness, each with a
+    confidence interval. Exit 0 no regression, 1 a regression, 2 bad input, 3 environments
+    differ (not comparable) or nothing to compare."""
+    import json as json_module
+    from dataclasses import asdict
+
+    from gate.compare import compare as do_compare
+    from gate.errors import InputError, Problem
+    from gate.report.console import comparison_table
+    from gate.report.explain import load_report
+
+    try:
+        drafts = {}
+        for item in mapping:
+            cand, sep, base = item.partition("=")
+            if not sep or not cand or not base:
+                raise InputError([Problem("--draft", "", None, f"expected CANDIDATE=BASE, got {item!r}")])
+            drafts[cand] = base
+        result = do_compare(load_report(base_path), load_report(candidate_path), drafts, tolerance, confidence,
+                            base_file=str(base_path), cand_file=str(candidate_path))
+    except GateError as e:
+        _fail(e)
+    out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
+    out.print(comparison_table(result))
+    for diff in result.environment_differences:
+        out.print(f"environment differs: {diff}: verdicts are inconclusive, rerun both on one machine", markup=False)
+    if not result.comparisons:
+        out.print("nothing to compare: no draft and law in common (map names with --draft CANDIDATE=BASE)", markup=False)
+    if json_path is not None:
+        json_path.write_text(json_module.dumps(asdict(result), indent=2, default=str) + "\n", encoding="utf-8")
+    sys.exit(result.exit_code)
 
 
 @cli.command()

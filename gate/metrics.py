@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gate.units import Dimension
 
-SAMPLE_AGGREGATIONS = ("mean", "median", "p90", "p99", "min", "max")
+SAMPLE_AGGREGATIONS = ("mean", "median", "p10", "p90", "p99", "min", "max")
 POOLED = "pooled"
 
 
@@ -38,6 +38,13 @@ METRICS: dict[str, Metric] = {
                "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)"),
         Metric("mean_acceptance_length", Dimension.TOKENS, (POOLED,), "pooled counters", False,
                "1 + num_accepted_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean acceptance length)"),
+        Metric("speedup", Dimension.RATIO, (POOLED,), "paired requests", False,
+               "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved requests)"),
+        Metric("request_speedup", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one paired request", False,
+               "a request's committed tokens/s over its paired fallback request's: p10 is the slowest decile, "
+               "mean of (draft < fallback) the share slower than the fallback"),
+        Metric("request_acceptance_rate", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one speculative request with proposals", False,
+               "one request's num_accepted_tokens / num_draft_tokens: its distribution shows the low-acceptance requests"),
         Metric("committed_tokens_per_s", Dimension.RATE, SAMPLE_AGGREGATIONS + (POOLED,), "one request", True,
                "output tokens / E2E latency per request; pooled = all output tokens / all E2E time"),
         Metric("ttft_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one request", True,

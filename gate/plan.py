@@ -1,8 +1,10 @@
 """Policy -> plan: the matrix of (draft x law x max_new_tokens x prompt x repetition) to run.
 
-Requests are interleaved: for every (repetition, law, max_new_tokens, prompt) the fallback
-runs first, then every draft in policy order, so slow drift of the machine hits all alike.
-The fallback runs first because its continuation is the one overlap is measured along.
+Requests are interleaved by default (measurement.interleave): for every (repetition, law,
+max_new_tokens, prompt) the fallback runs first, then every draft in policy order, so slow
+drift of the machine hits all alike and each draft request has a paired fallback request
+run moments before it. The fallback runs first because its continuation is the one overlap
+is measured along. Without interleaving each runner's requests form one block.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from gate.records import FALLBACK
 
 @dataclass(frozen=True)
 class PlannedPrompt:
-    """A prompt with its token ids (chat template applied when the policy says so)."""
+    """A prompt with its token ids (chat template applied when the policy says so).
+    `context_length`: the length (tokens) a context-sweep prompt was built to, else None."""
 
     id: str
     category: str
     token_ids: tuple[int, ...]
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,16 +47,21 @@ def request_seed(seed: int, prompt_id: str, law: str, max_new_tokens: int, repet
 
 
 def plan_requests(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
-                  repetitions: int, seed: int) -> list[Request]:
-    """Every request in run order (see the module docstring for the interleaving)."""
+                  repetitions: range | int, seed: int, interleave: bool = True) -> list[Request]:
+    """Every request in run order (see the module docstring for the interleaving).
+    `repetitions`: a count, or the range of repetition indices to run (extra repetitions)."""
+    reps = range(repetitions) if isinstance(repetitions, int) else repetitions
     out: list[Request] = []
-    for rep in range(repetitions):
+    for rep in reps:
         for law in laws:
             for mnt in max_new_tokens:
                 for prompt in prompts:
                     s = request_seed(seed, prompt.id, law.name, mnt, rep)
                     for runner in [FALLBACK, *drafts]:
                         out.append(Request(runner, law, prompt, mnt, rep, s))
+    if not interleave:
+        order = {name: i for i, name in enumerate([FALLBACK, *drafts])}
+        out.sort(key=lambda r: order[r.draft])  # stable: each runner's block keeps the cell order
     return out
 
 

@@ -86,7 +86,9 @@ class RequestRecord:
     Times are milliseconds from the request's start. token_times_ms[i] is when output
     token i was committed; tokens committed by one step share one time (so token-by-token
     ITL has zeros inside a step; itl_chunk_ms has one gap per step). Stop handling is
-    applied before counting: an EOS inside an accepted block ends the output there.
+    applied before counting: an EOS inside an accepted block ends the output there, and so
+    does the token that completes a stop string (it is the last output token; the text a
+    client gets stops before the stop string, as vLLM returns it by default).
     """
 
     draft: str  # draft name, or "fallback"
@@ -101,12 +103,14 @@ class RequestRecord:
     step_committed: list[int]  # committed tokens per step; the first step is the prefill
     step_proposed: list[int]  # proposals verified per step (0 for the prefill and fallback)
     step_accepted: list[int]  # proposals committed per step
-    stop_reason: str  # "eos" or "length"
+    stop_reason: str  # "eos", "stop" (a stop string) or "length"
     e2el_ms: float
     num_draft_tokens: int  # the configured gamma (0 for the fallback)
     kv_cache_tokens: int  # tokens held in the target cache at the end of the request
     kv_cache_bytes: int  # measured bytes of the target's cache tensors at the end
     draft_kv_cache_bytes: int  # measured bytes of the draft's cache tensors at the end
+    context_length: int | None = None  # the requested length of a context-sweep prompt (tokens), else None
+    stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
 
     @property
     def output_tokens(self) -> int:
@@ -174,6 +178,7 @@ class OverlapRecord:
     probability_info: str  # "distribution" or "point_mass"
     overlap: list[float | None]
     top1: list[bool | None]
+    context_length: int | None = None  # the requested length of a context-sweep prompt (tokens), else None
 
 
 @dataclass
@@ -315,6 +320,32 @@ class Failure:
 
 
 @dataclass
+class WorkloadInfo:
+    """Where the prompts came from and how they were chosen, to reproduce and explain a run.
+
+    `available`: prompts the source offered (after `categories`); `skipped`: records of the
+    source's data left out at load, by reason (ShareGPT: fewer than 2 turns, ...);
+    `examined` candidates the length filter ran on (in seeded order) and `pruned` of them by
+    reason, under `length_filter` (ShareGPT, in target tokens); `prompt_ids`: the selected
+    prompts in run order. Context sweeps: `context_lengths` requested (tokens) and
+    `context_skipped`, the '<prompt id>@<length>' a prompt alone is too long for."""
+
+    source: str
+    seed: int
+    available: int
+    prompt_ids: list[str]
+    path: str | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+    examined: int = 0
+    pruned: dict[str, int] = field(default_factory=dict)
+    length_filter: dict[str, int] | None = None
+    context_lengths: list[int] = field(default_factory=list)
+    context_skipped: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Measurements:
     """Everything measured in one run; the input of rule evaluation and the JSON report."""
 
@@ -328,4 +359,5 @@ class Measurements:
     cuda_max_memory_reserved_bytes: int | None = None
     failures: list[Failure] = field(default_factory=list)
     drafts: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> kind, gamma, probability_info
+    workload: WorkloadInfo | None = None
     laws: list[str] = field(default_factory=list)

@@ -26,27 +26,25 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed: int, resources: Any,
-            warmup: bool = True, progress: Progress | None = None, exactness: ExactnessPlan | None = None) -> Measurements:
-    """Every measurement the policy needs, as raw records (see gate.records)."""
+            warmup: int = 1, progress: Progress | None = None, exactness: ExactnessPlan | None = None,
+            interleave: bool = True) -> Measurements:
+    """Every measurement the policy needs, as raw records (see gate.records).
+    `warmup`: untimed requests per runner before timing (0: none)."""
     progress = progress or (lambda *_: None)
     env = environment(session.device, seed)
     env.models = session.models
     m = Measurements(environment=env, laws=[law.name for law in session.laws])
     m.drafts = {name: {"kind": d.kind, "num_draft_tokens": d.num_draft_tokens, "probability_info": d.probability_info}
                 for name, d in session.drafts.items()}
-    requests = plan_requests(list(session.drafts), session.laws, session.prompts, max_new_tokens, repetitions, seed)
+    m.workload = session.workload
+    requests = plan_requests(list(session.drafts), session.laws, session.prompts, max_new_tokens, repetitions, seed,
+                             interleave)
     if session.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(session.device)
     try:
-        if warmup:
+        for _ in range(warmup):
             _warmup(session, m)
-        for i, req in enumerate(requests):
-            progress("requests", i, len(requests))
-            try:
-                m.requests.append(_run_one(session, req))
-            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-                m.failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
-        progress("requests", len(requests), len(requests))
+        _run_requests(session, m, requests, progress)
         _phase(m, "overlap", lambda: _overlaps(session, m, progress))
         if exactness and exactness.pairs:
             _phase(m, "exactness", lambda: _exactness(session, m, exactness, seed, progress))
@@ -58,6 +56,30 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
         m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
         m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
     return m
+
+
+def measure_more(session: Session, m: Measurements, drafts: list[str], laws: list[str], max_new_tokens: list[int],
+                 repetitions: range, seed: int, interleave: bool = True, progress: Progress | None = None) -> None:
+    """Further repetitions of the cells of `drafts` (and their fallback) under `laws`,
+    appended to `m.requests`: what measurement.extra_repetitions runs when a verdict is
+    inconclusive. Overlap and exactness are not remeasured (they do not depend on timing)."""
+    chosen = [law for law in session.laws if law.name in laws]
+    requests = plan_requests([d for d in session.drafts if d in drafts], chosen, session.prompts, max_new_tokens, repetitions,
+                             seed, interleave)
+    try:
+        _run_requests(session, m, requests, progress or (lambda *_: None))
+    except KeyboardInterrupt:
+        m.failures.append(Failure("run", "*", "*", "run", "interrupted during extra repetitions"))
+
+
+def _run_requests(session: Session, m: Measurements, requests: list[Request], progress: Progress) -> None:
+    for i, req in enumerate(requests):
+        progress("requests", i, len(requests))
+        try:
+            m.requests.append(_run_one(session, req))
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            m.failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
+    progress("requests", len(requests), len(requests))
 
 
 def _phase(m: Measurements, stage: str, run: Callable[[], None]) -> None:
@@ -100,6 +122,7 @@ def _run_one(session: Session, req: Request) -> RequestRecord:
         step_proposed=g.step_proposed, step_accepted=g.step_accepted, stop_reason=g.stop_reason, e2el_ms=g.e2el_ms,
         num_draft_tokens=draft.num_draft_tokens if draft else 0, kv_cache_tokens=g.kv_cache_tokens,
         kv_cache_bytes=g.kv_cache_bytes, draft_kv_cache_bytes=g.draft_kv_cache_bytes,
+        context_length=req.prompt.context_length, stop_string=g.stop_string,
     )
 
 
@@ -134,7 +157,8 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
             except Exception as e:  # noqa: BLE001
                 m.failures.append(Failure("overlap", name, rec.law, f"overlap {rec.prompt_id}", _describe(e)))
                 continue
-            m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1))
+            m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1,
+                                            rec.context_length))
     progress("overlap", len(runs), len(runs))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from gate.check import CheckResult, finish, validate
+from gate.check import CheckResult, Options, finish, validate
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.law import Law, law_probs
 from gate.measure.environment import environment
@@ -151,4 +151,4 @@ def _finish_samples(loaded, m: Measurements) -> CheckResult:  # type: ignore[no-
     rules = [r for r in loaded.policy.rules if r.kind == "exactness"] or [RuleSpec(id="exactness", kind="exactness")]
     # The samples name their own sources: scope by law only.
     rules = [r.model_copy(update={"scope": r.scope.model_copy(update={"drafts": None})}) for r in rules]
-    return finish(loaded, m, False, [], rules=rules)
+    return finish(loaded, m, Options(), [], rules=rules)

@@ -105,6 +105,9 @@ def prompts_file(tmp_path_factory) -> Path:
         {"id": "a", "category": "repeat", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"},
         {"id": "b", "category": "repeat", "prompt": "w5 w6 w7 w5 w6 w7 w5 w6"},
         {"id": "c", "category": "chat", "messages": [{"role": "user", "content": "w10 w11 w12 w13 w14"}]},
+        # two more, so intervals rest on the 5 units gate requires (gate.rules.confidence.MIN_UNITS)
+        {"id": "d", "category": "repeat", "prompt": "w8 w9 w8 w9 w8 w9 w8"},
+        {"id": "e", "category": "chat", "messages": [{"role": "user", "content": "w15 w16 w17 w18"}]},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
@@ -133,7 +136,7 @@ def tiny_policy(model_dir: Path, prompts: Path, extra_rules: str = "", drafts: s
         f"workload:\n  source: jsonl\n  path: {prompts}\n  max_new_tokens: {max_new_tokens}\n  seed: 0\n  chat_template: true\n"
         "rules:\n"
         "  - id: overlap-floor\n    metric: overlap\n    aggregation: mean\n    comparison: '>='\n    threshold: 0.0\n"
-        "  - id: itl\n    metric: itl_ms\n    aggregation: p99\n    comparison: '<='\n    threshold: 10 s\n"
+        "  - id: itl\n    metric: itl_ms\n    aggregation: mean\n    comparison: '<='\n    threshold: 10 s\n"
         + extra_rules
     )
 

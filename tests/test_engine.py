@@ -1,15 +1,17 @@
 """gate's speculative loop on tiny random Llamas: greedy output equals the fallback token for
-token, counters add up, EOS inside an accepted block ends the output, cache bytes match the bill."""
+token, counters add up, EOS or a stop string inside an accepted block ends the output and
+its counters, very short outputs work with a draft, cache bytes match the bill."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import WORDS, tiny_llama, tiny_tokenizer
 
-from conftest import tiny_llama
 from gate.drafts.early_exit import early_exit_draft
 from gate.drafts.model import ModelDraft
 from gate.drafts.prompt_lookup import PromptLookupDraft, lookup
+from gate.engines.stop import StopStrings
 from gate.engines.transformers import TransformersEngine
 from gate.law import Law
 from gate.measure.kv import cache_model
@@ -125,3 +127,103 @@ def test_prompt_lookup_matches_transformers_rule():
     assert lookup([1, 5, 7, 9, 4, 5, 7], 3, 2) == [9, 4]
     assert lookup([1, 2, 3], 3, 4) == []
     assert lookup([4, 4], 2, 3) == [4]
+
+
+# --- stop strings and very short outputs ----------------------------------------------------
+
+
+def _text(ids):
+    return tiny_tokenizer().decode(ids, skip_special_tokens=True)
+
+
+def test_a_stop_string_is_found_across_token_boundaries():
+    stops = StopStrings(tiny_tokenizer(), ["2 w3", "w9"])
+    w = {word: i + 4 for i, word in enumerate(WORDS)}  # tiny ids: w0 is 4
+    assert stops.first_stop([w["w1"], w["w2"]], 1) is None
+    # "2 w3" spans w2 and w3: it completes at w3, the second of the three new tokens
+    assert stops.first_stop([w["w1"], w["w2"], w["w3"], w["w4"]], 3) == (2, "2 w3")
+    assert stops.first_stop([w["w1"], w["w2"], w["w3"]], 1) == (1, "2 w3")
+    assert stops.first_stop([w["w1"], 2, w["w9"]], 2) == (2, "w9")  # special tokens are skipped, as vLLM decodes
+    assert stops.strip([w["w1"], w["w2"], w["w3"]], "2 w3") == "w1 w"  # the client's text stops before it
+    # a long output: only a window before the new tokens is decoded, and it still finds it
+    long = [w["w5"]] * 500 + [w["w2"], w["w3"]]
+    assert stops.first_stop(long, 1) == (1, "2 w3") and stops.first_stop(long[:-1], 1) is None
+
+
+def test_a_stop_string_inside_an_accepted_block_ends_the_output_and_the_counters(target):
+    engine = TransformersEngine(target, set(), CPU)
+    reference = engine.generate(PROMPT, None, GREEDY, 30, None).output_ids
+    words = tiny_tokenizer().convert_ids_to_tokens(reference)
+    # a stop string spanning two tokens whose first completion falls inside a fully accepted
+    # block of the 'same' draft (gamma 4: token 0 from the prefill, then blocks of 5 at 1-5, 6-10, ...)
+    # and not on the block's bonus token, so the draft itself proposed the stop string
+    stop, cut = next((s, k) for i in range(2, len(reference)) if min(reference[i - 1], reference[i]) >= 4
+                     for s in [f"{words[i - 1][1:]} {words[i]}"]
+                     for k in [next(k for k in range(1, len(reference) + 1) if s in _text(reference[:k]))]
+                     if k == i + 1 and (i - 1) % 5 != 4)
+    stopped = TransformersEngine(target, set(), CPU, StopStrings(tiny_tokenizer(), [stop]))
+    spec = stopped.generate(PROMPT, _drafts(target)["same"], GREEDY, 30, None)
+    assert spec.output_ids == reference[:cut] and spec.stop_reason == "stop" and spec.stop_string == stop
+    assert sum(spec.step_committed) == cut == len(spec.token_times_ms)
+    # the last step proposed 4 and all were accepted by the rejection rule, but the output ends
+    # at the stop string: only the committed draft tokens count as accepted
+    assert spec.step_proposed[-1] == 4 and spec.step_accepted[-1] == spec.step_committed[-1] < 5
+    full = engine.generate(PROMPT, _drafts(target)["same"], GREEDY, 30, None)
+    steps = len(spec.step_accepted)
+    counters = SpecDecodeCounters.from_steps(spec.step_proposed, spec.step_accepted)
+    assert counters.num_accepted_tokens == sum(full.step_accepted[: steps - 1]) + spec.step_committed[-1]
+    assert counters.num_accepted_tokens < sum(full.step_accepted[:steps])
+    assert counters.mean_acceptance_length < SpecDecodeCounters.from_steps(full.step_proposed, full.step_accepted).mean_acceptance_length
+    assert _text(spec.output_ids).endswith(stop)
+    fallback = stopped.generate(PROMPT, None, GREEDY, 30, None)
+    assert fallback.output_ids == spec.output_ids and fallback.stop_reason == "stop"
+
+
+def test_prompt_lookup_proposing_the_stop_string_is_cut_there(target):
+    # the prompt repeats itself, so prompt lookup proposes its continuation; greedy decoding of
+    # the tiny model then decides which proposals are accepted
+    engine = TransformersEngine(target, set(), CPU)
+    draft = _drafts(target)["lookup"]
+    full = engine.generate(PROMPT, draft, GREEDY, 30, None)
+    accepted_at = [sum(full.step_committed[:s]) + j for s in range(len(full.step_committed))
+                   for j in range(full.step_accepted[s])]  # output positions of accepted proposals
+    if not accepted_at:
+        pytest.skip("prompt lookup had no accepted proposal on this model")
+    i = accepted_at[0]
+    stop = tiny_tokenizer().convert_ids_to_tokens(full.output_ids[i])
+    cut = next(k for k in range(1, len(full.output_ids) + 1) if stop in _text(full.output_ids[:k]))
+    spec = TransformersEngine(target, set(), CPU, StopStrings(tiny_tokenizer(), [stop])).generate(PROMPT, draft, GREEDY, 30, None)
+    assert spec.output_ids == full.output_ids[:cut] and spec.stop_reason == "stop"
+    assert sum(spec.step_accepted) <= sum(full.step_accepted) and sum(spec.step_committed) == cut
+
+
+def test_eos_comes_before_a_stop_string_at_the_same_token(target):
+    reference = TransformersEngine(target, set(), CPU).generate(PROMPT, None, GREEDY, 20, None).output_ids
+    words = tiny_tokenizer().convert_ids_to_tokens(reference)
+    # a token whose word first appears in the text exactly there: the EOS and the stop string complete together
+    i = next(i for i in range(1, len(reference)) if reference[i] >= 4 and words[i] not in _text(reference[:i])
+             and words[i] in _text(reference[: i + 1]))
+    engine = TransformersEngine(target, {reference[i]}, CPU, StopStrings(tiny_tokenizer(), [words[i]]))
+    g = engine.generate(PROMPT, _drafts(target)["same"], GREEDY, 20, None)
+    assert g.output_ids == reference[: i + 1] and g.stop_reason == "eos" and g.stop_string is None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("name", ["same", "lookup", "exit"])
+def test_very_short_outputs_with_a_draft(target, name, n):
+    engine = TransformersEngine(target, set(), CPU)
+    spec = engine.generate(PROMPT, _drafts(target)[name], GREEDY, n, None)
+    assert spec.output_ids == engine.generate(PROMPT, None, GREEDY, n, None).output_ids
+    assert len(spec.output_ids) == n == sum(spec.step_committed) and spec.stop_reason == "length"
+    # proposals never run past max_new_tokens: the prefill token, then at most n - 1 - 1 proposals
+    assert all(p <= n - 1 - sum(spec.step_committed[:s]) for s, p in enumerate(spec.step_proposed))
+    if n == 1:
+        assert spec.step_proposed == [0] and SpecDecodeCounters.from_steps(spec.step_proposed, spec.step_accepted).num_drafts == 0
+
+
+def test_a_stop_string_in_the_first_token_ends_the_output_at_once(target):
+    first = TransformersEngine(target, set(), CPU).generate(PROMPT, None, GREEDY, 5, None).output_ids[0]
+    word = tiny_tokenizer().convert_ids_to_tokens(first)
+    g = TransformersEngine(target, set(), CPU, StopStrings(tiny_tokenizer(), [word])).generate(
+        PROMPT, _drafts(target)["same"], GREEDY, 5, None)
+    assert g.output_ids == [first] and g.stop_reason == "stop" and g.step_proposed == [0]

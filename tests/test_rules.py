@@ -33,15 +33,18 @@ def env():
     return Environment("3.11", "2.x", "5.x", "0.1.0", "linux", "cpu", "cpu", 0)
 
 
-def measurements():
+def measurements(prompts: int = 5):
+    """Five prompts (an interval needs 5 units), alternating categories qa and code."""
     m = Measurements(environment=env(), laws=["greedy"], drafts={"good": {}, "bad": {}})
-    # fallback: 10 tokens in 1000 ms twice -> 10 tokens/s pooled
-    m.requests += [req("fallback", 1000.0, 10), req("fallback", 1000.0, 10, prompt="p2", category="code")]
-    # good: same tokens in 500 ms -> 2x; steps: prefill + 3 steps of gamma 4
-    m.requests += [req("good", 500.0, 10, [0, 4, 4, 4], [0, 3, 2, 1]), req("good", 500.0, 10, [0, 4, 4, 4], [0, 3, 2, 1], prompt="p2", category="code")]
-    m.requests += [req("bad", 2000.0, 10, [0, 4] + [4] * 8, [0, 1] + [0] * 8), req("bad", 2000.0, 10, [0, 4] + [4] * 8, [0, 1] + [0] * 8, prompt="p2", category="code")]
-    m.overlaps += [OverlapRecord("good", "greedy", "p1", "qa", "distribution", [1.0, 0.9, None], [True, True, None]),
-                   OverlapRecord("bad", "greedy", "p1", "qa", "distribution", [0.1, 0.3], [False, False])]
+    for i in range(1, prompts + 1):
+        p, cat = f"p{i}", "qa" if i % 2 else "code"
+        # fallback: 10 tokens in 1000 ms -> 10 tokens/s pooled
+        m.requests.append(req("fallback", 1000.0, 10, prompt=p, category=cat))
+        # good: same tokens in 500 ms -> 2x; steps: prefill + 3 steps of gamma 4
+        m.requests.append(req("good", 500.0, 10, [0, 4, 4, 4], [0, 3, 2, 1], prompt=p, category=cat))
+        m.requests.append(req("bad", 2000.0, 10, [0, 4] + [4] * 8, [0, 1] + [0] * 8, prompt=p, category=cat))
+        m.overlaps += [OverlapRecord("good", "greedy", p, cat, "distribution", [1.0, 0.9, None], [True, True, None]),
+                       OverlapRecord("bad", "greedy", p, cat, "distribution", [0.1, 0.3], [False, False])]
     m.bills += [BillRecord("good", 1, 100, [BillLine("target weights", "", 1000), BillLine("draft weights", "", 3 * 2**30)])]
     return m
 
@@ -58,7 +61,7 @@ def by_draft(outcomes):
 
 def test_mean_overlap_skips_positions_without_proposals():
     out = by_draft(evaluate([rule()], measurements()))
-    assert out["good"].status == "pass" and out["good"].measured == pytest.approx(0.95) and out["good"].samples == 2
+    assert out["good"].status == "pass" and out["good"].measured == pytest.approx(0.95) and out["good"].samples == 10
     assert out["bad"].status == "fail" and "measured 0.200" in out["bad"].message and "threshold >= 0.500" in out["bad"].message
 
 
@@ -81,7 +84,7 @@ def test_pooled_acceptance_counters_not_averaged_ratios():
 def test_category_scope_and_percentiles():
     r = rule(metric="ttft_ms", aggregation="p99", comparison="<=", threshold="100 ms", scope={"categories": ["code"]})
     out = by_draft(evaluate([r], measurements()))
-    assert out["good"].scope == "good/greedy/code" and out["good"].samples == 1
+    assert out["good"].scope == "good/greedy/code" and out["good"].samples == 2  # p2 and p4
     assert out["good"].measured == pytest.approx(50.0) and out["bad"].measured == pytest.approx(200.0)
 
 
@@ -162,7 +165,8 @@ def test_markdown_summary_and_explain(tmp_path):
     JsonReport().write(report, tmp_path / "r.json")
     loaded = load_report(tmp_path / "r.json")
     text = explain_rule(loaded, "ttft", "bad/greedy", 5)
-    assert "bad: 2 samples (one request), p99 taken: 200.0 ms, 200.0 ms" in text
+    assert "bad: 5 samples (one request), p99 taken: 200.0 ms, 200.0 ms" in text
+    assert "decided by counting: 5 of 5 samples beyond the threshold" in text and "decision: fail" in text
     assert "value: p99 = 200.0 ms; threshold: <= 100.0 ms" in text
     text = explain_rule(loaded, "speed", None, 5)
     assert "pooled(draft) / pooled(fallback) = 2.000" in text and "speed[bad/greedy]: FAIL" in text

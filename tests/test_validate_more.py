@@ -112,7 +112,7 @@ def test_markdown_summary_appends_and_explain_reads_the_report(tmp_path, tiny_mo
     text = summary.read_text()
     assert text.startswith("earlier step\n## gate: passed") and "| lookup | greedy |" in text
     result = CliRunner().invoke(cli, ["explain", str(tmp_path / "r.json"), "itl", "--scope", "lookup/greedy"])
-    assert result.exit_code == 0 and "itl[lookup/greedy]: PASS" in result.output and "p99 taken:" in result.output
+    assert result.exit_code == 0 and "itl[lookup/greedy]: PASS" in result.output and "mean taken:" in result.output
     bad = CliRunner().invoke(cli, ["explain", str(policy), "itl"])
     assert bad.exit_code == 2 and "not a gate JSON report" in bad.output
 

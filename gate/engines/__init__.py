@@ -1,1 +1,1 @@
-"""Engines: how tokens are produced and timed (transformers in-process today)."""
+"""Engines: how tokens are produced and timed (transformers in-process today); stop strings."""

@@ -15,7 +15,8 @@ from gate.law import Law
 class Generation:
     """What one request produced, before it is labelled with draft, law and prompt.
 
-    Times are ms from the request's start; see gate.records.RequestRecord."""
+    Times are ms from the request's start; see gate.records.RequestRecord. stop_reason:
+    "eos", "stop" (a stop string, gate.engines.stop) or "length"."""
 
     output_ids: list[int]
     token_times_ms: list[float]
@@ -27,6 +28,7 @@ class Generation:
     kv_cache_tokens: int
     kv_cache_bytes: int
     draft_kv_cache_bytes: int
+    stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
 
 
 class Engine(ABC):

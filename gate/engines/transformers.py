@@ -7,6 +7,9 @@ prefix and draws the correction or bonus token. The target's KV cache is cropped
 the committed prefix after every step. The fallback is the same loop with no draft: one
 target forward per token, under the same law, the same target and the same code path.
 
+Stop handling cuts a step's tokens before they are committed: an EOS, the token that
+completes a stop string (gate.engines.stop) or max_new_tokens ends the output there.
+
 Timing: time.perf_counter after synchronising the device, at the end of every step; all
 tokens a step commits share that time.
 """
@@ -19,6 +22,7 @@ import torch
 
 from gate.drafts.interface import Draft
 from gate.engines.interface import Engine, Generation
+from gate.engines.stop import StopStrings
 from gate.law import Law, law_probs
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.speculative import Verdict, sample, verify
@@ -27,13 +31,17 @@ from gate.speculative import Verdict, sample, verify
 class TransformersEngine(Engine):
     """Speculative and fallback generation with a transformers model as the target.
 
-    `eos_token_ids`: ids that end a request (an EOS inside an accepted block ends the
-    output there; the tokens after it are not committed)."""
+    `eos_token_ids`: ids that end a request; `stop`: stop strings matched on the decoded
+    output (None: none). An EOS, or the token completing a stop string, inside an accepted
+    block ends the output there: the tokens after it are neither committed nor counted as
+    accepted (at one position EOS comes first, then a stop string, then the length)."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: set[int], device: torch.device):
+    def __init__(self, model: torch.nn.Module, eos_token_ids: set[int], device: torch.device,
+                 stop: StopStrings | None = None):
         self.model = model
         self.eos_token_ids = set(eos_token_ids)
         self.device = device
+        self.stop = stop
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else int(model.config.vocab_size)
 
     def _now(self) -> float:
@@ -58,24 +66,18 @@ class TransformersEngine(Engine):
         proposed: list[int] = []
         accepted: list[int] = []
         stop = ""
+        stop_string: str | None = None
 
         def commit(tokens: list[int], n_accepted: int, n_proposed: int) -> str:
-            count = 0
-            reason = ""
-            for tok in tokens:
-                out.append(tok)
-                count += 1
-                if tok in self.eos_token_ids:
-                    reason = "eos"
-                    break
-                if len(out) >= max_new_tokens:
-                    reason = "length"
-                    break
+            nonlocal stop_string
+            count, reason, matched = self._cut(out, tokens, max_new_tokens)
+            stop_string = matched or stop_string
+            out.extend(tokens[:count])
             now_ms = (self._now() - t0) * 1e3
             times.extend([now_ms] * count)
             committed.append(count)
             proposed.append(n_proposed)
-            accepted.append(min(n_accepted, count))
+            accepted.append(min(n_accepted, count))  # the committed prefix of a block is its accepted proposals
             context.extend(tokens[:count])
             return reason
 
@@ -106,7 +108,25 @@ class TransformersEngine(Engine):
             kv_cache_tokens=int(cache.get_seq_length()),
             kv_cache_bytes=cache_tensor_bytes(cache),
             draft_kv_cache_bytes=draft.cache_bytes() if draft is not None else 0,
+            stop_string=stop_string,
         )
+
+    def _cut(self, out: list[int], tokens: list[int], max_new_tokens: int) -> tuple[int, str, str | None]:
+        """How many of a step's `tokens` to commit after `out`, why the request ends there
+        ("" when it goes on) and the stop string that ends it, if one does."""
+        count, reason = len(tokens), ""
+        for i, tok in enumerate(tokens):
+            if tok in self.eos_token_ids:
+                count, reason = i + 1, "eos"
+                break
+            if len(out) + i + 1 >= max_new_tokens:
+                count, reason = i + 1, "length"
+                break
+        if self.stop is not None:
+            hit = self.stop.first_stop(out + tokens[:count], count)
+            if hit is not None and (hit[0] < count or reason != "eos"):
+                return hit[0], "stop", hit[1]
+        return count, reason, None
 
     @torch.inference_mode()
     def first_tokens(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,

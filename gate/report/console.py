@@ -12,11 +12,16 @@ from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.units import Dimension, format_value
 
-_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "warn": "yellow", "skipped": "dim", "inconclusive": "bold yellow"}
+_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "warn": "yellow", "skipped": "dim", "inconclusive": "bold yellow",
+          "waived": "cyan", "regressed": "bold red", "improved": "green", "unchanged": "default", "missing": "bold magenta"}
 
 
 def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 class ConsoleReport(ReportFormat):
@@ -27,24 +32,31 @@ class ConsoleReport(ReportFormat):
     def tables(self, report: Report) -> list[Table]:
         summary = Table(title="Drafts against the fallback (same target, law and prompts)", title_justify="left")
         for col in ("draft", "law", "req", "overlap", "top-1", "accept rate", "mean acc len", "tokens/s",
-                    "speedup", "TTFT p50", "ITL p50", "ITL p99", "bill"):
+                    "speedup", "slower", "TTFT p50", "ITL p50", "ITL p99", "bill"):
             summary.add_column(col, justify="left" if col in ("draft", "law") else "right")
         for r in report.summary:
             summary.add_row(
                 escape(r.runner), escape(r.law), str(r.requests), _f(r.overlap_mean, ".3f"), _f(r.top1_agreement, ".3f"),
                 _f(r.acceptance_rate, ".3f"), _f(r.mean_acceptance_length, ".2f"), _f(r.committed_tokens_per_s, ".1f"),
-                _f(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
+                _f(r.speedup, ".2f") + ("x" if r.speedup is not None else ""), _percent(r.slower_than_fallback),
                 _f(r.ttft_p50_ms, ".0f") + (" ms" if r.ttft_p50_ms is not None else ""),
                 _f(r.itl_p50_ms, ".1f") + (" ms" if r.itl_p50_ms is not None else ""),
                 _f(r.itl_p99_ms, ".1f") + (" ms" if r.itl_p99_ms is not None else ""),
                 format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-",
             )
+        slices = [t for t in (breakdown_table(report, "category"), breakdown_table(report, "context_length")) if t is not None]
         rules = Table(title="Rules", title_justify="left")
         for col in ("status", "rule", "level", "message"):
             rules.add_column(col, overflow="fold")
         for o in report.outcomes:
             rules.add_row(f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]", escape(o.name), o.level, escape(o.message))
-        tables = [summary, rules] if report.measurements.requests else [rules]
+        tables = [summary, *slices, rules] if report.measurements.requests else [rules]
+        if report.notes:
+            notes = Table(title="Notes", title_justify="left", show_header=False)
+            notes.add_column("note", overflow="fold")
+            for note in report.notes:
+                notes.add_row(escape(note))
+            tables.append(notes)
         if report.measurements.failures:
             failures = Table(title="Measurements that could not be made", title_justify="left")
             for col in ("stage", "draft", "law", "what", "why"):
@@ -67,6 +79,37 @@ class ConsoleReport(ReportFormat):
         buffer = io.StringIO()
         self.print(report, Console(file=buffer, width=160, no_color=True, force_terminal=False))
         return buffer.getvalue()
+
+
+def breakdown_rows(report: Report, by: str) -> list[list[str]]:
+    """Rows (draft, law, slice, requests, overlap, accept rate, mean acc len, speedup, slower) for every draft."""
+    rows = []
+    for r in report.summary:
+        slices = r.by_category if by == "category" else r.by_context_length
+        if r.runner == "fallback":
+            continue
+        for name, b in slices.items():
+            rows.append([r.runner, r.law, name, str(b.requests), _f(b.overlap_mean, ".3f"), _f(b.acceptance_rate, ".3f"),
+                         _f(b.mean_acceptance_length, ".2f"), _f(b.speedup, ".2f") + ("x" if b.speedup is not None else ""),
+                         _percent(b.slower_than_fallback)])
+    return rows
+
+
+BREAKDOWN_COLUMNS = ("draft", "law", "slice", "req", "overlap", "accept rate", "mean acc len", "speedup", "slower than fallback")
+
+
+def breakdown_table(report: Report, by: str) -> Table | None:
+    """Where each draft pays and where it does not: pooled figures per category (or context length)."""
+    rows = breakdown_rows(report, by)
+    if not rows or (by == "category" and len({row[2] for row in rows}) < 2):
+        return None
+    title = "By category" if by == "category" else "By context length (tokens)"
+    t = Table(title=f"{title}: counters and tokens pooled per slice", title_justify="left")
+    for col in BREAKDOWN_COLUMNS:
+        t.add_column(by.replace("_", " ") if col == "slice" else col, justify="left" if col in ("draft", "law", "slice") else "right")
+    for row in rows:
+        t.add_row(*(escape(x) for x in row))
+    return t
 
 
 def bill_tables(bills: list) -> list[Table]:  # type: ignore[type-arg]
@@ -115,3 +158,24 @@ def roofline_tables(rows: list) -> list[Table]:  # type: ignore[type-arg]
             p.add_row(escape(r.runner), escape(law), _f(r.cost_coefficient, ".3f"), _f(v["alpha"], ".3f"),
                       _f(v["predicted_speedup"], ".2f"), _f(v["measured_speedup"], ".2f"))
     return [t, p]
+
+
+def comparison_table(result) -> Table:  # type: ignore[no-untyped-def]
+    """gate compare: one row per figure, candidate over baseline with its interval."""
+    t = Table(title=f"{result.candidate_file} against {result.baseline_file} (tolerance {result.tolerance:.0%})", title_justify="left")
+    for col in ("verdict", "draft", "law", "figure", "baseline", "candidate", "ratio", "interval", "note"):
+        t.add_column(col, overflow="fold")
+
+    def shown(x: object, figure: str) -> str:
+        if x is None:
+            return "-"
+        if isinstance(x, str):
+            return x
+        return format_value(float(x), Dimension.BYTES) if figure.startswith("memory") else f"{float(x):.3f}"
+
+    for c in result.comparisons:
+        interval = f"{c.interval.low:.3f}-{c.interval.high:.3f}" if c.interval else "-"
+        t.add_row(f"[{_STYLE.get(c.verdict, '')}]{c.verdict}[/]", escape(c.draft if c.draft == c.baseline_draft else f"{c.draft} (was {c.baseline_draft})"),
+                  escape(c.law), escape(c.figure), shown(c.baseline, c.figure), shown(c.candidate, c.figure),
+                  "-" if c.ratio is None else f"{c.ratio:.3f}x", interval, escape(c.note))
+    return t

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from gate.errors import InputError, Problem
 from gate.metrics import METRICS
 from gate.report.document import ADAPTER, FORMAT, Report
-from gate.rules.samples import FALLBACK, Selection, samples
+from gate.rules.evaluate import parse_scope
+from gate.rules.samples import FALLBACK, samples
 from gate.units import Dimension, format_value
 
 
@@ -61,18 +62,35 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
                 lines.append("  - " + ", ".join(f"{k}={d[k]}" for k in keys if k in d))
             continue
         metric = METRICS[o.metric]
-        cats = tuple(o.scope.split("/", 2)[2].split(",")) if o.scope.count("/") >= 2 else None
+        where = parse_scope(o.scope)
         line = policy_rule.get("line")
-        for runner in [o.draft] + ([FALLBACK] if o.relative_to else []):
+        for runner in [o.draft] + ([FALLBACK] if o.relative_to == "fallback" or o.metric == "speedup" else []):
             if o.aggregation == "pooled":
                 lines.append(f"  {runner}: pooled over {o.samples} requests (counters and totals are summed, never ratios averaged)")
                 continue
-            xs = samples(o.metric, m, Selection(runner, o.law, cats), line)
+            xs = samples(o.metric, m, where.of(runner), line)
             shown = ", ".join(format_value(x, metric.dimension) for x in xs[:max_values])
             more = f" ... ({len(xs) - max_values} more)" if len(xs) > max_values else ""
             lines.append(f"  {runner}: {len(xs)} samples ({metric.sample}), {o.aggregation} taken: {shown}{more}")
         if o.measured is not None:
-            dim = Dimension.RATIO if o.relative_to else metric.dimension
-            how = f"{o.aggregation}(draft) / {o.aggregation}(fallback)" if o.relative_to else o.aggregation
+            dim = Dimension.RATIO if o.relative_to or o.metric == "speedup" else metric.dimension
+            how = (f"{o.aggregation}(draft) / {o.aggregation}({o.relative_to})" if o.relative_to else
+                   "pooled tokens/s of the draft / of the fallback on the same cells" if o.metric == "speedup" else o.aggregation)
             lines.append(f"  value: {how} = {format_value(o.measured, dim)}; threshold: {o.comparison} {format_value(o.threshold, dim)}")
+        if o.interval is not None:
+            i = o.interval
+            lines.append(f"  interval: {i.level:.0%} CI {format_value(i.low, dim)} to {format_value(i.high, dim)} ({i.method}, "
+                         f"resampling {i.units} units: whole requests, so tokens of one request stay together)")
+        if o.exceedance is not None:
+            e = o.exceedance
+            lines.append(f"  decided by counting: {e.count} of {e.n} samples beyond the threshold ({e.share:.3%}); design effect "
+                         f"{e.design_effect:.2f} over {e.units} requests -> effective n {e.n / e.design_effect:.0f}; Clopper-Pearson "
+                         f"{e.level:.0%} CI of the share {e.low:.3%} to {e.high:.3%} vs at most {e.allowed:.0%} allowed")
+        rule_text = {"pass": "the whole interval satisfies the rule", "fail": "the whole interval violates the rule",
+                     "warn": "the whole interval violates the rule (level warn)",
+                     "inconclusive": f"the interval straddles the threshold (counts as {o.inconclusive_as})"}
+        if o.status in rule_text and (o.interval is not None or o.exceedance is not None):
+            lines.append(f"  decision: {o.status}: {rule_text[o.status]}")
+        if o.waiver:
+            lines.append(f"  waiver: {o.waiver}" + (f" (status without it: {o.waived_status})" if o.waived_status else ""))
     return "\n".join(lines)

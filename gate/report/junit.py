@@ -1,17 +1,31 @@
 """JUnit XML through the junit-xml package (it escapes; no string-built XML).
 
-One test case per rule and scope, named "<rule_id>[<draft>/<law>]" with classname
-"gate.<rule_id>". pass: a passing case (message in system-out); fail: a failure "measured X
-(aggregation) vs threshold Y"; error: an error (measurement missing); inconclusive (an
-exactness test without the power the policy requires): an error (skipped at level warn); warn: skipped with
-the warning as message (it does not fail CI unless --fail-on-warn); off: skipped.
-Every failure, error and skip carries a message: junit-xml treats a failure without one as
-a pass. Versions, device, seed and model fingerprints are suite properties.
+One test case per rule and scope, named "<rule_id>[<scope>]" (scope "draft/law" or
+"draft/law/categories") with the classname "gate.<rule_id>": both depend only on the
+policy, so they are stable from run to run, and unique (GitLab drops duplicate names).
+Passing cases are always present (message in system-out).
+
+Mapping (documented in the README):
+- pass: a passing case; fail: a failure; error (measurement missing): an error;
+- warn: skipped by default ("warning: ..."); `warn_as` "failure" (--fail-on-warn or
+  --junit-warn failure) or "passed";
+- inconclusive: `inconclusive_as` "auto" follows what the outcome does to the exit code
+  (measurement.inconclusive: error -> error, fail -> failure, warn -> skipped;
+  --fail-on-inconclusive -> failure), or forced to "error", "failure" or "skipped";
+- waived: skipped with "waived by OWNER until DATE: REASON"; off: skipped.
+
+The package's traps are guarded: a failure or error without a message is silently a pass
+there, so every one carries a message; and the <testsuites> element's totals do not sum
+`skipped`, so gate sets it. Versions, device, seed and model fingerprints are suite properties.
 """
 
 from __future__ import annotations
 
-from junit_xml import TestCase, TestSuite, to_xml_report_string
+import re
+import xml.dom.minidom
+import xml.etree.ElementTree as ET
+
+from junit_xml import TestCase, TestSuite
 
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
@@ -27,34 +41,75 @@ def _properties(report: Report) -> dict[str, str]:
     return props
 
 
+def _mark(case: TestCase, kind: str, message: str, type_: str) -> None:
+    message = message or type_  # never empty: junit-xml reads a failure without a message as a pass
+    if kind == "failure":
+        case.add_failure_info(message=message, failure_type=type_)
+    elif kind == "error":
+        case.add_error_info(message=message, error_type=type_)
+    elif kind == "skipped":
+        case.add_skipped_info(message=message)
+
+
 class JunitReport(ReportFormat):
-    """One <testsuite name="gate"> per run. With fail_on_warn (gate check --fail-on-warn),
-    warn-level violations are failures, as they fail the build."""
+    """One <testsuite name="gate"> per run (see the module docstring for the mapping)."""
 
     name = "junit"
 
-    def __init__(self, fail_on_warn: bool = False):
-        self.fail_on_warn = fail_on_warn
+    def __init__(self, fail_on_warn: bool = False, fail_on_inconclusive: bool = False, warn_as: str | None = None,
+                 inconclusive_as: str = "auto"):
+        self.warn_as = warn_as or ("failure" if fail_on_warn else "skipped")
+        self.fail_on_inconclusive = fail_on_inconclusive
+        self.inconclusive_as = inconclusive_as
+
+    def _inconclusive(self, effect: str) -> str:
+        if self.inconclusive_as != "auto":
+            return self.inconclusive_as
+        if self.fail_on_inconclusive:
+            return "failure"
+        return {"error": "error", "fail": "failure"}.get(effect, "skipped")
 
     def render(self, report: Report) -> str:
         cases = []
         for o in report.outcomes:
             case = TestCase(o.name, classname=f"gate.{o.rule_id}", stdout=o.message)
             message = o.message or f"{o.rule_id}: {o.status}"
-            if o.status == "fail" or (o.status == "warn" and self.fail_on_warn):
-                case.add_failure_info(message=message, failure_type="gate.rule_failed")
+            if o.status == "fail":
+                _mark(case, "failure", message, "gate.rule_failed")
             elif o.status == "error":
-                case.add_error_info(message=message, error_type="gate.measurement_missing")
-            elif o.status == "inconclusive" and o.level == "error":
-                case.add_error_info(message=message, error_type="gate.inconclusive")
-            elif o.status in ("warn", "inconclusive"):
-                case.add_skipped_info(message=f"warning: {message}")
-            elif o.status == "skipped":
-                case.add_skipped_info(message=message)
+                _mark(case, "error", message, "gate.measurement_missing")
+            elif o.status == "warn":
+                _mark(case, self.warn_as, f"warning: {message}", "gate.rule_warning")
+            elif o.status == "inconclusive":
+                _mark(case, self._inconclusive(o.inconclusive_as), f"inconclusive: {message}", "gate.inconclusive")
+            elif o.status in ("waived", "skipped"):
+                _mark(case, "skipped", message, "gate.skipped")
             cases.append(case)
         for f in report.measurements.failures:
             case = TestCase(f"measurement[{f.stage}/{f.draft}/{f.law}/{f.what}]", classname="gate.measurement", stdout=f.message)
-            case.add_error_info(message=f.message or "measurement failed", error_type="gate.measurement_failed")
+            _mark(case, "error", f.message or "measurement failed", "gate.measurement_failed")
             cases.append(case)
         suite = TestSuite("gate", cases, properties=_properties(report))
-        return to_xml_report_string([suite], prettyprint=True, encoding="utf-8")
+        return _document([suite])
+
+
+# Characters XML 1.0 forbids (control characters, surrogates, non-characters): removed.
+_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _document(suites: list[TestSuite]) -> str:
+    """<testsuites> with every total summed, skipped included (junit-xml leaves it out)."""
+    root = ET.Element("testsuites")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "disabled": 0}
+    time = 0.0
+    for suite in suites:
+        element = suite.build_xml_doc(encoding="utf-8")
+        for key in totals:
+            totals[key] += int(element.get(key, 0))
+        time += float(element.get("time", 0))
+        root.append(element)
+    for key, value in totals.items():
+        root.set(key, str(value))
+    root.set("time", str(time))
+    text = _ILLEGAL.sub("", ET.tostring(root, encoding="unicode"))
+    return xml.dom.minidom.parseString(text.encode("utf-8")).toprettyxml(indent="    ", encoding="utf-8").decode("utf-8")

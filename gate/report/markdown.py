@@ -4,11 +4,12 @@ per-draft figures and every rule that did not pass (passing rules are counted)."
 from __future__ import annotations
 
 from gate.report.document import Report
+from gate.report.console import BREAKDOWN_COLUMNS, breakdown_rows
 from gate.report.interface import ReportFormat
 from gate.units import Dimension, format_value
 
 _MARK = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "warn": "warn", "skipped": "skipped",
-         "inconclusive": "**INCONCLUSIVE**"}
+         "inconclusive": "**INCONCLUSIVE**", "waived": "waived"}
 
 
 def _cell(text: str) -> str:
@@ -32,14 +33,23 @@ class MarkdownReport(ReportFormat):
                f"`{_cell(report.policy_file)}`: {counts} (exit code {report.exit_code}); torch {env.torch}, "
                f"transformers {env.transformers}, {env.device}, seed {env.seed}.", ""]
         if report.summary and report.measurements.requests:
-            out += ["| draft | law | overlap | accept rate | mean acc len | tokens/s | speedup | TTFT p50 | ITL p99 | bill |",
-                    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            out += ["| draft | law | overlap | accept rate | mean acc len | tokens/s | speedup | slower | TTFT p50 | ITL p99 | bill |",
+                    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for r in report.summary:
                 bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
                 out.append(f"| {_cell(r.runner)} | {_cell(r.law)} | {_f(r.overlap_mean, '.3f')} | {_f(r.acceptance_rate, '.3f')} | "
                            f"{_f(r.mean_acceptance_length, '.2f')} | {_f(r.committed_tokens_per_s, '.1f')} | {_f(r.speedup, '.2f', 'x')} | "
+                           f"{_f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')} | "
                            f"{_f(r.ttft_p50_ms, '.0f', ' ms')} | {_f(r.itl_p99_ms, '.1f', ' ms')} | {bill} |")
             out.append("")
+        for by, title in (("category", "By category"), ("context_length", "By context length (tokens)")):
+            rows = breakdown_rows(report, by)
+            if rows and (by != "category" or len({row[2] for row in rows}) > 1):
+                out += [f"<details><summary>{title}</summary>", "",
+                        "| " + " | ".join(by.replace("_", " ") if c == "slice" else c for c in BREAKDOWN_COLUMNS) + " |",
+                        "|---|---|---|" + "---:|" * (len(BREAKDOWN_COLUMNS) - 3)]
+                out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
+                out += ["", "</details>", ""]
         shown = [o for o in report.outcomes if o.status != "pass"]
         if shown:
             out += ["| status | rule | level | message |", "|---|---|---|---|"]
@@ -49,4 +59,6 @@ class MarkdownReport(ReportFormat):
         out.append(f"{passed} rule outcome(s) passed." if passed else "No rule outcome passed.")
         for f in report.measurements.failures:
             out.append(f"- measurement failed: {f.stage} {f.draft}/{f.law} {f.what}: {_cell(f.message)}")
+        for note in report.notes:
+            out.append(f"- note: {_cell(note.splitlines()[0] if note else note)}")
         return "\n".join(out) + "\n"

@@ -1,20 +1,29 @@
 """Rule evaluation: one outcome per rule, draft and law in scope. Never runs a model.
 
-Statuses: pass; fail (an error-level rule violated); warn (a warn-level rule violated);
-error (its measurement failed or produced no sample: neither a pass nor a failure);
-skipped (level off). Messages read "measured X (aggregation) vs threshold Y".
+Every performance verdict is decided on a confidence interval (gate.rules.confidence):
+pass when the whole interval satisfies the rule, fail (warn at level warn) when the whole
+interval violates it, inconclusive otherwise. error: the measurement failed or produced no
+sample (neither a pass nor a failure). skipped: level off. waived: a live waiver in the
+policy covers it (the status it would have had is kept). Messages read like
+"committed_tokens_per_s (pooled, relative to fallback): 1.07x (24 paired requests, 95% CI
+1.02x-1.12x) vs >= 1.10x: inconclusive".
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import fnmatch
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from gate.metrics import METRICS
 from gate.records import FALLBACK, Measurements
+from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Exceedance, Interval, bootstrap_interval, decide,
+                                   decide_exceedance, exceedance, ratio, single)
 from gate.rules.samples import Selection, value
+from gate.rules.units import RESAMPLED, UnitSet, units
 from gate.units import Dimension, format_value
 
 _STAGE = {"overlap": "overlap", "top1_agreement": "overlap", "memory_bill_bytes": "bill", "memory_line_bytes": "bill",
@@ -38,20 +47,54 @@ class Outcome:
     level: str
     status: str
     measured: float | None
-    samples: int
+    samples: int  # raw samples behind the value (requests for pooled values); interval.units counts resampling units
     fallback_value: float | None
     message: str
     details: list[dict[str, Any]] = field(default_factory=list)  # e.g. exactness tests, divergences
+    interval: Interval | None = None  # the value's confidence interval (performance rules)
+    exceedance: Exceedance | None = None  # percentile rules: samples beyond the threshold and their bound
+    inconclusive_as: str = "warn"  # what an inconclusive status does: error (exit 3), fail (exit 1) or warn
+    waived_status: str | None = None  # the status a waiver replaced
+    waiver: str | None = None  # "waived by OWNER until DATE: REASON", or an expired waiver's note
 
     @property
     def name(self) -> str:
         return f"{self.rule_id}[{self.scope}]"
 
 
-def evaluate(rules: Iterable[Any], m: Measurements) -> list[Outcome]:
+@dataclass
+class Settings:
+    """How verdicts are decided (policy.measurement, baseline and waivers, and CLI flags).
+
+    `baseline`: the baseline report's measurements for relative_to: baseline rules;
+    `baseline_mismatch`: why that comparison cannot be trusted (environment differs), which
+    makes those rules inconclusive."""
+
+    confidence: float = 0.95
+    resamples: int = 2000
+    seed: int = 0
+    inconclusive: str = "error"
+    baseline: Measurements | None = None
+    baseline_drafts: dict[str, str] = field(default_factory=dict)
+    baseline_mismatch: str | None = None
+    waivers: list[Any] = field(default_factory=list)  # gate.policy.model.WaiverSpec
+    today: dt.date = field(default_factory=dt.date.today)
+
+
+def settings_for(policy: Any, baseline: Measurements | None = None, baseline_mismatch: str | None = None,
+                 waivers: bool = True, today: dt.date | None = None) -> Settings:
+    """Settings from a validated policy (waivers=False: --no-waivers)."""
+    ms = policy.measurement
+    return Settings(ms.confidence, ms.bootstrap_resamples, policy.workload.seed, ms.inconclusive, baseline,
+                    dict(policy.baseline.drafts) if policy.baseline else {}, baseline_mismatch,
+                    list(policy.waivers) if waivers else [], today or dt.date.today())
+
+
+def evaluate(rules: Iterable[Any], m: Measurements, settings: Settings | None = None) -> list[Outcome]:
     """Outcomes for every rule (gate.policy.model.RuleSpec) over the drafts and laws in its scope."""
     from gate.rules.exactness import evaluate_exactness
 
+    s = settings or Settings()
     out: list[Outcome] = []
     for rule in rules:
         drafts = rule.scope.drafts or list(m.drafts)
@@ -59,53 +102,216 @@ def evaluate(rules: Iterable[Any], m: Measurements) -> list[Outcome]:
         if getattr(rule, "kind", "metric") == "exactness":
             out += evaluate_exactness(rule, m, drafts, laws)
             continue
-        cats = tuple(rule.scope.categories) if rule.scope.categories else None
         for draft in drafts:
             for law in laws:
-                out.append(_one(rule, m, draft, law, cats))
+                out += [_one(rule, m, where, s) for where in _cells(rule, m, draft, law)]
+    for o in out:
+        o.inconclusive_as = s.inconclusive if o.level == "error" else "warn"
+        _apply_waivers(o, s)
     return out
 
 
-def _one(rule: Any, m: Measurements, draft: str, law: str, cats: tuple[str, ...] | None) -> Outcome:
+def _apply_waivers(o: Outcome, s: Settings) -> None:
+    """A live waiver turns a non-passing outcome into "waived"; an expired one only adds a note (fails closed)."""
+    for w in s.waivers:
+        if w.rule != o.rule_id or not fnmatch.fnmatchcase(o.scope, w.scope) or o.status in ("pass", "skipped"):
+            continue
+        if w.expires >= s.today:
+            o.waived_status, o.status = o.status, "waived"
+            o.waiver = f"waived by {w.owner} until {w.expires.isoformat()}: {w.reason}"
+            o.message = f"{o.waiver} (status {o.waived_status}: {o.message})"
+        else:
+            o.waiver = f"waiver by {w.owner} expired on {w.expires.isoformat()}: not applied"
+            o.message += f" ({o.waiver})"
+        return
+
+
+_PER_FIELD = {"category": "category", "context_length": "context_length", "max_new_tokens": "max_new_tokens"}
+
+
+def _cells(rule: Any, m: Measurements, draft: str, law: str) -> list[Selection]:
+    """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
+    cats = tuple(rule.scope.categories) if rule.scope.categories else None
+    base = Selection(draft, law, cats)
+    if not getattr(rule, "per", None):
+        return [base]
+    records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
+    values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=str)
+    if not values:
+        return [base]  # nothing measured: one outcome says so
+    if rule.per == "category":
+        return [replace(base, categories=(v,)) for v in values]
+    return [replace(base, **{rule.per: v}) for v in values]
+
+
+def scope_key(where: Selection, per: str | None = None) -> str:
+    """The stable scope key of an outcome: draft/law[/categories][/per=value]."""
+    key = f"{where.runner}/{where.law}"
+    if per == "category" and where.categories:
+        return key + f"/category={where.categories[0]}"
+    if where.categories:
+        key += "/" + ",".join(where.categories)
+    if per in ("context_length", "max_new_tokens") and getattr(where, per) is not None:
+        key += f"/{per}={getattr(where, per)}"
+    return key
+
+
+def parse_scope(scope: str) -> Selection:
+    """The selection a scope key names (the inverse of scope_key)."""
+    draft, law, *rest = scope.split("/")
+    where = Selection(draft, law, None)
+    for part in rest:
+        name, sep, v = part.partition("=")
+        if not sep:
+            where = replace(where, categories=tuple(part.split(",")))
+        elif name == "category":
+            where = replace(where, categories=(v,))
+        elif name in ("context_length", "max_new_tokens"):
+            where = replace(where, **{name: int(v)})
+    return where
+
+
+def _side(metric: str, aggregation: str, m: Measurements, where: Selection) -> Estimand | None:
+    """The estimand of one runner's value (speedup: its pooled throughput over the fallback's, paired)."""
+    if metric == "speedup":
+        num = units("committed_tokens_per_s", "pooled", m, where)
+        den = units("committed_tokens_per_s", "pooled", m, where.of(FALLBACK))
+        return ratio(single(num), single(den), paired=True) if num and den else None
+    u = units(metric, aggregation, m, where)
+    return single(u) if u is not None else None
+
+
+def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
     metric = METRICS[rule.metric]
-    scope = f"{draft}/{law}" + (f"/{','.join(cats)}" if cats else "")
+    draft, law = where.runner, where.law
+    scope = scope_key(where, getattr(rule, "per", None))
     threshold = rule.threshold_value
     base = dict(rule_id=rule.id, scope=scope, draft=draft, law=law, metric=rule.metric, aggregation=rule.aggregation,
                 comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
     dim = Dimension.RATIO if rule.relative_to else metric.dimension
-    bound = f"{rule.comparison} {format_value(threshold, dim)}" + ("x" if rule.relative_to else "")
+    x = "x" if rule.relative_to or rule.metric == "speedup" else ""
+    bound = f"{rule.comparison} {format_value(threshold, dim)}{x}"
     what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
-        ", relative to fallback)" if rule.relative_to else ")")
+        f", relative to {rule.relative_to})" if rule.relative_to else ")")
     if rule.level == "off":
         return Outcome(**base, status="skipped", measured=None, samples=0, fallback_value=None,
                        message=f"{what}: level off, not evaluated")
-    runners = {draft, "*"} | ({FALLBACK} if rule.relative_to else set())
+    other = s.baseline_drafts.get(draft, draft)
+    failed = _failures(rule, m, draft, law)
+    if rule.relative_to == "baseline" and s.baseline is not None:
+        failed += _failures(rule, s.baseline, other, law)
+    if rule.relative_to == "baseline" and s.baseline is None:
+        return Outcome(**base, status="error", measured=None, samples=0, fallback_value=None,
+                       message=f"{what}: no baseline report was loaded vs threshold {bound}")
+    if rule.metric not in RESAMPLED:
+        return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
+    est = _side(rule.metric, rule.aggregation, m, where)
+    reference = None
+    if rule.relative_to == "fallback":
+        reference = _side(rule.metric, rule.aggregation, m, where.of(FALLBACK))
+    elif rule.relative_to == "baseline":
+        reference = _side(rule.metric, rule.aggregation, s.baseline, where.of(other))
+    if est is not None and reference is not None:
+        est = ratio(est, reference, paired=rule.relative_to == "fallback" or _same_cells(est, reference))
+    n = est.units if est is not None and all(g for g in est.groups) else 0
+    point = est.point() if n else float("nan")
+    if failed or n == 0 or math.isnan(point):
+        why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
+        return Outcome(**base, status="error", measured=None if math.isnan(point) else point, samples=n,
+                       fallback_value=None, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
+    level = rule.confidence or s.confidence
+    ref_value = reference.point() if reference is not None else None
+    unit_word = _unit_word(est, rule)
+    shown = format_value(point, dim) + x
+    if rule.relative_to and ref_value is not None:
+        shown += f" ({format_value(point * ref_value, metric.dimension)} vs {rule.relative_to} {format_value(ref_value, metric.dimension)})"
+    exc, interval = None, None
+    if rule.aggregation in QUANTILES and not rule.relative_to:  # decided by counting, no bootstrap
+        u = est.groups[0][0]
+        exc = exceedance(u, threshold, rule.comparison, QUANTILES[rule.aggregation], level)
+        status = decide_exceedance(exc)
+        side = "above" if rule.comparison in ("<=", "<") else "below"
+        detail = (f"{shown} over {u.samples} samples in {u.n} {u.unit}s; {exc.count} {side} "
+                  f"{format_value(threshold, dim)} ({exc.share:.2%}; {level:.0%} CI {exc.low:.2%}-{exc.high:.2%}"
+                  + (f", design effect {exc.design_effect:.2f}" if exc.design_effect > 1 else "")
+                  + f"; at most {exc.allowed:.0%} allowed)")
+    elif rule.aggregation in ("min", "max"):
+        status = "pass" if _OPS[rule.comparison](point, threshold) else "fail"
+        detail = f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, no interval)"
+    else:
+        interval = bootstrap_interval(est, level, s.resamples, s.seed)
+        if interval is None:
+            status = "inconclusive"
+            detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS})"
+        else:
+            status = decide(interval, rule.comparison, threshold)
+            detail = (f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
+                      f"{format_value(interval.high, dim)}{x})")
+    note = ""
+    if rule.relative_to == "baseline" and s.baseline_mismatch:
+        status, note = "inconclusive", f"; the baseline cannot be compared: {s.baseline_mismatch}"
+    elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
+        note = "; a large improvement over the baseline: consider refreshing it"
+    if status == "fail" and rule.level == "warn":
+        status = "warn"
+    return Outcome(**base, status=status, measured=point, samples=est.groups[0][0].samples, fallback_value=ref_value,
+                   message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}", interval=interval, exceedance=exc)
+
+
+def _failures(rule: Any, m: Measurements, draft: str, law: str) -> list[Any]:
+    runners = {draft, "*"} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric == "speedup" else set())
     stage = _STAGE.get(rule.metric, "request")
     # Overlap is measured along the fallback's continuations: a failed fallback request
     # leaves a hole in it too.
-    failed = [f for f in m.failures if f.law in (law, "*") and (
+    return [f for f in m.failures if f.law in (law, "*") and (
         (f.draft in runners and f.stage in (stage, "run"))
         or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK))]
-    sel = Selection(draft, law, cats)
-    measured, n = value(rule.metric, rule.aggregation, m, sel, rule.line)
-    fallback = None
+
+
+def _same_cells(a: Estimand, b: Estimand) -> bool:
+    """Two runs over the same cells (prompt, length, repetition) can be paired cell by cell."""
+    return len(a.groups) == len(b.groups) == 1 and set(a.groups[0][0].keys) == set(b.groups[0][0].keys)
+
+
+def _improved(interval: Interval, comparison: str, threshold: float) -> bool:
+    """The whole interval is more than 10% beyond the threshold on the good side."""
+    return interval.low > threshold * 1.1 if comparison in (">=", ">") else interval.high < threshold / 1.1
+
+
+def _unit_word(est: Estimand, rule: Any) -> str:
+    u: UnitSet = est.groups[0][0]
+    if rule.relative_to == "fallback" or rule.metric == "speedup":
+        return f"paired {u.unit}s"
+    if len(est.groups) > 1:
+        return f"{u.unit}s per run"
+    return f"{u.unit}s" + (" pooled" if rule.aggregation == "pooled" else "")
+
+
+def _computed(rule: Any, m: Measurements, where: Selection, s: Settings, base: dict[str, Any], what: str, bound: str,
+              dim: Dimension, failed: list[Any], other: str) -> Outcome:
+    """Bills and process peaks: computed or measured once, decided on the value itself."""
+    metric = METRICS[rule.metric]
+    draft = where.runner
+    measured, n = value(rule.metric, rule.aggregation, m, where, rule.line)
+    reference = None
     if rule.relative_to and not math.isnan(measured):
-        fb, fb_n = value(rule.metric, rule.aggregation, m, Selection(FALLBACK, law, cats), rule.line)
-        fallback = fb
-        measured = measured / fb if fb and not math.isnan(fb) else float("nan")
-        n = min(n, fb_n)
+        ref_m, ref_runner = (m, FALLBACK) if rule.relative_to == "fallback" else (s.baseline, other)
+        reference, ref_n = value(rule.metric, rule.aggregation, ref_m, where.of(ref_runner), rule.line)
+        measured = measured / reference if reference and not math.isnan(reference) else float("nan")
+        n = min(n, ref_n)
     if failed or n == 0 or math.isnan(measured):
         why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
         return Outcome(**base, status="error", measured=None if math.isnan(measured) else measured, samples=n,
-                       fallback_value=fallback, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
+                       fallback_value=reference, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
     if rule.relative_to:
-        shown += f" ({format_value(measured * fallback, metric.dimension)} vs fallback {format_value(fallback, metric.dimension)})"
-    ok = _OPS[rule.comparison](measured, threshold)
-    status = "pass" if ok else ("warn" if rule.level == "warn" else "fail")
-    unit = "requests" if rule.aggregation == "pooled" else "samples"
-    message = f"{what}: measured {shown} over {n} {unit} vs threshold {bound}: {status}"
-    return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=fallback, message=message)
+        shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {format_value(reference, metric.dimension)})"
+    status = "pass" if _OPS[rule.comparison](measured, rule.threshold_value) else ("warn" if rule.level == "warn" else "fail")
+    note = ""
+    if rule.relative_to == "baseline" and s.baseline_mismatch:
+        status, note = "inconclusive", f"; the baseline cannot be compared: {s.baseline_mismatch}"
+    return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=reference,
+                   message=f"{what}: measured {shown} (computed once, no sampling interval) vs threshold {bound}: {status}{note}")
 
 
 def _no_sample(rule: Any, m: Measurements, draft: str) -> str:
@@ -118,13 +324,17 @@ def _no_sample(rule: Any, m: Measurements, draft: str) -> str:
     return "no sample was measured for this scope"
 
 
-def exit_code(outcomes: list[Outcome], m: Measurements, fail_on_warn: bool = False) -> int:
-    """1 when an error-level rule failed (or a warn one with fail_on_warn), else 3 when a
-    rule's measurement is missing, an error-level exactness verdict is inconclusive (too
-    few samples for the required power) or any measurement failed, else 0. A definite
-    failure outranks a missing measurement."""
-    if any(o.status == "fail" or (fail_on_warn and o.status == "warn") for o in outcomes):
+def exit_code(outcomes: list[Outcome], m: Measurements, fail_on_warn: bool = False,
+              fail_on_inconclusive: bool = False) -> int:
+    """0 pass; 1 an error-level rule failed (or a warn-level one with fail_on_warn, or an
+    inconclusive one with measurement.inconclusive: fail or fail_on_inconclusive); 3 a rule's
+    measurement is missing, any measurement failed, or an error-level verdict is
+    inconclusive with measurement.inconclusive: error (the default). A definite failure
+    outranks a missing measurement. Waived and skipped outcomes never change it."""
+    inconclusive = [o for o in outcomes if o.status == "inconclusive"]
+    if any(o.status == "fail" or (fail_on_warn and o.status == "warn") for o in outcomes) or any(
+            o.inconclusive_as == "fail" or fail_on_inconclusive for o in inconclusive):
         return 1
-    if m.failures or any(o.status == "error" or (o.status == "inconclusive" and o.level == "error") for o in outcomes):
+    if m.failures or any(o.status == "error" for o in outcomes) or any(o.inconclusive_as == "error" for o in inconclusive):
         return 3
     return 0

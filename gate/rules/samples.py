@@ -8,7 +8,8 @@ average per-request ratios.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -17,16 +18,29 @@ from gate.records import FALLBACK, Measurements, RequestRecord, SpecDecodeCounte
 
 @dataclass(frozen=True)
 class Selection:
-    """Which records a value is computed from."""
+    """Which records a value is computed from. None: every value of that field.
+    `max_new_tokens` does not filter overlap records (overlap does not depend on it)."""
 
     runner: str  # a draft name or "fallback"
     law: str
     categories: tuple[str, ...] | None  # None: all
+    context_length: int | None = None  # a context-sweep length (tokens)
+    max_new_tokens: int | None = None
+
+    def takes(self, record: Any) -> bool:
+        """Whether a request or overlap record belongs to this selection."""
+        return (record.draft == self.runner and record.law == self.law
+                and (self.categories is None or record.category in self.categories)
+                and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
+                and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens))
+
+    def of(self, runner: str) -> "Selection":
+        """The same cells for another runner (the fallback, or a baseline's draft)."""
+        return replace(self, runner=runner)
 
 
 def _requests(m: Measurements, sel: Selection) -> list[RequestRecord]:
-    return [r for r in m.requests if r.draft == sel.runner and r.law == sel.law
-            and (sel.categories is None or r.category in sel.categories)]
+    return [r for r in m.requests if sel.takes(r)]
 
 
 def samples(metric: str, m: Measurements, sel: Selection, line: str | None = None) -> list[float]:
@@ -36,7 +50,7 @@ def samples(metric: str, m: Measurements, sel: Selection, line: str | None = Non
     if metric in ("overlap", "top1_agreement"):
         values = []
         for o in m.overlaps:
-            if o.draft == sel.runner and o.law == sel.law and (sel.categories is None or o.category in sel.categories):
+            if sel.takes(o):
                 seq = o.overlap if metric == "overlap" else o.top1
                 values += [float(v) for v in seq if v is not None]
     elif metric == "committed_tokens_per_s":
@@ -60,6 +74,11 @@ def samples(metric: str, m: Measurements, sel: Selection, line: str | None = Non
     elif metric in ("memory_headroom_bytes", "extra_sequences"):
         budgets = [b.budget for b in m.bills if b.draft == sel.runner and b.budget is not None]
         values = [float(x.headroom_bytes if metric == "memory_headroom_bytes" else x.extra_sequences) for x in budgets]
+    elif metric in ("request_speedup", "request_acceptance_rate"):
+        from gate.rules.units import units  # per-request values built in one place (units imports this module)
+
+        u = units(metric, "mean", m, sel)
+        values = [float(v) for a in (u.values if u else []) for v in a]
     elif metric == "process_peak_rss_bytes":
         values = [float(m.process_peak_rss_bytes)] if m.process_peak_rss_bytes is not None else []
     else:
@@ -82,7 +101,7 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
 
 
 def aggregate(values: list[float], aggregation: str) -> float:
-    """mean, median, p90, p99 (linear interpolation between order statistics), min, max."""
+    """mean, median, p10, p90, p99 (linear interpolation between order statistics), min, max."""
     if not values:
         return float("nan")
     arr = np.asarray(values, dtype=float)
@@ -90,7 +109,7 @@ def aggregate(values: list[float], aggregation: str) -> float:
         return float(arr.mean())
     if aggregation == "median":
         return float(np.median(arr))
-    if aggregation in ("p90", "p99"):
+    if aggregation in ("p10", "p90", "p99"):
         return float(np.percentile(arr, float(aggregation[1:])))
     if aggregation == "min":
         return float(arr.min())

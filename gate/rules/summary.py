@@ -1,15 +1,33 @@
 """One summary row per (runner, law): the figures the console table and the JSON report show.
 
 Rates come from pooled counters and totals, speedup from pooled throughput (all output
-tokens / all E2E seconds, draft over fallback on the same prompts and law)."""
+tokens / all E2E seconds, draft over fallback on the same prompts and law). Breakdowns by
+category and by context length pool their own requests the same way, so their counters
+and tokens add up to the row's totals (never averaged ratios)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from gate.records import FALLBACK, Measurements, SpecDecodeCounters
 from gate.rules.samples import Selection, aggregate, pooled, samples
+
+
+@dataclass
+class Breakdown:
+    """One runner's figures on one slice of the workload (a category or a context length)."""
+
+    requests: int
+    output_tokens: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    overlap_mean: float | None
+    acceptance_rate: float | None  # pooled counters of the slice
+    mean_acceptance_length: float | None
+    speedup: float | None  # pooled committed tokens/s over the fallback's on the slice's cells
+    slower_than_fallback: float | None  # share of paired requests with lower committed tokens/s than the fallback's
 
 
 @dataclass
@@ -21,7 +39,6 @@ class SummaryRow:
     requests: int
     output_tokens: int
     overlap_mean: float | None
-    overlap_by_category: dict[str, float]  # mean overlap per prompt category
     top1_agreement: float | None
     acceptance_rate: float | None
     mean_acceptance_length: float | None
@@ -35,16 +52,32 @@ class SummaryRow:
     tpot_mean_ms: float | None
     memory_bill_bytes: int | None
     kv_cache_bytes_max: int | None  # measured, target + draft cache tensors
+    request_acceptance_rate_p10: float | None = None  # the distribution of per-request acceptance: the low tail
+    request_acceptance_rate_p50: float | None = None
+    slower_than_fallback: float | None = None  # share of paired requests slower than their fallback request
+    request_speedup_p10: float | None = None  # the slowest decile of per-request speedups
+    by_category: dict[str, Breakdown] = field(default_factory=dict)
+    by_context_length: dict[str, Breakdown] = field(default_factory=dict)
 
 
 def _clean(x: float) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
 
-def _by_category(m: Measurements, runner: str, law: str) -> dict[str, float]:
-    cats = sorted({o.category for o in m.overlaps if o.draft == runner and o.law == law})
-    out = {c: aggregate(samples("overlap", m, Selection(runner, law, (c,))), "mean") for c in cats}
-    return {c: v for c, v in out.items() if not math.isnan(v)}
+def breakdown(m: Measurements, sel: Selection) -> Breakdown:
+    """Pooled figures of one runner on one selection of cells."""
+    reqs = [r for r in m.requests if sel.takes(r)]
+    counters = sum((r.counters for r in reqs), SpecDecodeCounters())
+    fallback_tps, _ = pooled("committed_tokens_per_s", m, sel.of(FALLBACK))
+    tps, _ = pooled("committed_tokens_per_s", m, sel)
+    ratios = samples("request_speedup", m, sel) if sel.runner != FALLBACK else []
+    return Breakdown(
+        requests=len(reqs), output_tokens=sum(r.output_tokens for r in reqs), num_drafts=counters.num_drafts,
+        num_draft_tokens=counters.num_draft_tokens, num_accepted_tokens=counters.num_accepted_tokens,
+        overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if sel.runner != FALLBACK else None,
+        acceptance_rate=_clean(counters.acceptance_rate), mean_acceptance_length=_clean(counters.mean_acceptance_length),
+        speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
+        slower_than_fallback=sum(x < 1 for x in ratios) / len(ratios) if ratios else None)
 
 
 def summarize(m: Measurements) -> list[SummaryRow]:
@@ -63,7 +96,6 @@ def summarize(m: Measurements) -> list[SummaryRow]:
             rows.append(SummaryRow(
                 runner=runner, law=law, requests=len(reqs), output_tokens=sum(r.output_tokens for r in reqs),
                 overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if runner != FALLBACK else None,
-                overlap_by_category={} if runner == FALLBACK else _by_category(m, runner, law),
                 top1_agreement=_clean(aggregate(samples("top1_agreement", m, sel), "mean")) if runner != FALLBACK else None,
                 acceptance_rate=_clean(counters.acceptance_rate),
                 mean_acceptance_length=_clean(counters.mean_acceptance_length),
@@ -77,5 +109,12 @@ def summarize(m: Measurements) -> list[SummaryRow]:
                 tpot_mean_ms=_clean(aggregate(samples("tpot_ms", m, sel), "mean")),
                 memory_bill_bytes=bill,
                 kv_cache_bytes_max=int(max(kv)) if kv else None,
+                request_acceptance_rate_p10=_clean(aggregate(samples("request_acceptance_rate", m, sel), "p10")),
+                request_acceptance_rate_p50=_clean(aggregate(samples("request_acceptance_rate", m, sel), "median")),
+                slower_than_fallback=breakdown(m, sel).slower_than_fallback,
+                request_speedup_p10=_clean(aggregate(samples("request_speedup", m, sel), "p10")),
+                by_category={c: breakdown(m, replace(sel, categories=(c,))) for c in sorted({r.category for r in reqs})},
+                by_context_length={str(n): breakdown(m, replace(sel, context_length=n))
+                                   for n in sorted({r.context_length for r in reqs if r.context_length is not None})},
             ))
     return rows

@@ -4,7 +4,9 @@
     {"messages": [{"role": "user", "content": "..."}], "category": "chat"}
 
 `category` defaults to "default" and `id` to "<file stem>-<line>"; ids are unique; roles are
-system, user or assistant. Errors name the line."""
+system, user or assistant, and the last message is the user turn the model answers (earlier
+turns are the conversation so far, sent through the chat template as they are). Errors
+name the file and the line."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from pathlib import Path
 
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource
-
 
 KEYS = {"id", "category", "prompt", "messages"}
 ROLES = ("system", "user", "assistant")
@@ -65,6 +66,8 @@ class JsonlPrompts(WorkloadSource):
                         isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES and isinstance(m["content"], str)
                         for m in msgs):
                     raise self._bad(n, f"'messages' must be a non-empty list of {{role, content}} with role one of {', '.join(ROLES)}")
+                if msgs[-1]["role"] != "user":
+                    raise self._bad(n, f"the last message is the {msgs[-1]['role']}'s; it must be the user turn the model answers")
                 messages = [{"role": m["role"], "content": m["content"]} for m in msgs]
             ident = str(row.get("id", f"{self.path.stem}-{n}"))
             if ident in seen:

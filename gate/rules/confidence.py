@@ -1,0 +1,204 @@
+"""Confidence intervals behind every performance verdict, and the three-way decision.
+
+- Means, ratios and pooled values: a bootstrap over resampling units (requests, or paired
+  requests when a draft is divided by the fallback), by scipy.stats.bootstrap with BCa
+  (Efron 1987, "Better bootstrap confidence intervals", JASA 82(397)), falling back to
+  the percentile interval when BCa is undefined (e.g. every resample equal).
+- Percentile ceilings against an absolute threshold (p99 ITL <= 50 ms): count the samples
+  beyond the threshold and bound the share with the exact binomial (Clopper-Pearson) as
+  MLPerf's early stopping does; tokens of one request are correlated, so the sample size is
+  deflated by the design effect measured from per-request counts (Kish 1965, Survey
+  Sampling, eq. 8.2.2): n_eff = n / deff, deff = cluster variance / binomial variance.
+
+Decision: pass when the whole interval satisfies the rule, fail when the whole interval
+violates it, inconclusive otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from scipy import stats
+
+from gate.rules.units import UnitSet
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+# Fewer resampling units than this give no interval: with 2-4 units the bootstrap has a
+# handful of distinct resamples and its interval collapses (e.g. two equal continuations
+# give [x, x]); such verdicts are inconclusive.
+MIN_UNITS = 5
+
+
+@dataclass
+class Interval:
+    """A two-sided confidence interval of a rule's value (the rule's units, or a ratio).
+
+    `units`: resampling units behind it (requests, paired requests, continuations);
+    `method`: how it was obtained, e.g. "bootstrap BCa, 2000 resamples"."""
+
+    low: float
+    high: float
+    level: float
+    method: str
+    units: int
+
+
+@dataclass
+class Exceedance:
+    """A percentile ceiling decided by counting: `count` of `n` samples lie beyond the
+    threshold; [low, high] bounds their true share (Clopper-Pearson on the effective sample
+    size n / design_effect); `allowed` is the share the percentile permits (0.01 for p99)."""
+
+    count: int
+    n: int
+    units: int
+    design_effect: float
+    share: float
+    low: float
+    high: float
+    allowed: float
+    level: float
+
+
+@dataclass
+class Estimand:
+    """A value computed from groups of unit sets. Sets in one group share keys and are
+    resampled together (paired); groups are resampled independently (two runs).
+    `combine` maps the statistics of every set, in group order, to the value."""
+
+    groups: list[list[UnitSet]]
+    combine: Callable[[list[np.ndarray]], np.ndarray]
+
+    def value(self, *idx: np.ndarray) -> np.ndarray:
+        stats_ = [s.statistic(i) for group, i in zip(self.groups, idx) for s in group]
+        return self.combine(stats_)
+
+    def point(self) -> float:
+        return float(self.value(*[np.arange(g[0].n) for g in self.groups]))
+
+    @property
+    def units(self) -> int:
+        return min(g[0].n for g in self.groups)
+
+
+def single(u: UnitSet) -> Estimand:
+    """One unit set's own statistic."""
+    return Estimand([[u]], lambda s: s[0])
+
+
+def _sets(e: Estimand) -> int:
+    return sum(len(g) for g in e.groups)
+
+
+def ratio(num: Estimand, den: Estimand, paired: bool) -> Estimand:
+    """num / den. Paired (one group each): restricted to the cells both have and resampled
+    together, so a resample draws the same cells for both (the fallback run moments before
+    each draft request). Unpaired: the groups are resampled independently (two runs)."""
+    k = _sets(num)
+
+    def combine(s: list[np.ndarray]) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return num.combine(s[:k]) / den.combine(s[k:])
+
+    if paired and len(num.groups) == len(den.groups) == 1:
+        theirs = set(den.groups[0][0].keys)
+        keys = [key for key in num.groups[0][0].keys if key in theirs]
+        group = [u.subset(keys) for u in num.groups[0]] + [u.subset(keys) for u in den.groups[0]]
+        return Estimand([group], combine)
+    return Estimand(num.groups + den.groups, combine)
+
+
+def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -> Interval | None:
+    """The bootstrap interval of an estimand, None with fewer than MIN_UNITS units in a group.
+
+    Raises nothing for degenerate data: an interval that cannot be formed is a point
+    interval when every unit gives the same value, else None."""
+    if any(g[0].n < MIN_UNITS for g in est.groups):
+        return None
+    data = tuple(np.arange(g[0].n) for g in est.groups)
+
+    def statistic(*idx: np.ndarray, axis: int = -1) -> np.ndarray:
+        return est.value(*idx)
+
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                res = stats.bootstrap(data, statistic, n_resamples=resamples, vectorized=True, paired=False,
+                                      confidence_level=level, method=method, rng=np.random.default_rng(seed), batch=256)
+            except (ValueError, FloatingPointError):
+                continue
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if math.isfinite(low) and math.isfinite(high):
+            return Interval(low, high, level, f"bootstrap {method}, {resamples} resamples", est.units)
+    point = est.point()
+    rng = np.random.default_rng(seed)
+    draws = est.value(*[rng.integers(0, g[0].n, size=(64, g[0].n)) for g in est.groups])
+    if math.isfinite(point) and np.all(draws == point):  # every unit gives the same value
+        return Interval(point, point, level, "bootstrap: every resample equal", est.units)
+    return None
+
+
+def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, level: float) -> Exceedance:
+    """Bound the share of samples beyond `threshold` for a percentile rule.
+
+    comparison "<=" / "<" (a ceiling): counts samples above the threshold, allowed share
+    1 - quantile. ">=" / ">" (a floor): counts samples below it, allowed share quantile.
+    Clopper-Pearson bounds at `level` (two-sided) on n_eff = n / deff samples."""
+    ceiling = comparison in ("<=", "<")
+    beyond = [(v > threshold) if comparison == "<=" else (v >= threshold) if comparison == "<"
+              else (v < threshold) if comparison == ">=" else (v <= threshold) for v in u.values]
+    k_i = np.array([b.sum() for b in beyond], dtype=float)
+    n_i = np.array([len(b) for b in beyond], dtype=float)
+    k, n, m = k_i.sum(), n_i.sum(), len(n_i)
+    share = k / n if n else float("nan")
+    deff = 1.0
+    if m > 1 and 0 < k < n:  # ratio-estimator variance over clusters vs the binomial variance
+        cluster_var = m / (m - 1) * float(((k_i - share * n_i) ** 2).sum()) / n**2
+        deff = max(1.0, cluster_var / (share * (1 - share) / n))
+    n_eff = n / deff
+    k_eff = share * n_eff
+    alpha = 1 - level
+    low = float(stats.beta.ppf(alpha / 2, k_eff, n_eff - k_eff + 1)) if k_eff > 0 else 0.0
+    high = float(stats.beta.ppf(1 - alpha / 2, k_eff + 1, n_eff - k_eff)) if k_eff < n_eff else 1.0
+    allowed = 1 - quantile if ceiling else quantile
+    return Exceedance(int(k), int(n), m, deff, share, low, high, allowed, level)
+
+
+def decide_exceedance(e: Exceedance) -> str:
+    """pass when the share's whole interval is within the allowed share, fail when it is all beyond."""
+    if e.n == 0:
+        return INCONCLUSIVE
+    if e.high <= e.allowed:
+        return PASS
+    if e.low > e.allowed:
+        return FAIL
+    return INCONCLUSIVE
+
+
+def decide(interval: Interval, comparison: str, threshold: float) -> str:
+    """pass / fail / inconclusive for `value <comparison> threshold` over the interval."""
+    ops: dict[str, Callable[[float, float], bool]] = {
+        ">=": lambda x, t: x >= t, ">": lambda x, t: x > t, "<=": lambda x, t: x <= t, "<": lambda x, t: x < t}
+    ok = ops[comparison]
+    if ok(interval.low, threshold) and ok(interval.high, threshold):
+        return PASS
+    if not ok(interval.low, threshold) and not ok(interval.high, threshold):
+        return FAIL
+    return INCONCLUSIVE
+
+
+def min_samples_to_pass(quantile: float, level: float, ceiling: bool = True) -> int:
+    """The fewest samples with which a percentile rule can pass at all: with no sample
+    beyond the threshold, the Clopper-Pearson upper bound 1 - (alpha/2)^(1/n) must reach
+    the allowed share (1 - quantile for a ceiling, quantile for a floor)."""
+    allowed = 1 - quantile if ceiling else quantile
+    alpha = 1 - level
+    return math.ceil(math.log(alpha / 2) / math.log(1 - allowed))
+
+
+QUANTILES = {"p10": 0.1, "p90": 0.9, "p99": 0.99, "median": 0.5}

@@ -1,0 +1,48 @@
+"""Is the plan big enough for the confidence the policy asks? Checked before running
+(`gate validate`, `gate check`), from the number of planned cells alone.
+
+- A percentile rule against an absolute threshold can pass only when even zero samples
+  beyond it bound the share below the allowed one: n >= log(alpha/2) / log(1 - allowed)
+  (gate.rules.confidence.min_samples_to_pass); 367 samples for p99 at 95%.
+- A bootstrap interval needs at least 5 resampling units (gate.rules.confidence.MIN_UNITS)
+  and is unreliable with fewer than 10 (it undercovers: Efron & Tibshirani 1993, An Introduction to the Bootstrap, ch. 14).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.metrics import METRICS
+from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
+
+# metrics with one sample per request; the rest sample every token or step (at most max_new_tokens per request)
+PER_REQUEST = {"committed_tokens_per_s", "ttft_ms", "tpot_ms", "e2el_ms", "kv_cache_bytes", "request_speedup",
+               "request_acceptance_rate"}
+PER_TOKEN = {"itl_ms", "itl_chunk_ms"}
+RELIABLE_UNITS = 10
+
+
+def underpowered(policy: Any, prompts: int) -> list[tuple[str, str]]:
+    """(YAML path, warning) for every metric rule the planned run cannot decide with the
+    requested confidence. `prompts`: prompts the workload selects."""
+    w, ms = policy.workload, policy.measurement
+    cells = prompts * len(w.max_new_tokens_list) * (ms.repetitions + ms.extra_repetitions)
+    out: list[tuple[str, str]] = []
+    for i, rule in enumerate(policy.rules):
+        if rule.kind != "metric" or rule.level == "off" or rule.metric not in METRICS:
+            continue
+        level = rule.confidence or ms.confidence
+        if rule.aggregation in QUANTILES and not rule.relative_to and rule.metric in PER_REQUEST | PER_TOKEN:
+            need = min_samples_to_pass(QUANTILES[rule.aggregation], level, rule.comparison in ("<=", "<"))
+            most = cells * (max(w.max_new_tokens_list) if rule.metric in PER_TOKEN else 1)
+            if most < need:
+                what = "tokens" if rule.metric in PER_TOKEN else "requests"
+                out.append((f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at {level:.0%} "
+                            f"confidence: it needs at least {need} samples beyond none of which lies the threshold, and the "
+                            f"plan has at most {most} {what} per draft and law (add prompts or measurement.repetitions)"))
+        elif rule.metric in PER_REQUEST | PER_TOKEN | {"speedup", "acceptance_rate", "mean_acceptance_length"} \
+                and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
+            out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law; a bootstrap interval "
+                        f"from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} not formed "
+                        "(add prompts or measurement.repetitions)"))
+    return out

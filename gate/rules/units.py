@@ -1,0 +1,142 @@
+"""A metric's samples grouped into resampling units, so intervals respect correlation.
+
+Tokens of one request are correlated (one slow step delays several), so every interval
+resamples whole units: a request for request and token metrics, a continuation for
+overlap. A unit's key pairs it with the same cell of another runner (the fallback, or a
+baseline report): (prompt_id, max_new_tokens, repetition) for requests.
+
+The statistic of all units equals gate.rules.samples.value() on the same records:
+sample aggregations aggregate the concatenated samples; pooled ones sum counters or
+totals over the units and divide (never averaging per-request ratios).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gate.records import FALLBACK, Measurements, RequestRecord
+from gate.rules.samples import Selection, aggregate
+
+_REQUEST_SAMPLES = {
+    "committed_tokens_per_s": lambda r: [r.committed_tokens_per_s],
+    "ttft_ms": lambda r: [r.ttft_ms],
+    "itl_ms": lambda r: r.itl_ms,
+    "itl_chunk_ms": lambda r: r.itl_chunk_ms,
+    "tpot_ms": lambda r: [r.tpot_ms],
+    "e2el_ms": lambda r: [r.e2el_ms],
+    "kv_cache_bytes": lambda r: [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)],
+    "request_acceptance_rate": lambda r: [r.counters.acceptance_rate],
+}
+# pooled metric -> (numerator, denominator, offset) per request: value = offset + sum(num) / sum(den)
+_POOLED = {
+    "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
+    "acceptance_rate": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_draft_tokens, 0.0),
+    "mean_acceptance_length": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_drafts, 1.0),
+}
+RESAMPLED = set(_REQUEST_SAMPLES) | set(_POOLED) | {"overlap", "top1_agreement", "speedup", "request_speedup"}
+
+
+@dataclass
+class UnitSet:
+    """Samples of one metric for one selection, one entry per resampling unit.
+
+    Sample aggregations: values[i] holds unit i's samples (ms, tokens/s, ...). Pooled:
+    num[i] / den[i] hold its counter or total (value = offset + sum num / sum den)."""
+
+    aggregation: str
+    unit: str  # "request" or "continuation"
+    keys: list[tuple] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)
+    num: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    den: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    offset: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return len(self.keys)
+
+    @property
+    def samples(self) -> int:
+        """Samples behind the statistic: requests for pooled values, else every sample."""
+        return self.n if self.aggregation == "pooled" else sum(len(v) for v in self.values)
+
+    def subset(self, keys: list[tuple]) -> "UnitSet":
+        """The units with these keys, in this order (keys must be present)."""
+        at = {k: i for i, k in enumerate(self.keys)}
+        idx = [at[k] for k in keys]
+        return UnitSet(self.aggregation, self.unit, list(keys), [self.values[i] for i in idx] if self.values else [],
+                       self.num[idx] if len(self.num) else self.num, self.den[idx] if len(self.den) else self.den, self.offset)
+
+    def statistic(self, idx: np.ndarray) -> np.ndarray:
+        """The statistic of the units at `idx` (shape (..., k), repeats allowed) -> shape (...)."""
+        idx = np.asarray(idx, dtype=int)
+        if self.aggregation == "pooled":
+            den = self.den[idx].sum(axis=-1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return self.offset + np.where(den > 0, self.num[idx].sum(axis=-1) / np.where(den > 0, den, 1), np.nan)
+        if self.aggregation == "mean":  # the mean of the concatenation: summed sums over summed counts
+            sums = np.array([v.sum() for v in self.values])[idx].sum(axis=-1)
+            return sums / np.array([len(v) for v in self.values], dtype=float)[idx].sum(axis=-1)
+        if all(len(v) == 1 for v in self.values):  # one sample per unit: vectorised
+            flat = np.array([v[0] for v in self.values], dtype=float)[idx]
+            return _aggregate_last(flat, self.aggregation)
+        rows = idx.reshape(-1, idx.shape[-1])
+        out = np.array([aggregate(np.concatenate([self.values[i] for i in row]).tolist(), self.aggregation) for row in rows])
+        return out.reshape(idx.shape[:-1])
+
+    def point(self) -> float:
+        return float(self.statistic(np.arange(self.n))) if self.n else float("nan")
+
+
+def _aggregate_last(x: np.ndarray, aggregation: str) -> np.ndarray:
+    if aggregation in ("p10", "p90", "p99"):
+        return np.percentile(x, float(aggregation[1:]), axis=-1)
+    return {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}[aggregation](x, axis=-1)
+
+
+def request_key(r: RequestRecord) -> tuple:
+    """The cell a request belongs to: the fallback and every draft share it."""
+    return (r.prompt_id, r.max_new_tokens, r.repetition)
+
+
+def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> UnitSet | None:
+    """The metric's units for a selection, or None when the metric is not resampled
+    (bills and process peaks: computed once, no sampling distribution)."""
+    if metric in ("overlap", "top1_agreement"):
+        out = UnitSet(aggregation, "continuation")
+        seen: dict[str, int] = {}
+        for o in m.overlaps:
+            if sel.takes(o):
+                seq = o.overlap if metric == "overlap" else o.top1
+                vals = np.array([float(v) for v in seq if v is not None], dtype=float)
+                if len(vals):
+                    seen[o.prompt_id] = seen.get(o.prompt_id, -1) + 1
+                    out.keys.append((o.prompt_id, seen[o.prompt_id]))
+                    out.values.append(vals)
+        return out
+    reqs = [r for r in m.requests if sel.takes(r)]
+    if metric == "request_speedup":  # one paired request: draft tokens/s over the fallback's on the same cell
+        fallback = {request_key(r): r for r in m.requests if sel.of(FALLBACK).takes(r)}
+        out = UnitSet(aggregation, "request")
+        for r in reqs:
+            f = fallback.get(request_key(r))
+            if f is not None and f.committed_tokens_per_s > 0 and r.committed_tokens_per_s == r.committed_tokens_per_s:
+                out.keys.append(request_key(r))
+                out.values.append(np.array([r.committed_tokens_per_s / f.committed_tokens_per_s]))
+        return out
+    if aggregation == "pooled" and metric in _POOLED:
+        num, den, offset = _POOLED[metric]
+        reqs = [r for r in reqs if den(r) > 0]  # e.g. no proposal made: nothing to pool, and no key to pair
+        return UnitSet("pooled", "request", [request_key(r) for r in reqs], [], np.array([float(num(r)) for r in reqs]),
+                       np.array([float(den(r)) for r in reqs]), offset)
+    if metric in _REQUEST_SAMPLES:
+        out = UnitSet(aggregation, "request")
+        for r in reqs:
+            vals = np.array([v for v in _REQUEST_SAMPLES[metric](r) if v == v], dtype=float)
+            if len(vals):
+                out.keys.append(request_key(r))
+                out.values.append(vals)
+        return out
+    return None
