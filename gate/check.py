@@ -66,7 +66,8 @@ def validate(path: str | Path) -> LoadedPolicy:
         if not chosen:
             raise PolicyValueError("workload", "the workload selects no prompt")
         _check_categories(policy, sorted({p.category for p in everything}))
-        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in underpowered(policy, len(chosen)))
+        weak = underpowered(policy, [p.category for p in chosen])
+        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
         _check_against_config(loaded, target)
     except PolicyValueError as e:
         raise loaded.error(e) from None
@@ -175,7 +176,7 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
     notes: list[str] = []
     for extra in range(ms.extra_repetitions):
-        settings = settings_for(policy, *(baseline or (None, None)), waivers=False)
+        settings = settings_for(policy, *(baseline or (None, None)), waivers=options.waivers)  # waived: not rerun
         pending = [o for o in evaluate(policy.rules, m, settings)
                    if o.status == "inconclusive" and o.metric in REPEATABLE and o.level != "off"]
         if not pending:
@@ -204,8 +205,12 @@ def load_baseline(loaded: LoadedPolicy) -> tuple[Measurements, str | None] | Non
         return None
     path = loaded.resolve(spec.report)
     if not path.is_file():
-        raise loaded.error(PolicyValueError("baseline.report", f"the baseline report {path} does not exist"))
-    report = load_report(path)
+        why = "is a directory, not a report" if path.is_dir() else "does not exist"
+        raise loaded.error(PolicyValueError("baseline.report", f"the baseline report {path} {why}"))
+    try:
+        report = load_report(path)
+    except InputError as e:
+        raise loaded.error(PolicyValueError("baseline.report", "; ".join(str(p) for p in e.problems))) from None
     for cand, name in spec.drafts.items():
         if name not in report.measurements.drafts:
             raise loaded.error(PolicyValueError(f"baseline.drafts.{cand}", f"the baseline report has no draft {name!r}; its drafts: "

@@ -298,7 +298,7 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
     """Compare a CANDIDATE report's drafts with a BASE report's (the released draft): overlap
     per category, mean acceptance length, speedup, bill lines and exactness, each with a
     confidence interval. Exit 0 no regression, 1 a regression, 2 bad input, 3 environments
-    differ (not comparable) or nothing to compare."""
+    or workloads differ (not comparable), nothing to compare, or a figure is missing on one side."""
     import json as json_module
     from dataclasses import asdict
 
@@ -313,6 +313,8 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
             cand, sep, base = item.partition("=")
             if not sep or not cand or not base:
                 raise InputError([Problem("--draft", "", None, f"expected CANDIDATE=BASE, got {item!r}")])
+            if cand in drafts:
+                raise InputError([Problem("--draft", "", None, f"candidate draft {cand!r} is mapped twice")])
             drafts[cand] = base
         result = do_compare(load_report(base_path), load_report(candidate_path), drafts, tolerance, confidence,
                             base_file=str(base_path), cand_file=str(candidate_path))
@@ -321,7 +323,8 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
     out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
     out.print(comparison_table(result))
     for diff in result.environment_differences:
-        out.print(f"environment differs: {diff}: verdicts are inconclusive, rerun both on one machine", markup=False)
+        out.print(f"not comparable: {diff}: verdicts are inconclusive (run both with the same policy on one machine)",
+                  markup=False)
     if not result.comparisons:
         out.print("nothing to compare: no draft and law in common (map names with --draft CANDIDATE=BASE)", markup=False)
     if json_path is not None:

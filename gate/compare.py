@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gate.errors import InputError, Problem
 from gate.records import Environment, Measurements
 from gate.report.document import Report
-from gate.rules.confidence import Interval, bootstrap_interval, ratio, single
+from gate.rules.confidence import MIN_UNITS, Interval, bootstrap_interval, ratio, single
 from gate.rules.samples import Selection, value
 from gate.rules.units import units
 
@@ -42,8 +43,9 @@ class Comparison:
 
 @dataclass
 class CompareResult:
-    """Every comparison, the environment differences, and the exit code (0 no regression,
-    1 a regression, 3 not comparable or nothing to compare)."""
+    """Every comparison, the environment and workload differences, and the exit code (0 no
+    regression, 1 a regression, 3 not comparable, nothing to compare, or a figure missing
+    on one side)."""
 
     baseline_file: str
     candidate_file: str
@@ -60,6 +62,21 @@ def environment_differences(base: Environment, cand: Environment) -> list[str]:
     targets = [{m.fingerprint for m in env.models if m.role == "target"} for env in (base, cand)]
     if targets[0] != targets[1]:
         out.append(f"target fingerprint: {', '.join(sorted(targets[0])) or 'none'} vs {', '.join(sorted(targets[1])) or 'none'}")
+    return out
+
+
+def workload_differences(base: Measurements, cand: Measurements) -> list[str]:
+    """What makes two runs measure different things: prompts, output lengths, laws."""
+    out = []
+    for what, get in (("prompts", lambda m: {r.prompt_id for r in m.requests}),
+                      ("max_new_tokens", lambda m: {r.max_new_tokens for r in m.requests}),
+                      ("laws", lambda m: set(m.laws))):
+        a, b = get(base), get(cand)
+        if a != b:
+            only_a, only_b = sorted(map(str, a - b)), sorted(map(str, b - a))
+            out.append(f"{what} differ (only in the baseline: {', '.join(only_a[:5]) or 'none'}"
+                       f"{' ...' if len(only_a) > 5 else ''}; only in the candidate: {', '.join(only_b[:5]) or 'none'}"
+                       f"{' ...' if len(only_b) > 5 else ''})")
     return out
 
 
@@ -95,8 +112,11 @@ def _sampled(figure: str, metric: str, aggregation: str, base: Measurements, can
     same = len(b.groups) == len(c.groups) == 1 and set(b.groups[0][0].keys) == set(c.groups[0][0].keys)
     est = ratio(c, b, paired=same)
     interval = bootstrap_interval(est, confidence, resamples, 0)
+    note = "paired by cell" if same else "independent runs"
+    if interval is None:
+        note += f"; fewer than {MIN_UNITS} units on a side: no interval"
     return Comparison(cd, bd, law, figure, b.point(), c.point(), est.point(), interval,
-                      _verdict(interval, metric in HIGHER_IS_BETTER, tolerance), "paired by cell" if same else "independent runs")
+                      _verdict(interval, metric in HIGHER_IS_BETTER, tolerance), note)
 
 
 def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, tolerance: float = 0.05,
@@ -104,10 +124,15 @@ def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, to
     """Compare every draft of the candidate report that the baseline also has (or maps to
     through `drafts`, candidate name -> baseline name) under every law both ran: overlap
     overall and per category, mean acceptance length, speedup, each bill line, and every
-    exactness outcome."""
+    exactness outcome. Raises InputError (exit 2) for a mapping naming an unknown draft."""
     bm, cm = base.measurements, cand.measurements
-    result = CompareResult(base_file, cand_file, tolerance, environment_differences(bm.environment, cm.environment))
     drafts = drafts or {}
+    unknown = [f"{c}={b}" for c, b in drafts.items() if c not in cm.drafts or b not in bm.drafts]
+    if unknown:
+        raise InputError([Problem("--draft", "", None, f"{', '.join(unknown)}: the candidate's drafts are "
+                                  f"{', '.join(cm.drafts)}; the baseline's are {', '.join(bm.drafts)}")])
+    result = CompareResult(base_file, cand_file, tolerance, environment_differences(bm.environment, cm.environment)
+                           + workload_differences(bm, cm))
     pairs = [(cd, drafts.get(cd, cd)) for cd in cm.drafts if drafts.get(cd, cd) in bm.drafts]
     laws = [law for law in cm.laws if law in bm.laws]
     for cd, bd in pairs:
@@ -143,11 +168,11 @@ def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, to
     if result.environment_differences:
         for row in result.comparisons:
             if row.verdict in ("regressed", "improved", "unchanged") and not row.figure.startswith("memory"):
-                row.note = "environments differ: " + "; ".join(result.environment_differences)
+                row.note = "not comparable: " + "; ".join(result.environment_differences)
                 row.verdict = "inconclusive"
     if any(r.verdict == "regressed" for r in result.comparisons):
         result.exit_code = 1
-    elif result.environment_differences or not result.comparisons:
+    elif result.environment_differences or not result.comparisons or any(r.verdict == "missing" for r in result.comparisons):
         result.exit_code = 3
     return result
 

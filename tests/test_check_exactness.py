@@ -21,7 +21,7 @@ def run(tmp_path, pair, prompts, laws=LAWS):
     drafts = (f"  other:\n    kind: model\n    model: {draft_dir}\n    num_draft_tokens: 3\n"
               "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n")
     text = tiny_policy(model_dir, prompts, RULE, drafts=drafts, laws=laws, max_new_tokens=64)
-    text = text.replace("  chat_template: true\n", "  chat_template: true\nmeasurement:\n  repetitions: 10\n")
+    text = text.replace("  chat_template: true\n", "  chat_template: true\nmeasurement:\n  repetitions: 6\n")  # 5 prompts x 6 = 30 cells
     policy = write_policy(tmp_path, text)
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
                                       "--no-warmup"])

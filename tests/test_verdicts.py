@@ -216,7 +216,8 @@ def test_validate_warns_about_an_underpowered_policy(tmp_path, tiny_model_dir, p
     policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, rule, drafts=DRAFTS))
     result = CliRunner().invoke(cli, ["validate", str(policy)])
     assert result.exit_code == 0 and "warning" in result.output
-    assert "rules[2].aggregation: p99 of ttft_ms can never pass at 95% confidence: it needs at least 368" in result.output
+    assert ("rules[2].aggregation: p99 of ttft_ms can never pass at 95% confidence: even with no sample beyond the threshold it needs at least 368"
+            in result.output)
     assert "policy.yaml:" in result.output  # the file and line are named
 
 
@@ -286,3 +287,20 @@ def test_check_against_a_saved_baseline_report(tmp_path, tiny_model_dir, prompts
     (tmp_path / "base.json").unlink()
     missing = CliRunner().invoke(cli, ["validate", str(tmp_path / "policy.yaml")])
     assert missing.exit_code == 2 and "baseline.report" in missing.output and "does not exist" in missing.output
+    (tmp_path / "base.json").write_text("{not json")
+    garbage = CliRunner().invoke(cli, ["validate", str(tmp_path / "policy.yaml")])
+    assert garbage.exit_code == 2 and "policy.yaml:" in garbage.output and "baseline.report" in garbage.output
+
+
+def test_compare_refuses_unknown_mappings_and_names_workload_differences(tmp_path):
+    from gate.errors import InputError
+
+    base_m, cand_m = run({"bf16": 1.5}, seed=1), run({"bf16": 1.5}, n=6, seed=2)
+    base = make_report("b.yaml", {}, base_m, [], summarize(base_m), 0)
+    cand = make_report("c.yaml", {}, cand_m, [], summarize(cand_m), 0)
+    with pytest.raises(InputError, match="nosuch"):
+        compare(base, cand, drafts={"bf16": "nosuch"})
+    result = compare(base, cand)  # 12 prompts against 6: not the same workload
+    assert any(d.startswith("prompts differ") and "p11" in d for d in result.environment_differences)
+    assert result.exit_code == 3 and all(r.verdict in ("inconclusive", "missing") for r in result.comparisons
+                                         if not r.figure.startswith("memory"))

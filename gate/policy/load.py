@@ -22,12 +22,15 @@ from gate.policy.model import Policy
 
 class _Loader(yaml.SafeLoader):
     """Safe YAML with YAML 1.2 booleans: only true and false are booleans, so `level: off`
-    is the string 'off' (YAML 1.1 would read off/on/yes/no as false/true)."""
+    is the string 'off' (YAML 1.1 would read off/on/yes/no as false/true). Timestamps stay
+    strings: pydantic parses the fields that are dates and names the field when one is not
+    a real date (PyYAML would raise a bare ValueError for 2026-13-01)."""
 
 
 _BOOL = "tag:yaml.org,2002:bool"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _TIMESTAMP)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
@@ -350,11 +353,13 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     try:
         root = yaml.compose(text, Loader=_Loader)
         data = _safe_data(text)
+        if root is None or not isinstance(data, dict):
+            raise InputError([Problem(name, "", 1, "a policy is a YAML mapping with at least 'version' and 'drafts'")])
+        _walk(root, (), source, problems)
     except yaml.YAMLError as e:
         raise InputError([_yaml_problem(name, e)]) from None
-    if root is None or not isinstance(data, dict):
-        raise InputError([Problem(name, "", 1, "a policy is a YAML mapping with at least 'version' and 'drafts'")])
-    _walk(root, (), source, problems)
+    except RecursionError:
+        raise InputError([Problem(name, "", None, "the YAML refers to itself (an alias inside its own anchor)")]) from None
     if problems:
         raise InputError(problems)
     try:

@@ -148,7 +148,9 @@ def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, l
 
     comparison "<=" / "<" (a ceiling): counts samples above the threshold, allowed share
     1 - quantile. ">=" / ">" (a floor): counts samples below it, allowed share quantile.
-    Clopper-Pearson bounds at `level` (two-sided) on n_eff = n / deff samples."""
+    Clopper-Pearson bounds at `level` (two-sided) on n_eff = n / deff samples. With no
+    sample beyond the threshold (or all of them) the design effect cannot be estimated and
+    is taken as 1, as MLPerf's early stopping treats every query as independent."""
     ceiling = comparison in ("<=", "<")
     beyond = [(v > threshold) if comparison == "<=" else (v >= threshold) if comparison == "<"
               else (v < threshold) if comparison == ">=" else (v <= threshold) for v in u.values]
@@ -157,7 +159,8 @@ def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, l
     k, n, m = k_i.sum(), n_i.sum(), len(n_i)
     share = k / n if n else float("nan")
     deff = 1.0
-    if m > 1 and 0 < k < n:  # ratio-estimator variance over clusters vs the binomial variance
+    if m > 1 and 0 < k < n and n > m:  # ratio-estimator variance over clusters vs the binomial variance
+        # (one sample per unit: nothing is clustered, the design effect is 1 by definition)
         cluster_var = m / (m - 1) * float(((k_i - share * n_i) ** 2).sum()) / n**2
         deff = max(1.0, cluster_var / (share * (1 - share) / n))
     n_eff = n / deff

@@ -22,15 +22,27 @@ PER_TOKEN = {"itl_ms", "itl_chunk_ms"}
 RELIABLE_UNITS = 10
 
 
-def underpowered(policy: Any, prompts: int) -> list[tuple[str, str]]:
+def underpowered(policy: Any, categories: list[str]) -> list[tuple[str, str]]:
     """(YAML path, warning) for every metric rule the planned run cannot decide with the
-    requested confidence. `prompts`: prompts the workload selects."""
+    requested confidence. `categories`: the category of every prompt the workload selects.
+    Counts the cells of the rule's own scope (its categories; one value of `per`), at
+    measurement.repetitions (extra repetitions run only when a verdict is inconclusive)."""
     w, ms = policy.workload, policy.measurement
-    cells = prompts * len(w.max_new_tokens_list) * (ms.repetitions + ms.extra_repetitions)
+    lengths = len(w.context_lengths or []) or 1
     out: list[tuple[str, str]] = []
     for i, rule in enumerate(policy.rules):
         if rule.kind != "metric" or rule.level == "off" or rule.metric not in METRICS:
             continue
+        scoped = [c for c in categories if not rule.scope.categories or c in rule.scope.categories]
+        if rule.per == "category":
+            prompts = min((scoped.count(c) for c in set(scoped)), default=0)
+        else:
+            prompts = len(scoped)
+        cells = (prompts * (1 if rule.per == "context_length" else lengths) * ms.repetitions
+                 * (1 if rule.per == "max_new_tokens" else len(w.max_new_tokens_list)))
+        if rule.metric in ("overlap", "top1_agreement"):  # one continuation per prompt, measured once
+            cells = prompts * (1 if rule.per == "context_length" else lengths)
+        where = f" in its {'smallest category' if rule.per == 'category' else 'scope'}" if rule.per or rule.scope.categories else ""
         level = rule.confidence or ms.confidence
         if rule.aggregation in QUANTILES and not rule.relative_to and rule.metric in PER_REQUEST | PER_TOKEN:
             need = min_samples_to_pass(QUANTILES[rule.aggregation], level, rule.comparison in ("<=", "<"))
@@ -38,11 +50,12 @@ def underpowered(policy: Any, prompts: int) -> list[tuple[str, str]]:
             if most < need:
                 what = "tokens" if rule.metric in PER_TOKEN else "requests"
                 out.append((f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at {level:.0%} "
-                            f"confidence: it needs at least {need} samples beyond none of which lies the threshold, and the "
-                            f"plan has at most {most} {what} per draft and law (add prompts or measurement.repetitions)"))
-        elif rule.metric in PER_REQUEST | PER_TOKEN | {"speedup", "acceptance_rate", "mean_acceptance_length"} \
+                            f"confidence: even with no sample beyond the threshold it needs at least {need} samples, and the "
+                            f"plan has at most {most} {what} per draft and law{where} (add prompts or measurement.repetitions)"))
+        elif rule.metric in PER_REQUEST | PER_TOKEN | {"speedup", "acceptance_rate", "mean_acceptance_length", "overlap",
+                                                       "top1_agreement"} \
                 and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
-            out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law; a bootstrap interval "
-                        f"from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} not formed "
-                        "(add prompts or measurement.repetitions)"))
+            out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law{where}; a bootstrap "
+                        f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} "
+                        "not formed: the verdict is then inconclusive (add prompts or measurement.repetitions)"))
     return out
