@@ -45,9 +45,15 @@ class Options:
 
 
 def validate(path: str | Path) -> LoadedPolicy:
+    """Validate a policy without loading model weights (see _validate). Raises InputError."""
+    return _validate(path)[0]
+
+
+def _validate(path: str | Path) -> tuple[LoadedPolicy, tuple[Measurements, str | None] | None]:
     """Validate a policy without loading model weights: schema, units, names, that every
     model source and the prompt source can be found, and that a separate draft model's
-    tokenizer matches the target's. Raises InputError (file, YAML path, line)."""
+    tokenizer matches the target's; also the baseline report's measurements when the policy
+    names one (read once here, used by check). Raises InputError (file, YAML path, line)."""
     loaded = load_policy(path)
     policy = loaded.policy
     try:
@@ -71,8 +77,7 @@ def validate(path: str | Path) -> LoadedPolicy:
         _check_against_config(loaded, target)
     except PolicyValueError as e:
         raise loaded.error(e) from None
-    load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
-    return loaded
+    return loaded, load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
 
 
 def _check_sliding_window(config: Any, positions: int) -> None:
@@ -147,10 +152,9 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     Raises InputError for a bad policy or input (exit code 2). Measurement failures do not
     raise: they are recorded, their rules become errors, and the exit code is 3 (or 1
     when an error-level rule failed)."""
-    loaded = validate(path)
+    loaded, baseline = _validate(path)
     policy = loaded.policy
     ms = policy.measurement
-    baseline = load_baseline(loaded)  # (cheap: a JSON file, read again after validate)
     try:
         session = open_session(loaded)
     except PolicyValueError as e:

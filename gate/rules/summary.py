@@ -70,14 +70,19 @@ def breakdown(m: Measurements, sel: Selection) -> Breakdown:
     counters = sum((r.counters for r in reqs), SpecDecodeCounters())
     fallback_tps, _ = pooled("committed_tokens_per_s", m, sel.of(FALLBACK))
     tps, _ = pooled("committed_tokens_per_s", m, sel)
-    ratios = samples("request_speedup", m, sel) if sel.runner != FALLBACK else []
     return Breakdown(
         requests=len(reqs), output_tokens=sum(r.output_tokens for r in reqs), num_drafts=counters.num_drafts,
         num_draft_tokens=counters.num_draft_tokens, num_accepted_tokens=counters.num_accepted_tokens,
         overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if sel.runner != FALLBACK else None,
         acceptance_rate=_clean(counters.acceptance_rate), mean_acceptance_length=_clean(counters.mean_acceptance_length),
         speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
-        slower_than_fallback=sum(x < 1 for x in ratios) / len(ratios) if ratios else None)
+        slower_than_fallback=_slower_share(m, sel))
+
+
+def _slower_share(m: Measurements, sel: Selection) -> float | None:
+    """Share of the runner's paired requests with lower committed tokens/s than their fallback request."""
+    ratios = samples("request_speedup", m, sel) if sel.runner != FALLBACK else []
+    return sum(x < 1 for x in ratios) / len(ratios) if ratios else None
 
 
 def summarize(m: Measurements) -> list[SummaryRow]:
@@ -111,7 +116,7 @@ def summarize(m: Measurements) -> list[SummaryRow]:
                 kv_cache_bytes_max=int(max(kv)) if kv else None,
                 request_acceptance_rate_p10=_clean(aggregate(samples("request_acceptance_rate", m, sel), "p10")),
                 request_acceptance_rate_p50=_clean(aggregate(samples("request_acceptance_rate", m, sel), "median")),
-                slower_than_fallback=breakdown(m, sel).slower_than_fallback,
+                slower_than_fallback=_slower_share(m, sel),
                 request_speedup_p10=_clean(aggregate(samples("request_speedup", m, sel), "p10")),
                 by_category={c: breakdown(m, replace(sel, categories=(c,))) for c in sorted({r.category for r in reqs})},
                 by_context_length={str(n): breakdown(m, replace(sel, context_length=n))
