@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from gate.errors import InputError, Problem
 from gate.records import Environment, Measurements
 from gate.report.document import Report
-from gate.rules.confidence import MIN_UNITS, Interval, bootstrap_interval, ratio, single
+from gate.rules.confidence import MIN_UNITS, Interval, bootstrap_interval, estimand, ratio
 from gate.rules.samples import Selection, value
-from gate.rules.units import units
 
 HIGHER_IS_BETTER = ("overlap", "mean_acceptance_length", "speedup")
 
@@ -96,12 +95,8 @@ def _verdict(interval: Interval | None, higher_is_better: bool, tolerance: float
 def _sampled(figure: str, metric: str, aggregation: str, base: Measurements, cand: Measurements, bd: str, cd: str, law: str,
              cats: tuple[str, ...] | None, tolerance: float, confidence: float, resamples: int) -> Comparison | None:
     def side(m: Measurements, runner: str):  # type: ignore[no-untyped-def]
-        if metric == "speedup":
-            num = units("committed_tokens_per_s", "pooled", m, Selection(runner, law, cats))
-            den = units("committed_tokens_per_s", "pooled", m, Selection("fallback", law, cats))
-            return ratio(single(num), single(den), paired=True) if num and num.n and den and den.n else None
-        u = units(metric, aggregation, m, Selection(runner, law, cats))
-        return single(u) if u is not None and u.n else None
+        e = estimand(metric, aggregation, m, Selection(runner, law, cats))
+        return e if e is not None and e.units else None
 
     b, c = side(base, bd), side(cand, cd)
     if b is None and c is None:

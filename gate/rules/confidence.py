@@ -24,7 +24,9 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
-from gate.rules.units import UnitSet
+from gate.records import FALLBACK, Measurements
+from gate.rules.samples import Selection
+from gate.rules.units import UnitSet, units
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 # Fewer resampling units than this give no interval: with 2-4 units the bootstrap has a
@@ -110,6 +112,17 @@ def ratio(num: Estimand, den: Estimand, paired: bool) -> Estimand:
         group = [u.subset(keys) for u in num.groups[0]] + [u.subset(keys) for u in den.groups[0]]
         return Estimand([group], combine)
     return Estimand(num.groups + den.groups, combine)
+
+
+def estimand(metric: str, aggregation: str, m: Measurements, where: Selection) -> Estimand | None:
+    """One runner's value as an estimand (speedup: its pooled committed tokens/s over the
+    fallback's on the same cells, paired); None for metrics that are not resampled."""
+    if metric == "speedup":
+        num = units("committed_tokens_per_s", "pooled", m, where)
+        den = units("committed_tokens_per_s", "pooled", m, where.of(FALLBACK))
+        return ratio(single(num), single(den), paired=True) if num and den else None
+    u = units(metric, aggregation, m, where)
+    return single(u) if u is not None else None
 
 
 def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -> Interval | None:

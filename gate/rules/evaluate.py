@@ -20,10 +20,10 @@ from typing import Any, Iterable
 
 from gate.metrics import METRICS
 from gate.records import FALLBACK, Measurements
-from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Exceedance, Interval, bootstrap_interval, decide,
-                                   decide_exceedance, exceedance, ratio, single)
+from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Exceedance, Interval, bootstrap_interval, decide, estimand,
+                                   decide_exceedance, exceedance, ratio)
 from gate.rules.samples import Selection, value
-from gate.rules.units import RESAMPLED, UnitSet, units
+from gate.rules.units import RESAMPLED, UnitSet
 from gate.units import Dimension, format_value
 
 _STAGE = {"overlap": "overlap", "top1_agreement": "overlap", "memory_bill_bytes": "bill", "memory_line_bytes": "bill",
@@ -126,9 +126,6 @@ def _apply_waivers(o: Outcome, s: Settings) -> None:
         return
 
 
-_PER_FIELD = {"category": "category", "context_length": "context_length", "max_new_tokens": "max_new_tokens"}
-
-
 def _cells(rule: Any, m: Measurements, draft: str, law: str) -> list[Selection]:
     """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
     cats = tuple(rule.scope.categories) if rule.scope.categories else None
@@ -171,16 +168,6 @@ def parse_scope(scope: str) -> Selection:
     return where
 
 
-def _side(metric: str, aggregation: str, m: Measurements, where: Selection) -> Estimand | None:
-    """The estimand of one runner's value (speedup: its pooled throughput over the fallback's, paired)."""
-    if metric == "speedup":
-        num = units("committed_tokens_per_s", "pooled", m, where)
-        den = units("committed_tokens_per_s", "pooled", m, where.of(FALLBACK))
-        return ratio(single(num), single(den), paired=True) if num and den else None
-    u = units(metric, aggregation, m, where)
-    return single(u) if u is not None else None
-
-
 def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
     metric = METRICS[rule.metric]
     draft, law = where.runner, where.law
@@ -205,12 +192,12 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
                        message=f"{what}: no baseline report was loaded vs threshold {bound}")
     if rule.metric not in RESAMPLED:
         return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
-    est = _side(rule.metric, rule.aggregation, m, where)
+    est = estimand(rule.metric, rule.aggregation, m, where)
     reference = None
     if rule.relative_to == "fallback":
-        reference = _side(rule.metric, rule.aggregation, m, where.of(FALLBACK))
+        reference = estimand(rule.metric, rule.aggregation, m, where.of(FALLBACK))
     elif rule.relative_to == "baseline":
-        reference = _side(rule.metric, rule.aggregation, s.baseline, where.of(other))
+        reference = estimand(rule.metric, rule.aggregation, s.baseline, where.of(other))
     if est is not None and reference is not None:
         est = ratio(est, reference, paired=rule.relative_to == "fallback" or _same_cells(est, reference))
     n = est.units if est is not None and all(g for g in est.groups) else 0
