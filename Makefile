@@ -18,8 +18,10 @@ $(BIN)/gate: pyproject.toml constraints-cpu.txt
 
 setup: $(BIN)/gate
 
+# make reports any failing recipe as its own exit code 2: the last line printed is gate's own code.
 example: setup
-	$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json
+	@$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json; \
+	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -1,25 +1,29 @@
-"""How many sampled tokens do gate's exactness tests need to catch each known fault?
+"""Can gate's sampling-exactness verdict lie? Detection, false alarms and passes of every
+known fault, on explicit tables and on random tiny models, at a grid of sample sizes.
 
-For every fault of gate.reference.Fault, on explicit position-dependent tables (V = 8,
-5 positions, gamma 3, target logits randn * 1.5, draft = target + randn * 1.0, table seed
-2: the tables of tests/test_exactness.py), the smallest number of sampled tokens on a
-doubling grid (250, 500, ..., 64,000) at which the detection rate at significance 0.01
-reaches 90%, estimated with --reps repetitions per size (a size is abandoned at the
-first miss that makes 90% unreachable), for
+Every run draws `n` sequences of LENGTH tokens from each of PROMPTS prompts with the
+reference speculative sampler (gate.reference, gamma 3), with one injected fault, and
+decides them as `gate exactness` does (gate.measure.exactness, the default rule: significance
+0.01, power 0.9, detect_tv 0.1):
 
-  (a) gate's combined test: PIT Kolmogorov-Smirnov over all tokens plus a next-token
-      G-test at each of the 5 positions, Holm-corrected together (decide); N tokens are
-      N / 5 sequences x 5 positions;
-  (b) a plain chi-square goodness-of-fit test (scipy.stats.chisquare, categories with
-      expected count < 5 pooled into one) on the first token only: N sequences of 1 token.
+  gate     next-token G-tests at the first output position of every prompt (claim tests),
+           at output prefixes >= 50 samples share (evidence), the PIT KS test over every
+           token (evidence); Holm together; pass only when every claim test is powered.
+  pit-ks   the PIT Kolmogorov-Smirnov test alone, passing when its DKW power statement
+           reaches 0.1 (what gate did before: its power is about the PIT distance, not TV).
 
-Then the false-alarm rate of (a) on the correct sampler, and the wall time per 1,000
-tested tokens of computing PIT values on SmolLM2-135M-Instruct (law_probs +
-randomized_pit + pit_test on teacher-forced logits), next to the forward pass itself.
+Setups: explicit position-dependent tables (V 8, target randn x 1.5, draft = target + randn,
+one table pair per prompt) under two laws, and a random tiny Llama (vocab 96, head x 20 so
+its laws have shape) with a noisy copy as the draft (head noise 0.15: overlap about 0.7),
+random prompts, two weight seeds. For each fault the first-position TV is measured (20,000
+first tokens per prompt against the exact law; the largest over the prompts), and for each
+size the counts of fail / pass / inconclusive over --reps runs.
 
-The machine is shared and noisy: read ratios and medians, not absolute figures.
+Summaries: the tokens needed for 90% detection by each procedure, how often a fault whose
+first-position TV is >= 0.1 passes (gate's claim: at most 1 - power = 10% at TV 0.1 itself,
+and far less above it), and the false-alarm rate of the correct sampler.
 
-    python benchmarks/exactness_power.py [--reps 40] [--max-tokens 64000] [--laws both]
+    python benchmarks/exactness_power.py [--reps 20] [--sizes 25,50,...] [--setups tables,llama]
 """
 
 from __future__ import annotations
@@ -29,31 +33,111 @@ import functools
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
-from scipy import stats
 
 import gate.measure.exactness as ex
 from gate.law import Law, law_probs
-from gate.reference import LAW_PRESERVING, Fault, speculative_sample
+from gate.reference import LAW_PRESERVING, Fault, LogitFn, model_logits, speculative_sample, table_logits
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
-V, GAMMA, LENGTH, TABLE_SEED = 8, 3, 5, 2
-LAWS = {"t0.8-k6": Law("t0.8-k6", 0.8, top_k=6), "t1-p0.9": Law("t1-p0.9", 1.0, top_p=0.9)}
+GAMMA, LENGTH, PROMPTS = 3, 8, 4
+V_TABLE, V_LLAMA = 8, 96
 
 
-def tables() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(TABLE_SEED)
-    target = torch.randn(LENGTH + GAMMA + 1, V, generator=g) * 1.5
-    draft = target + torch.randn(LENGTH + GAMMA + 1, V, generator=g) * 1.0
-    return target, draft
+@dataclass
+class Setup:
+    """One target/draft pair per prompt, under one law."""
+
+    name: str
+    law: Law
+    pairs: list[tuple[LogitFn, LogitFn]]
+
+
+def table_setup(law: Law, seed: int) -> Setup:
+    pairs = []
+    for i in range(PROMPTS):
+        g = torch.Generator().manual_seed(seed + i)
+        target = torch.randn(LENGTH + GAMMA + 1, V_TABLE, generator=g) * 1.5
+        draft = target + torch.randn(LENGTH + GAMMA + 1, V_TABLE, generator=g) * 1.0
+        pairs.append((table_logits(target), table_logits(draft)))
+    return Setup(f"tables {law.name}", law, pairs)
+
+
+def llama_setup(law: Law, seed: int) -> Setup:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=V_LLAMA, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    models = []
+    for noise in (0.0, 0.15):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            model.lm_head.weight.mul_(20.0)
+            if noise:
+                g = torch.Generator().manual_seed(seed + 1)
+                model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape, generator=g) * noise)
+        models.append(model)
+    g = torch.Generator().manual_seed(seed + 2)
+    prompts = [torch.randint(4, V_LLAMA, (4,), generator=g).tolist() for _ in range(PROMPTS)]
+    return Setup(f"tiny llama seed {seed} {law.name}", law,
+                 [(model_logits(models[0], pr), model_logits(models[1], pr)) for pr in prompts])
+
+
+def sample(setup: Setup, fault: Fault, n: int, length: int, seed: int) -> list[torch.Tensor]:
+    """[n, length] tokens per prompt."""
+    return [speculative_sample(t, d, setup.law, GAMMA, n, length, torch.Generator().manual_seed(seed + 101 * i), fault)
+            for i, (t, d) in enumerate(setup.pairs)]
+
+
+def target_law(fn: LogitFn, law: Law, prefix: tuple[int, ...]) -> torch.Tensor:
+    tokens = torch.tensor([list(prefix) + [0]], dtype=torch.long)
+    return law_probs(fn(tokens, torch.tensor([[len(prefix)]]))[0, 0], law)
+
+
+def decide_run(setup: Setup, outs: list[torch.Tensor], seed: int) -> tuple[str, str]:
+    """(gate's verdict, the PIT-KS-alone verdict) on one run's samples."""
+    tests: list[ex.ExactnessTest] = []
+    pit: list[float] = []
+    g = torch.Generator().manual_seed(seed)
+    for i, ((target, _), out) in enumerate(zip(setup.pairs, outs)):
+        at = torch.arange(out.shape[1]).expand(out.shape[0], -1)
+        probs = law_probs(target(out, at), setup.law)  # [n, L, V]
+        pit += ex.randomized_pit(probs.reshape(-1, probs.shape[-1]), out.reshape(-1), g).tolist()
+        for prefix, tokens in ex.contexts(out.tolist()):
+            nt = ex.sparse_counts(f"p{i}", tokens, target_law(target, setup.law, prefix), prefix=prefix)
+            counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
+            p = np.asarray(nt.support_probs + [nt.rest_prob, 0.0], dtype=float)
+            test = ex.next_token_test(counts, p, ALPHA, POWER, DETECT_TV, rng=np.random.default_rng(seed))
+            test.role = ex.EVIDENCE if prefix else ex.CLAIM
+            tests.append(test)
+    ks = ex.pit_test(np.asarray(pit), ALPHA, POWER, DETECT_TV)
+    ex.decide(tests + [ks], ALPHA)
+    gate_verdict = ex.overall(tests + [ks])
+    alone = ex.pit_test(np.asarray(pit), ALPHA, POWER, DETECT_TV)
+    old = ex.FAIL if alone.pvalue < ALPHA else (ex.PASS if alone.detectable <= DETECT_TV else ex.INCONCLUSIVE)
+    return gate_verdict, old
+
+
+def first_position_tv(setup: Setup, fault: Fault, draws: int = 20_000) -> float:
+    """max over prompts of TV(law of the first output token, the target's law there)."""
+    worst = 0.0
+    for i, (target, _) in enumerate(setup.pairs):
+        out = sample(Setup(setup.name, setup.law, [setup.pairs[i]]), fault, draws, 1, 7)[0][:, 0]
+        p = target_law(target, setup.law, ())
+        freq = torch.bincount(out, minlength=p.shape[-1]).double() / draws
+        worst = max(worst, 0.5 * float((freq - p.double()).abs().sum()))
+    return worst
 
 
 class memoized_power:  # noqa: N801 - a context manager
-    """gtest_detectable and ks_detectable are pure; memoize them inside the simulations
-    (each G-test otherwise spends ~0.1 s on samples_needed). Verdicts are unchanged."""
+    """gtest_detectable and ks_detectable are pure; memoize them inside the simulations."""
 
     def __enter__(self) -> None:
         self.saved = ex.gtest_detectable, ex.ks_detectable
@@ -64,91 +148,77 @@ class memoized_power:  # noqa: N801 - a context manager
         ex.gtest_detectable, ex.ks_detectable = self.saved
 
 
-def gate_combined(target: torch.Tensor, draft: torch.Tensor, law: Law, fault: Fault, tokens: int, seed: int) -> float:
-    """Smallest Holm-adjusted p-value of gate's combined test (fail iff < alpha)."""
-    batch = max(tokens // LENGTH, 1)
-    out = speculative_sample(target, draft, law, GAMMA, batch, LENGTH, torch.Generator().manual_seed(seed), fault)
-    p = law_probs(target[:LENGTH], law)
-    u = ex.randomized_pit(p.repeat(batch, 1), out.reshape(-1), torch.Generator().manual_seed(seed + 1))
-    tests = [ex.pit_test(u.numpy(), ALPHA, POWER, DETECT_TV)]
-    for t in range(LENGTH):
-        counts = np.bincount(out[:, t].numpy(), minlength=V)
-        tests.append(ex.next_token_test(counts, p[t].double().numpy(), ALPHA, POWER, DETECT_TV,
-                                        rng=np.random.default_rng(seed)))
-    ex.decide(tests, ALPHA)
-    return min(t.adjusted_pvalue for t in tests)  # type: ignore[type-var]
+def tokens(n: int) -> int:
+    return n * PROMPTS * LENGTH
 
 
-def first_token_chisquare(target: torch.Tensor, draft: torch.Tensor, law: Law, fault: Fault, tokens: int, seed: int) -> float:
-    """p-value of a plain Pearson chi-square on `tokens` first tokens (expected < 5 pooled)."""
-    out = speculative_sample(target, draft, law, GAMMA, tokens, 1, torch.Generator().manual_seed(seed), fault)
-    counts = np.bincount(out[:, 0].numpy(), minlength=V).astype(float)
-    expected = tokens * law_probs(target[0], law).double().numpy()
-    expected *= tokens / expected.sum()
-    small = expected < 5.0
-    obs, exp = list(counts[~small]), list(expected[~small])
-    if small.any():
-        obs.append(counts[small].sum())
-        exp.append(expected[small].sum())
-    if len(obs) < 2:
-        return 1.0
-    obs_a, exp_a = np.asarray(obs), np.asarray(exp)
-    if ((exp_a == 0) & (obs_a > 0)).any():
-        return 0.0  # a token the law cannot produce
-    keep = exp_a > 0
-    return float(stats.chisquare(obs_a[keep], exp_a[keep] * obs_a[keep].sum() / exp_a[keep].sum()).pvalue)
-
-
-def tokens_needed(test, target, draft, law, fault, grid, reps, seed0):  # type: ignore[no-untyped-def]
-    """First grid size whose detection rate over `reps` runs is >= 90%, and the rates seen."""
-    allowed_misses = reps - math.ceil(0.9 * reps)
-    seen = []
-    for n in grid:
-        hits = misses = runs = 0
-        for r in range(reps):
-            runs += 1
-            if test(target, draft, law, fault, n, seed0 + 7919 * r + n) < ALPHA:
-                hits += 1
-            else:
-                misses += 1
-                if misses > allowed_misses:
-                    break
-        seen.append(f"{n}:{hits}/{runs}")
-        if misses <= allowed_misses:
-            return n, seen
-    return None, seen
-
-
-def power_table(law: Law, grid: list[int], reps: int) -> None:
-    target, draft = tables()
-    print(f"\nLaw {law.name} (T {law.temperature}, top_k {law.top_k}, top_p {law.top_p}); tables V={V}, "
-          f"{LENGTH} positions, gamma {GAMMA}; detection >= 90% over {reps} runs at significance {ALPHA}")
-    print(f"{'fault':<26} {'(a) gate PIT+G, Holm':>22} {'(b) chi2 first token':>22} {'ratio b/a':>10} {'secs':>6}")
-    details = []
-    for i, fault in enumerate(Fault):
+def run_setup(setup: Setup, sizes: list[int], reps: int, summary: dict[str, list]) -> None:
+    print(f"\n{setup.name}: {PROMPTS} prompts x n sequences x {LENGTH} tokens, gamma {GAMMA}; "
+          f"{reps} runs per size; F/P/I = fail/pass/inconclusive counts", flush=True)
+    print(f"{'fault':<26} {'TV1':>5}  " + "  ".join(f"{tokens(n):>6}tok" for n in sizes) + "   | pit-ks alone: F/P", flush=True)
+    for fi, fault in enumerate(Fault):
         t0 = time.perf_counter()
-        a, seen_a = tokens_needed(gate_combined, target, draft, law, fault, grid, reps, 1000 * i)
-        b, seen_b = tokens_needed(first_token_chisquare, target, draft, law, fault, grid, reps, 1000 * i + 500)
-        secs = time.perf_counter() - t0
-        show = lambda n: f"{n:,}" if n else f"> {grid[-1]:,}"  # noqa: E731
-        ratio = f"{b / a:.2g}x" if a and b else ("-" if not a else f"> {grid[-1] / a:.0f}x")
-        tag = " (law-preserving)" if fault in LAW_PRESERVING else ""
-        print(f"{fault.value + tag:<26} {show(a):>22} {show(b):>22} {ratio:>10} {secs:>6.0f}", flush=True)
-        details.append(f"  {fault.value}: (a) {' '.join(seen_a)} | (b) {' '.join(seen_b)}")
-    print("detections/runs per size (runs stop once 90% is out of reach):")
-    print("\n".join(details))
+        tv = first_position_tv(setup, fault)
+        cells, old_cells = [], []
+        for n in sizes:
+            verdicts = [decide_run(setup, sample(setup, fault, n, LENGTH, 10_000 * fi + 97 * r + n), 5 * r + n)
+                        for r in range(reps)]
+            f, p, i = (sum(v[0] == s for v in verdicts) for s in (ex.FAIL, ex.PASS, ex.INCONCLUSIVE))
+            of, op = (sum(v[1] == s for v in verdicts) for s in (ex.FAIL, ex.PASS))
+            cells.append(f"{f:>2}/{p:>2}/{i:>2}")
+            old_cells.append(f"{of}/{op}")
+            summary["rows"].append((setup.name, fault, tv, n, f, p, i, of, op, reps))
+        tag = " (exact)" if fault in LAW_PRESERVING else ""
+        print(f"{fault.value + tag:<26} {tv:>5.3f}  " + "  ".join(f"{c:>9}" for c in cells)
+              + "   | " + " ".join(old_cells) + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
-def false_alarms(law: Law, runs: int, tokens: int) -> None:
-    target, draft = tables()
+def needed(rows: list, setup: str, fault: Fault, which: int) -> int | None:
+    """Tokens at the first size where >= 90% of runs failed (which: 4 gate, 7 pit-ks)."""
+    for r in rows:
+        if r[0] == setup and r[1] is fault and r[which] >= math.ceil(0.9 * r[9]):
+            return tokens(r[3])
+    return None
+
+
+def report(summary: dict[str, list], sizes: list[int]) -> None:
+    rows = summary["rows"]
+    setups = list(dict.fromkeys(r[0] for r in rows))
+    print("\nTokens for 90% detection at significance 0.01 (gate | PIT-KS alone); '>' = not within the grid")
+    print(f"{'fault':<26} " + "  ".join(f"{s[:22]:>22}" for s in setups))
+    for fault in Fault:
+        if fault in LAW_PRESERVING:
+            continue
+        cells = []
+        for s in setups:
+            a, b = needed(rows, s, fault, 4), needed(rows, s, fault, 7)
+            last = tokens(max(r[3] for r in rows if r[0] == s))
+            show = lambda x: f"{x:,}" if x else f">{last:,}"  # noqa: E731
+            cells.append(f"{show(a)} | {show(b)}")
+        print(f"{fault.value:<26} " + "  ".join(f"{c:>22}" for c in cells))
+    faulty = [r for r in rows if r[1] not in LAW_PRESERVING]
+    big = [r for r in faulty if r[2] >= DETECT_TV]
+    print(f"\nPasses of faulty samplers, all setups and sizes: gate {sum(r[5] for r in faulty)} of {sum(r[9] for r in faulty)} "
+          f"runs; PIT-KS alone {sum(r[8] for r in faulty)} of {sum(r[9] for r in faulty)}")
+    print(f"  of which first-position TV >= {DETECT_TV}: gate {sum(r[5] for r in big)} of {sum(r[9] for r in big)}; "
+          f"PIT-KS alone {sum(r[8] for r in big)} of {sum(r[9] for r in big)}")
+    for r in faulty:
+        if r[5]:
+            print(f"  gate passed {r[1].value} on {r[0]} at {tokens(r[3]):,} tokens in {r[5]} of {r[9]} runs "
+                  f"(first-position TV {r[2]:.3f})")
+    exact = [r for r in rows if r[1] in LAW_PRESERVING]
+    print(f"Exact samplers (none, bonus_skipped): gate failed {sum(r[4] for r in exact)} of {sum(r[9] for r in exact)} runs, "
+          f"passed {sum(r[5] for r in exact)}")
+
+
+def false_alarms(setup: Setup, n: int, runs: int) -> None:
     t0 = time.perf_counter()
-    p = [gate_combined(target, draft, law, Fault.NONE, tokens, 100_000 + 13 * r) for r in range(runs)]
-    for level in (0.01, 0.05):
-        rate = sum(x < level for x in p) / runs
-        se = math.sqrt(level * (1 - level) / runs)
-        print(f"false alarms, law {law.name}, correct sampler, {tokens:,} tokens x {runs} runs, significance {level}: "
-              f"{rate:.3f} (nominal {level}, 1 SE {se:.3f})")
-    print(f"  ({time.perf_counter() - t0:.0f} s)")
+    verdicts = [decide_run(setup, sample(setup, Fault.NONE, n, LENGTH, 500_000 + 13 * r), r)[0] for r in range(runs)]
+    rate = sum(v == ex.FAIL for v in verdicts) / runs
+    se = math.sqrt(ALPHA * (1 - ALPHA) / runs)
+    print(f"false alarms, {setup.name}, correct sampler, {tokens(n):,} tokens x {runs} runs at significance {ALPHA}: "
+          f"{rate:.3f} (nominal {ALPHA}, 1 SE {se:.3f}); passed {sum(v == ex.PASS for v in verdicts)}, "
+          f"inconclusive {sum(v == ex.INCONCLUSIVE for v in verdicts)} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 def smollm2_timing(repeats: int, length: int) -> None:
@@ -175,7 +245,7 @@ def smollm2_timing(repeats: int, length: int) -> None:
     print(f"{'law':<22} {'law_probs':>10} {'rand_pit':>10} {'pit_test':>10} {'total':>10} {'/forward':>9}  (ms per 1,000 tokens, median of {repeats})")
     for law in (Law("t1.0", 1.0), Law("t0.7-p0.9", 0.7, top_p=0.9), Law("t0.8-k50", 0.8, top_k=50)):
         g = torch.Generator().manual_seed(0)
-        sampled = torch.multinomial(law_probs(logits, law), 1, generator=g).squeeze(-1)  # tokens the law can produce
+        sampled = torch.multinomial(law_probs(logits, law), 1, generator=g).squeeze(-1)
         parts: list[list[float]] = [[], [], []]
         for _ in range(repeats):
             t = time.perf_counter()
@@ -193,33 +263,40 @@ def smollm2_timing(repeats: int, length: int) -> None:
         total = statistics.median([a + b + c for a, b, c in zip(*parts)])
         print(f"{law.name:<22} {per_k(med[0]) * 1000:>10.1f} {per_k(med[1]) * 1000:>10.1f} {per_k(med[2]) * 1000:>10.1f} "
               f"{per_k(total) * 1000:>10.1f} {total / statistics.median(forward_s):>8.2f}x")
-    print("(pit_test's cost is mostly a fixed ~per-call power statement, ks_samples_needed, not per token)")
+
+
+SETUPS: dict[str, Callable[[], list[Setup]]] = {
+    "tables": lambda: [table_setup(Law("t0.8-k6", 0.8, top_k=6), 2), table_setup(Law("t1-p0.9", 1.0, top_p=0.9), 20)],
+    "llama": lambda: [llama_setup(Law("t0.8", 0.8), 0), llama_setup(Law("t1-k20", 1.0, top_k=20), 1)],
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=40)
-    ap.add_argument("--max-tokens", type=int, default=64_000)
-    ap.add_argument("--laws", choices=["both", *LAWS], default="both")
-    ap.add_argument("--false-alarm-runs", type=int, default=200)
-    ap.add_argument("--false-alarm-tokens", type=int, default=5_000)
-    ap.add_argument("--smollm2-tokens", type=int, default=300)
-    ap.add_argument("--smollm2-repeats", type=int, default=5)
-    ap.add_argument("--skip-smollm2", action="store_true")
+    ap.add_argument("--reps", type=int, default=20, help="runs per size, tables")
+    ap.add_argument("--sizes", default="25,50,100,200,400,800,1600", help="sequences per prompt, tables")
+    ap.add_argument("--llama-reps", type=int, default=10, help="runs per size, tiny llama")
+    ap.add_argument("--llama-sizes", default="50,200,800", help="sequences per prompt, tiny llama")
+    ap.add_argument("--setups", default="tables,llama")
+    ap.add_argument("--false-alarm-runs", type=int, default=100)
+    ap.add_argument("--false-alarm-n", type=int, default=400)
+    ap.add_argument("--smollm2", action="store_true", help="also time PIT values on SmolLM2")
     args = ap.parse_args()
     start = time.perf_counter()
-    grid = [250]
-    while grid[-1] * 2 <= args.max_tokens:
-        grid.append(grid[-1] * 2)
-    laws = list(LAWS.values()) if args.laws == "both" else [LAWS[args.laws]]
+    torch.set_num_threads(1)
+    grids = {"tables": ([int(x) for x in args.sizes.split(",")], args.reps),
+             "llama": ([int(x) for x in args.llama_sizes.split(",")], args.llama_reps)}
+    setups = [(s, *grids[name]) for name in args.setups.split(",") for s in SETUPS[name]()]
+    summary: dict[str, list] = {"rows": []}
     with memoized_power():
-        for law in laws:
-            power_table(law, grid, args.reps)
+        for setup, sizes, reps in setups:
+            run_setup(setup, sizes, reps, summary)
+        report(summary, max((g[0] for g in grids.values()), key=max))
         print()
-        for law in laws:
-            false_alarms(law, args.false_alarm_runs, args.false_alarm_tokens)
-    if not args.skip_smollm2:
-        smollm2_timing(args.smollm2_repeats, args.smollm2_tokens)
+        for setup, _, _ in setups:
+            false_alarms(setup, args.false_alarm_n, args.false_alarm_runs)
+    if args.smollm2:
+        smollm2_timing(5, 300)
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

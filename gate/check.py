@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from gate import interrupt
 from gate.errors import InputError, PolicyValueError
+from gate.measure.contention import Handling, is_contended
 from gate.measure.environment import environment
 from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, resolve_device, resolve_source
 from gate.plan import plan_exactness
@@ -57,6 +59,9 @@ def _validate(path: str | Path) -> tuple[LoadedPolicy, tuple[Measurements, str |
     loaded = load_policy(path)
     policy = loaded.policy
     try:
+        if not policy.drafts:
+            raise PolicyValueError("drafts", "the policy names no draft; gate check needs at least one (a policy for "
+                                   "gate exactness on recorded samples needs only a target and exactness rules)")
         resolve_device(policy.target.device, "target.device")
         target = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
         separate = {name: resolve_source(draft.model, draft.gguf_file, loaded.path.parent, f"drafts.{name}.model")
@@ -137,8 +142,12 @@ def _check_against_config(loaded: LoadedPolicy, target: ModelSource) -> None:
 
 
 def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
+    from gate.models.load import MissingTokenizer
+
     try:
         return load_tokenizer(source)
+    except MissingTokenizer as e:
+        raise PolicyValueError(yaml_path, str(e)) from None
     except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
         raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
 
@@ -152,11 +161,20 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     Raises InputError for a bad policy or input (exit code 2). Measurement failures do not
     raise: they are recorded, their rules become errors, and the exit code is 3 (or 1
     when an error-level rule failed)."""
-    loaded, baseline = _validate(path)
+    step = progress or (lambda *_: None)
+    interrupt.arm()
+    try:
+        loaded, baseline = _validate(path)
+    except KeyboardInterrupt:
+        return _interrupted(_policy_only(path), "before measuring started (while validating the policy)", options, None)
     policy = loaded.policy
     ms = policy.measurement
     try:
+        step("loading models", 0, 1)
         session = open_session(loaded)
+        step("loading models", 1, 1)
+    except KeyboardInterrupt:
+        return _interrupted(loaded, "before measuring started (while loading models)", options, baseline)
     except PolicyValueError as e:
         raise loaded.error(e) from None
     except InputError:
@@ -170,7 +188,9 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     try:
         m = measure(session, lengths, ms.repetitions, policy.workload.seed, policy.resources,
                     warmup=ms.warmup_requests if warmup else 0, progress=progress, exactness=exactness,
-                    interleave=ms.interleave)
+                    interleave=ms.interleave, contention=_handling(ms))
+    except KeyboardInterrupt:  # outside measure()'s own guard (planning, the bill): nothing kept
+        return _interrupted(loaded, "while measuring", options, baseline, session=session)
     except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
         # Whatever escaped the run is a measurement that
         # could not be made: exit code 3 with the reports written, never a traceback.
@@ -179,18 +199,92 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
         m.failures.append(Failure("run", "*", "*", "measuring", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
     notes: list[str] = []
-    for extra in range(ms.extra_repetitions):
-        settings = settings_for(policy, *(baseline or (None, None)), waivers=options.waivers)  # waived: not rerun
-        pending = [o for o in evaluate(policy.rules, m, settings)
-                   if o.status == "inconclusive" and o.metric in REPEATABLE and o.level != "off"]
-        if not pending:
-            break
-        drafts, laws = sorted({o.draft for o in pending}), sorted({o.law for o in pending})
-        rep = ms.repetitions + extra
-        notes.append(f"extra repetition {extra + 1} of {ms.extra_repetitions} (repetition index {rep}) for drafts "
-                     f"{', '.join(drafts)} under {', '.join(laws)}: inconclusive {', '.join(sorted({o.name for o in pending}))}")
-        measure_more(session, m, drafts, laws, lengths, range(rep, rep + 1), policy.workload.seed, ms.interleave, progress)
+    if interrupt.received() is not None or _stopped(m):  # measure() stopped and kept what it had
+        return _interrupted(loaded, "while measuring", options, baseline, m=m)
+    try:
+        for extra in range(ms.extra_repetitions):
+            settings = settings_for(policy, *(baseline or (None, None)), waivers=options.waivers)  # waived: not rerun
+            pending = [o for o in evaluate(policy.rules, m, settings)
+                       if o.status == "inconclusive" and o.metric in REPEATABLE and o.level != "off"]
+            if not pending:
+                break
+            drafts, laws = sorted({o.draft for o in pending}), sorted({o.law for o in pending})
+            rep = ms.repetitions + extra
+            notes.append(f"extra repetition {extra + 1} of {ms.extra_repetitions} (repetition index {rep}) for drafts "
+                         f"{', '.join(drafts)} under {', '.join(laws)}: inconclusive {', '.join(sorted({o.name for o in pending}))}")
+            measure_more(session, m, drafts, laws, lengths, range(rep, rep + 1), policy.workload.seed, ms.interleave, progress,
+                         _handling(ms))
+            if interrupt.received() is not None or _stopped(m):
+                break
+    except KeyboardInterrupt:
+        interrupt.caught()
+    if interrupt.received() is not None or _stopped(m):
+        return _interrupted(loaded, "during the extra repetitions", options, baseline, m=m, notes=notes)
+    interrupt.stop_raising()  # only the verdicts and reports are left: a signal now is recorded, they are written whole
     return finish(loaded, m, options, notes, baseline=baseline)
+
+
+def _stopped(m: Measurements) -> bool:
+    """Whether the run recorded an interrupt (a KeyboardInterrupt that measure() caught)."""
+    return any(f.stage == "run" and f.message.startswith("interrupted") for f in m.failures)
+
+
+def _policy_only(path: str | Path) -> LoadedPolicy:
+    """The policy alone (no model, prompt or baseline looked at), for the report of a run
+    interrupted while it was being validated; the interrupt goes on when it cannot be read."""
+    interrupt.caught()
+    try:
+        return load_policy(path)
+    except InputError:
+        raise KeyboardInterrupt from None
+
+
+def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: tuple[Measurements, str | None] | None,
+                 m: Measurements | None = None, session: Any = None, notes: list[str] | None = None) -> CheckResult:
+    """The result of a run stopped by SIGINT or SIGTERM `stage`: what was measured (or
+    nothing), an interrupt failure so no rule passes on missing data, a note saying so, and
+    the exit code 128 + signal (not a verdict)."""
+    interrupt.caught()
+    interrupt.stop_raising()
+    if m is None:
+        try:
+            device = session.device if session is not None else resolve_device(loaded.policy.target.device, "target.device")
+        except PolicyValueError:
+            device = torch.device("cpu")
+        m = _nothing_measured(loaded, device)
+        if session is not None:
+            m.environment.models = session.models
+    if not _stopped(m):
+        m.failures.append(Failure("run", "*", "*", "run", f"interrupted by {interrupt.name()} {stage}"))
+    result = finish(loaded, m, options, [*(notes or []), interrupt.note(stage)], baseline=baseline)
+    result.exit_code = result.report.exit_code = interrupt.exit_code()
+    return result
+
+
+def _handling(ms: Any) -> Handling:
+    """policy.measurement's contention fields for the run (gate.measure.contention)."""
+    from gate.measure.environment import cpu_count
+
+    return Handling(ms.max_cpu_stall, ms.contention_reruns, cpu_count())
+
+
+def contention_note(m: Measurements, max_cpu_stall: float | None) -> str | None:
+    """A note saying when the machine was busy during the timed requests (None when quiet)."""
+    env = m.environment
+    cpus = env.cpu_count
+    busy = [r for r in m.requests if is_contended(r, max_cpu_stall, cpus)]
+    rerun = sum(1 for r in m.requests if r.contention_reruns)
+    if not busy and not rerun:
+        return None
+    share = f"{env.cpu_stall_share:.0%}" if env.cpu_stall_share is not None else "an unknown share"
+    load = f", load average up to {env.load_avg_1m_max:.1f} on {cpus} CPUs" if env.load_avg_1m_max is not None else ""
+    text = (f"machine busy: some task waited for a CPU during {share} of the timed requests' wall time "
+            f"({env.cpu_pressure_source or 'no pressure source'}{load}); ")
+    text += (f"{len(busy)} of {len(m.requests)} requests contended (over {max_cpu_stall:.0%} of their wall time without "
+             f"CPU) and left out of timing verdicts" if busy else "no request left contended")
+    if rerun:
+        text += f"; {rerun} requests kept from cells rerun for contention"
+    return text
 
 
 # Metrics whose verdicts more timed repetitions can settle (overlap is measured once, on repetition 0).
@@ -242,6 +336,9 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
         if mismatch:
             notes = [*notes, f"baseline environment differs ({mismatch}): relative_to: baseline verdicts are inconclusive"]
     settings = settings_for(loaded.policy, base, mismatch, waivers=options.waivers)
+    busy = contention_note(m, settings.max_cpu_stall)
+    if busy:
+        notes = [*notes, busy]
     outcomes = evaluate(loaded.policy.rules if rules is None else rules, m, settings)
     code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code)

@@ -1,7 +1,8 @@
 """The `gate` command: parses arguments, wires implementations, prints. No logic of its own.
 
 Exit codes: 0 every error-level rule passed; 1 a rule failed; 2 invalid policy, input or
-usage; 3 a measurement could not be made.
+usage; 3 a measurement could not be made; 130 (SIGINT) and 143 (SIGTERM) interrupted, not a
+verdict (gate check writes its reports with what was measured first).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def validate(policy: Path) -> None:
               help="How warn outcomes appear in JUnit [default: skipped; failure with --fail-on-warn].")
 @click.option("--junit-inconclusive", type=click.Choice(["auto", "error", "failure", "skipped"]), default="auto", show_default=True,
               help="How inconclusive outcomes appear in JUnit; auto follows their effect on the exit code.")
-@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
+@click.option("--no-progress", is_flag=True, help="No progress output (bars on a terminal; otherwise a plain line at most "
+              "every 10 s and at each phase change).")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
 def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, fail_on_warn: bool,
           fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None, junit_inconclusive: str, no_progress: bool,
@@ -83,11 +85,13 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     Exit 0 when every error-level rule passes, 1 when a rule fails (or warns with
     --fail-on-warn, or is inconclusive with --fail-on-inconclusive or measurement.inconclusive:
     fail), 2 for an invalid policy or input, 3 when a measurement could not be made or an
-    error-level verdict is inconclusive (measurement.inconclusive: error, the default)."""
+    error-level verdict is inconclusive (measurement.inconclusive: error, the default);
+    130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when interrupted: the reports are written with
+    what was measured, and rules without measurements are errors (not a verdict)."""
     from gate.check import Options, check as do_check
     from gate.report.junit import JunitReport
 
-    show = not no_progress and _err.is_terminal
+    show = None if no_progress else ("bars" if _err.is_terminal else "lines")
     options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers)
     try:
         with _progress(show) as progress:
@@ -110,6 +114,7 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
     for fmt, path in ((JsonReport(), json_path), (junit or JunitReport(), junit_path), (MarkdownReport(), markdown_path)):
         if path is None:
             continue
+        _late_interrupt(result)
         try:
             if isinstance(fmt, MarkdownReport) and path.exists():
                 with path.open("a", encoding="utf-8") as f:  # step summaries accumulate
@@ -124,7 +129,21 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
         out = Console(highlight=False, emoji=False, width=160)
     ConsoleReport().print(result.report, out)
     click.echo(f"reports: {json_path} {junit_path}")
+    _late_interrupt(result)
     sys.exit(result.exit_code)
+
+
+def _late_interrupt(result: "CheckResult") -> None:
+    """A SIGINT or SIGTERM that came once every measurement was made (the verdicts or the
+    reports were being made): the reports are written whole, and say so when they still can;
+    the exit code is 128 + the signal all the same (interrupted, not a verdict)."""
+    from gate import interrupt
+
+    if interrupt.received() is None or result.exit_code == interrupt.exit_code():
+        return
+    result.report.notes.append(f"interrupted by {interrupt.name()} after every measurement was made, while the reports were "
+                               f"written: verdicts are complete, but exit code {interrupt.exit_code()} means interrupted")
+    result.exit_code = result.report.exit_code = interrupt.exit_code()
 
 
 @cli.command()
@@ -150,8 +169,9 @@ def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, se
 
 @cli.command()
 @click.argument("policy", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--target", "target_config", type=click.Path(path_type=Path), help="A config.json (or a model folder): bill it without a policy.")
-@click.option("--draft", "draft_config", type=click.Path(path_type=Path), help="The draft's config.json (with --target).")
+@click.option("--target", "target_config", type=click.Path(path_type=Path),
+              help="A config.json, a model folder, a .gguf file or the packaged model's name: bill it without a policy.")
+@click.option("--draft", "draft_config", type=click.Path(path_type=Path), help="The draft's config (with --target; the same forms).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="bfloat16", show_default=True)
 @click.option("--kv-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"]), default="auto",
               show_default=True, help="Cached K/V format (auto: --dtype).")
@@ -167,7 +187,7 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
     more sequences fit. No model weights are loaded."""
     from pydantic import TypeAdapter, ValidationError
 
-    from gate.errors import InputError, Problem
+    from gate.errors import InputError, PolicyValueError, Problem
     from gate.measure.kv import ConfigError
     from gate.policy.model import ResourcesSpec
     from gate.records import BillRecord
@@ -176,7 +196,6 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
     try:
         if policy is not None and target_config is None:
             from gate.check import validate as do_validate
-            from gate.errors import PolicyValueError
 
             loaded = do_validate(policy)
             try:
@@ -184,6 +203,17 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
             except PolicyValueError as e:
                 raise loaded.error(e) from None
         elif target_config is not None and policy is None:
+            from gate.models.load import PACKAGED, resolve_source
+
+            packaged = {}
+            for flag, given in (("--target", target_config), ("--draft", draft_config)):
+                if given is not None and not given.exists() and str(given) in PACKAGED:  # e.g. --target smollm2-135m-instruct
+                    try:
+                        src = resolve_source(str(given), None, Path.cwd(), flag)
+                    except PolicyValueError as e:
+                        raise InputError([Problem("command line", flag, None, e.message)]) from None
+                    packaged[flag] = Path(src.location) / str(src.gguf_file)
+            target_config, draft_config = packaged.get("--target", target_config), packaged.get("--draft", draft_config)
             for flag, given in (("--target", target_config), ("--draft", draft_config)):
                 if given is not None and not given.exists():
                     raise InputError([Problem("command line", flag, None, f"no such file or folder: {given}")])
@@ -370,13 +400,16 @@ def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
 
 
 class _progress:
-    """rich progress bars for the phases of a run, or a no-op callback."""
+    """Progress of the phases of a run: rich bars ("bars", on a terminal), plain lines
+    ("lines", when stderr is not a terminal: CI logs), or nothing (None)."""
 
-    def __init__(self, show: bool):
+    def __init__(self, show: str | None):
         self.show = show
 
     def __enter__(self):  # type: ignore[no-untyped-def]
-        if not self.show:
+        if self.show == "lines":
+            return ProgressLines(lambda text: _err.print(text, markup=False, soft_wrap=True))
+        if self.show != "bars":
             return None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -392,24 +425,63 @@ class _progress:
         return update
 
     def __exit__(self, *exc: object) -> None:
-        if self.show:
+        if self.show == "bars":
             self._bar.__exit__(*exc)
+
+
+class ProgressLines:
+    """Plain progress lines for logs: `gate: requests 12/48 (25%), 1m05s` when a phase
+    starts and ends, and in between at most every `interval` seconds."""
+
+    def __init__(self, write: Any, interval: float = 10.0, clock: Any = None):
+        import time
+
+        self.write, self.interval, self.clock = write, interval, clock or time.monotonic
+        self.start = self.clock()
+        self.last: float | None = None
+        self.phase: str | None = None
+        self.shown: tuple[str, int, int] | None = None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        now = self.clock()
+        changed = phase != self.phase
+        if changed or done >= total or self.last is None or now - self.last >= self.interval:
+            if self.shown == (phase, done, total):
+                return  # the same line twice (a phase's end reported again)
+            self.phase, self.last, self.shown = phase, now, (phase, done, total)
+            pct = f" ({100 * done // total}%)" if total else ""
+            self.write(f"gate: {phase} {done}/{total}{pct}, {_duration(now - self.start)}")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def main() -> None:
     """Entry point: click's own usage errors exit 2; unexpected errors exit 3 without a
-    traceback unless GATE_DEBUG=1."""
+    traceback unless GATE_DEBUG=1; SIGINT (Ctrl-C) and SIGTERM (CI's cancel) exit 130 and
+    143 (gate check writes its reports first; gate.interrupt), never a verdict's code."""
+    from gate import interrupt
+
+    interrupt.install()
     if not sys.stderr.isatty():
         # tqdm reads this when first imported: no loading bars in CI logs
         os.environ.setdefault("TQDM_DISABLE", "1")
     try:
-        cli.main(standalone_mode=True)
-    except KeyboardInterrupt:
-        _err.print("gate: interrupted")
-        sys.exit(130)
+        code = cli.main(standalone_mode=False)  # click's "Aborted!" (exit 1, a failed rule's code) is not for interrupts
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        interrupt.caught()
+        _err.print(f"gate: interrupted by {interrupt.name()}: nothing written; exit code {interrupt.exit_code()} "
+                   "(interrupted, not a verdict)", markup=False)
+        sys.exit(interrupt.exit_code())
+    except click.exceptions.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
     except Exception as e:  # noqa: BLE001
         if os.environ.get("GATE_DEBUG"):
             traceback.print_exc()
         _err.print(f"gate: internal error: {type(e).__name__}: {e} (set GATE_DEBUG=1 for the traceback)", markup=False)
         sys.exit(EXIT_MEASUREMENT)
+    sys.exit(code if isinstance(code, int) else 0)
 

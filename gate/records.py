@@ -14,11 +14,16 @@ FALLBACK = "fallback"
 
 @dataclass
 class SpecDecodeCounters:
-    """vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py). They add up across
-    requests and runs; rates are derived from pooled counters, never averaged.
+    """vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py) plus the tokens the
+    steps committed. They add up across requests and runs; rates are derived from pooled
+    counters, never averaged.
 
     num_drafts: verification steps that carried at least one proposal.
-    num_draft_tokens: proposals made. num_accepted_tokens: proposals committed.
+    num_draft_tokens: proposals made. num_accepted_tokens: proposals committed (gate stops at
+    an EOS or stop string inside an accepted block: proposals after it are not counted; vLLM
+    counts every proposal its rejection rule accepted).
+    num_committed_tokens: tokens the steps with a proposal committed (accepted proposals plus
+    the correction or bonus token, fewer when the output ends inside the block).
     num_accepted_tokens_per_pos[i]: steps whose proposal at position i was committed.
     accepted_length_histogram[k]: steps with a proposal that committed k proposals.
     """
@@ -28,6 +33,7 @@ class SpecDecodeCounters:
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     accepted_length_histogram: list[int] = field(default_factory=list)
+    num_committed_tokens: int = 0
 
     def __add__(self, other: "SpecDecodeCounters") -> "SpecDecodeCounters":
         return SpecDecodeCounters(
@@ -36,6 +42,7 @@ class SpecDecodeCounters:
             self.num_accepted_tokens + other.num_accepted_tokens,
             _add_lists(self.num_accepted_tokens_per_pos, other.num_accepted_tokens_per_pos),
             _add_lists(self.accepted_length_histogram, other.accepted_length_histogram),
+            self.num_committed_tokens + other.num_committed_tokens,
         )
 
     @property
@@ -45,29 +52,41 @@ class SpecDecodeCounters:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """1 + num_accepted_tokens / num_drafts: committed tokens per step with a proposal."""
+        """num_committed_tokens / num_drafts: committed tokens per step with a proposal, what a
+        client receives per verification (NaN without proposals). Equals vLLM's figure except
+        where an output ends inside an accepted block (EOS, stop string), which commits no
+        correction or bonus token."""
+        return self.num_committed_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def vllm_mean_acceptance_length(self) -> float:
+        """1 + num_accepted_tokens / num_drafts: vLLM's formula, which adds a correction or
+        bonus token to every step, also one cut short by an EOS (vLLM issue #56101)."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
 
     @property
     def acceptance_rate_per_pos(self) -> list[float]:
-        """num_accepted_tokens_per_pos[i] / num_drafts. Their sum + 1 is the mean acceptance length."""
+        """num_accepted_tokens_per_pos[i] / num_drafts. Their sum + 1 is vLLM's mean acceptance length."""
         return [a / self.num_drafts if self.num_drafts else float("nan") for a in self.num_accepted_tokens_per_pos]
 
     @classmethod
-    def from_steps(cls, proposed: list[int], accepted: list[int]) -> "SpecDecodeCounters":
-        """Counters from per-step proposal and accepted counts (steps without proposals ignored)."""
+    def from_steps(cls, proposed: list[int], accepted: list[int], committed: list[int] | None = None) -> "SpecDecodeCounters":
+        """Counters from per-step proposal, accepted and committed counts (steps without
+        proposals ignored). Without `committed`, every step commits its accepted proposals
+        plus one token."""
         width = max(proposed, default=0)
         per_pos = [0] * width
         hist = [0] * (width + 1)
-        drafts = 0
-        for n, a in zip(proposed, accepted):
+        drafts = done = 0
+        for s, (n, a) in enumerate(zip(proposed, accepted)):
             if n == 0:
                 continue
             drafts += 1
+            done += committed[s] if committed is not None else a + 1
             hist[a] += 1
             for i in range(a):
                 per_pos[i] += 1
-        return cls(drafts, sum(proposed), sum(accepted), per_pos, hist)
+        return cls(drafts, sum(proposed), sum(accepted), per_pos, hist, done)
 
 
 def _add_lists(a: list[int], b: list[int]) -> list[int]:
@@ -106,11 +125,17 @@ class RequestRecord:
     stop_reason: str  # "eos", "stop" (a stop string) or "length"
     e2el_ms: float
     num_draft_tokens: int  # the configured gamma (0 for the fallback)
-    kv_cache_tokens: int  # tokens held in the target cache at the end of the request
-    kv_cache_bytes: int  # measured bytes of the target's cache tensors at the end
-    draft_kv_cache_bytes: int  # measured bytes of the draft's cache tensors at the end
+    kv_cache_tokens: int  # tokens held in the target cache at the end of the request (<= prompt + output)
+    kv_cache_bytes: int  # measured bytes of the target's cache tensors at the end (cropped to prompt + output)
+    draft_kv_cache_bytes: int  # measured bytes of the draft's cache tensors at the end (with its last proposals)
     context_length: int | None = None  # the requested length of a context-sweep prompt (tokens), else None
     stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
+    # Contention (gate.measure.contention), over the request's wall time; None where not measured.
+    cpu_time_ms: float | None = None  # this process's CPU time, user + system, all threads
+    cpu_stall_ms: float | None = None  # time some runnable task waited for a CPU (/proc/pressure/cpu "some"), None without it
+    load_avg_1m: float | None = None  # the machine's 1-minute load average at the request's end
+    threads: int | None = None  # compute threads the engine used (torch.get_num_threads())
+    contention_reruns: int = 0  # times this request's cell was rerun because a request of it was contended
 
     @property
     def output_tokens(self) -> int:
@@ -148,7 +173,7 @@ class RequestRecord:
 
     @property
     def counters(self) -> SpecDecodeCounters:
-        return SpecDecodeCounters.from_steps(self.step_proposed, self.step_accepted)
+        return SpecDecodeCounters.from_steps(self.step_proposed, self.step_accepted, self.step_committed)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -199,11 +224,13 @@ class Divergence:
 
 @dataclass
 class NextTokenCounts:
-    """Speculative first tokens drawn many times from one prompt, and the target's law there.
+    """Next tokens sampled many times at one context, and the target's law there.
 
-    The law is stored sparsely: `support_ids`/`support_probs` hold the most likely tokens
-    covering all but `rest_prob` of the mass; `counts` counts samples per support id and
-    `rest_count` the samples outside it (tokens with probability 0 count in `zero_count`)."""
+    The context is a prompt plus `prefix`, output tokens shared by every counted sample
+    (empty: the first output position). The law is stored sparsely: `support_ids`/
+    `support_probs` hold the most likely tokens covering all but `rest_prob` of the mass;
+    `counts` counts samples per support id and `rest_count` the samples outside it (tokens
+    with probability 0 count in `zero_count`)."""
 
     prompt_id: str
     support_ids: list[int]
@@ -212,6 +239,7 @@ class NextTokenCounts:
     counts: list[int]
     rest_count: int
     zero_count: int
+    prefix: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -306,6 +334,12 @@ class Environment:
     device_name: str
     seed: int
     models: list[ModelInfo] = field(default_factory=list)
+    # The machine's load over the timed requests (gate.measure.contention).
+    cpu_count: int | None = None  # CPUs this process may run on
+    threads: int | None = None  # compute threads (torch.get_num_threads())
+    cpu_pressure_source: str | None = None  # "/proc/pressure/cpu", "load average", or None: not measured
+    cpu_stall_share: float | None = None  # share of the timed requests' wall time some runnable task waited for a CPU
+    load_avg_1m_max: float | None = None  # highest 1-minute load average seen at a request's end
 
 
 @dataclass

@@ -171,12 +171,14 @@ def _cache(config: Any, fmt: KVFormat, yaml_path: str) -> CacheModel:
 
 def config_bills(target: Path, draft: Path | None, dtype: str, num_draft_tokens: int, context_tokens: int,
                  sequences: int, resources: Any) -> list[BillRecord]:
-    """Bills from config.json files (or model folders holding one) given on the command line.
+    """Bills from config.json files (or model folders holding one, or .gguf files) given on the command line.
     Raises ConfigError for a config gate cannot bill."""
     from transformers import AutoConfig
 
     def read(path: Path) -> Any:
         try:
+            if path.suffix == ".gguf" and path.is_file():  # the architecture from the GGUF metadata, no tensor read
+                return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
             return AutoConfig.from_pretrained(str(path), local_files_only=True)
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"cannot read a model config from {path}: {type(e).__name__}: {e}") from None

@@ -10,13 +10,15 @@ from typing import Any, Callable
 
 import torch
 
+from gate import interrupt
 from gate.resources import DraftBill, bills_for, kv_format
 from gate.measure.kv import cache_model
-from gate.measure.environment import environment, process_peak_rss_bytes
+from gate.measure.contention import Handling, Probe, is_contended, pooled_stall_share
+from gate.measure.environment import environment, process_peak_rss_bytes, record_load
 from gate.measure.overlap import position_overlaps
 from gate.models.load import dtype_name, weight_bytes
 from gate.law import law_probs
-from gate.measure.exactness import greedy_divergences, randomized_pit, sparse_counts
+from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
 from gate.records import (FALLBACK, ExactnessRecord, Failure, Measurements, OverlapRecord,
                           RequestRecord)
@@ -27,9 +29,10 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed: int, resources: Any,
             warmup: int = 1, progress: Progress | None = None, exactness: ExactnessPlan | None = None,
-            interleave: bool = True) -> Measurements:
+            interleave: bool = True, contention: Handling | None = None) -> Measurements:
     """Every measurement the policy needs, as raw records (see gate.records).
-    `warmup`: untimed requests per runner before timing (0: none)."""
+    `warmup`: untimed requests per runner before timing (0: none); `contention`: when a
+    request is contended and how often its cell is rerun (default: recorded, never rerun)."""
     progress = progress or (lambda *_: None)
     env = environment(session.device, seed)
     env.models = session.models
@@ -44,22 +47,28 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
     try:
         for _ in range(warmup):
             _warmup(session, m)
-        _run_requests(session, m, requests, progress)
+        _run_requests(session, m, requests, progress, contention)
         _phase(m, "overlap", lambda: _overlaps(session, m, progress))
         if exactness and exactness.pairs:
             _phase(m, "exactness", lambda: _exactness(session, m, exactness, seed, progress))
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
-    _bills(session, m, max(max_new_tokens), resources)
-    m.process_peak_rss_bytes = process_peak_rss_bytes()
-    if session.device.type == "cuda":
-        m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
-        m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
+    interrupt.stop_raising()  # what follows is bookkeeping on what was measured: a signal now is only recorded
+    try:
+        record_load(m.environment, m.requests)
+        _bills(session, m, max(max_new_tokens), resources)
+        m.process_peak_rss_bytes = process_peak_rss_bytes()
+        if session.device.type == "cuda":
+            m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
+            m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
+    finally:
+        interrupt.arm()  # re-armed only if no signal came meanwhile
     return m
 
 
 def measure_more(session: Session, m: Measurements, drafts: list[str], laws: list[str], max_new_tokens: list[int],
-                 repetitions: range, seed: int, interleave: bool = True, progress: Progress | None = None) -> None:
+                 repetitions: range, seed: int, interleave: bool = True, progress: Progress | None = None,
+                 contention: Handling | None = None) -> None:
     """Further repetitions of the cells of `drafts` (and their fallback) under `laws`,
     appended to `m.requests`: what measurement.extra_repetitions runs when a verdict is
     inconclusive. Overlap and exactness are not remeasured (they do not depend on timing)."""
@@ -67,19 +76,92 @@ def measure_more(session: Session, m: Measurements, drafts: list[str], laws: lis
     requests = plan_requests([d for d in session.drafts if d in drafts], chosen, session.prompts, max_new_tokens, repetitions,
                              seed, interleave)
     try:
-        _run_requests(session, m, requests, progress or (lambda *_: None))
+        _run_requests(session, m, requests, progress or (lambda *_: None), contention)
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted during extra repetitions"))
+    interrupt.stop_raising()
+    try:
+        record_load(m.environment, m.requests)
+    finally:
+        interrupt.arm()
 
 
-def _run_requests(session: Session, m: Measurements, requests: list[Request], progress: Progress) -> None:
-    for i, req in enumerate(requests):
-        progress("requests", i, len(requests))
-        try:
-            m.requests.append(_run_one(session, req))
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-            m.failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
+# Once this many more cells stayed contended through all their reruns than came out clean,
+# the machine is busy for good: further cells are not rerun until clean cells bring the
+# count back down (reruns would only multiply the run time; the verdicts say the machine
+# was contended).
+STUCK_CELLS = 3
+
+
+def _cells(requests: list[Request]) -> list[list[Request]]:
+    """Consecutive requests of one cell (law, length, prompt, repetition): with interleaving
+    the fallback and every draft, run back to back; without it, one request each."""
+    def key(r: Request) -> tuple:
+        return r.law.name, r.max_new_tokens, r.prompt.id, r.prompt.context_length, r.repetition
+
+    out: list[list[Request]] = []
+    for req in requests:
+        if out and key(out[-1][-1]) == key(req):
+            out[-1].append(req)
+        else:
+            out.append([req])
+    return out
+
+
+def _run_requests(session: Session, m: Measurements, requests: list[Request], progress: Progress,
+                  contention: Handling | None = None) -> None:
+    """Run every request, a cell at a time. A cell with a contended request (see
+    gate.measure.contention) is rerun whole, up to `contention.reruns` times, and the
+    attempt with the fewest contended requests is kept (ties: the least stalled)."""
+    h = contention or Handling()
+    probe = Probe()
+    done, stuck = 0, 0
+    for cell in _cells(requests):
+        progress("requests", done, len(requests))
+        records: list[RequestRecord] = []
+        failures: list[Failure] = []
+        reruns = 0
+        try:  # an interrupt keeps what the cell measured so far (its last whole attempt)
+            _run_cell(session, cell, probe, records, failures)
+            if h.max_cpu_stall is not None and stuck < STUCK_CELLS:
+                while not failures and reruns < h.reruns and _contended(records, h):
+                    reruns += 1
+                    again: list[RequestRecord] = []
+                    failed: list[Failure] = []
+                    _run_cell(session, cell, probe, again, failed)
+                    if failed:  # not contention: keep what was measured, say what failed
+                        failures += failed
+                        break
+                    if (_contended(again, h), _stalled(again, h)) <= (_contended(records, h), _stalled(records, h)):
+                        records[:] = again
+        finally:
+            for r in records:
+                r.contention_reruns = reruns
+            m.requests += records
+            m.failures += failures
+        if not _contended(records, h):
+            stuck = max(0, stuck - 1)
+        elif reruns:  # still contended after every rerun
+            stuck += 1
+        done += len(cell)
     progress("requests", len(requests), len(requests))
+
+
+def _run_cell(session: Session, cell: list[Request], probe: Probe, records: list[RequestRecord],
+              failures: list[Failure]) -> None:
+    for req in cell:
+        try:
+            records.append(_run_one(session, req, probe))
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
+
+
+def _contended(records: list[RequestRecord], h: Handling) -> int:
+    return sum(is_contended(r, h.max_cpu_stall, h.cpus) for r in records)
+
+
+def _stalled(records: list[RequestRecord], h: Handling) -> float:
+    return pooled_stall_share(records, h.cpus) or 0.0
 
 
 def _phase(m: Measurements, stage: str, run: Callable[[], None]) -> None:
@@ -112,9 +194,12 @@ def _warmup(session: Session, m: Measurements) -> None:
             m.failures.append(Failure("warm-up", name, "*", "warm-up", _describe(e)))
 
 
-def _run_one(session: Session, req: Request) -> RequestRecord:
+def _run_one(session: Session, req: Request, probe: Probe | None = None) -> RequestRecord:
     draft = None if req.draft == FALLBACK else session.drafts[req.draft]
+    probe = probe or Probe()
+    started = probe.start()
     g = session.engine.generate(list(req.prompt.token_ids), draft, req.law, req.max_new_tokens, _generator(session, req.seed))
+    load = probe.stop(started)
     return RequestRecord(
         draft=req.draft, law=req.law.name, prompt_id=req.prompt.id, category=req.prompt.category,
         max_new_tokens=req.max_new_tokens, repetition=req.repetition, prompt_tokens=len(req.prompt.token_ids),
@@ -123,6 +208,8 @@ def _run_one(session: Session, req: Request) -> RequestRecord:
         num_draft_tokens=draft.num_draft_tokens if draft else 0, kv_cache_tokens=g.kv_cache_tokens,
         kv_cache_bytes=g.kv_cache_bytes, draft_kv_cache_bytes=g.draft_kv_cache_bytes,
         context_length=req.prompt.context_length, stop_string=g.stop_string,
+        cpu_time_ms=load.cpu_time_ms, cpu_stall_ms=load.cpu_stall_ms, load_avg_1m=load.load_avg_1m,
+        threads=torch.get_num_threads(),
     )
 
 
@@ -167,7 +254,8 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
     """Raw material of the exactness tests: for greedy laws every committed token checked
     against the target's argmax on the output's own prefix (one teacher-forced forward per
     request), for sampling laws the PIT value of every token under the target's processed
-    law, and speculative first tokens drawn many times."""
+    law, and speculative first steps drawn many times from each of the first
+    next_token_prompts prompts (next-token tests at the first position and after shared prefixes)."""
     laws = {law.name: law for law in session.laws}
     prompts = {p.id: p for p in session.prompts}
     pit_generator = torch.Generator().manual_seed(seed)
@@ -190,8 +278,12 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
             if n and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     g = _generator(session, request_seed(seed, prompt.id, law_name, -1, 0))
-                    tokens, p = session.engine.first_tokens(list(prompt.token_ids), session.drafts[name], law, n, g)
-                    rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu()))
+                    ids = list(prompt.token_ids)
+                    steps = session.engine.first_steps(ids, session.drafts[name], law, n, g)
+                    # the first position (a claim test) and prefixes many steps share (evidence)
+                    for prefix, tokens in contexts(steps):
+                        p = session.engine.target_probs(ids + list(prefix) + [0], len(ids), law)[-1]
+                        rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu(), prefix=prefix))
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure("exactness", name, law_name, "exactness", _describe(e)))
             continue

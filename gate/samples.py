@@ -6,8 +6,9 @@ Input: JSONL, one generated sequence a line (schema: schemas/samples.schema.json
     {"prompt_ids": [1, 2, 3], "output_ids": [7, 8], "law": {"temperature": 0.7, "top_k": 50}}
 
 Optional keys: "id", "source" (which engine or draft produced it; default "samples").
-Lines with the same prompt_ids and law (at least MIN_NEXT_TOKEN_GROUP of them) also feed the
-next-token test on their first token.
+Lines with the same source, prompt_ids and law (at least MIN_NEXT_TOKEN_GROUP of them) also
+feed the next-token test at their first output position (a claim test: what a pass rests
+on) and, where many of them share an output prefix, next-token tests after it (evidence).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from gate.check import CheckResult, Options, finish, validate
+from gate.check import CheckResult, Options, finish
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.law import Law, law_probs
 from gate.measure.environment import environment
-from gate.measure.exactness import greedy_divergences, randomized_pit, sparse_counts
+from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
+from gate.policy.load import load_policy
 from gate.policy.model import LawSpec
 from gate.records import ExactnessRecord, Failure, Measurements
 from gate.session import open_target
@@ -102,9 +104,9 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     Greedy samples: every output token must be the target's argmax given the prefix; a
     divergence within the rule's tie tolerance is a near-tie. Sampling: PIT over every token
     and next-token tests over repeated prompts, Holm-corrected, with stated power."""
-    loaded = validate(policy_path)
+    loaded = load_policy(policy_path)  # only the target and the exactness rules are used: no draft, workload or tokenizer
     try:
-        target = open_target(loaded)
+        target = open_target(loaded, tokenizer=False)
     except PolicyValueError as e:
         raise loaded.error(e) from None
     lines = read_samples(Path(samples_path), target.engine.vocab_size)
@@ -112,15 +114,25 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     m.environment.models = [target.info]
     laws: dict[str, Law] = {}
     records: dict[tuple[str, str], ExactnessRecord] = {}
-    groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = defaultdict(list)
-    pit_generator = torch.Generator().manual_seed(seed)
+    groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = defaultdict(list)  # line indices sampled alike
     for i, line in enumerate(lines):
         law = Law(line.law.label, line.law.temperature, line.law.top_k, line.law.top_p)
         if laws.get(law.name, law) != law:
             raise InputError([Problem(str(samples_path), "law.name", i + 1, f"law name {law.name!r} was used on an earlier line "
                                       "with other settings; give each law a distinct name")])
         laws[law.name] = law
-        rec = records.setdefault((line.source, law.name), ExactnessRecord(line.source, law.name, law.greedy))
+        records.setdefault((line.source, law.name), ExactnessRecord(line.source, law.name, law.greedy))
+        if not law.greedy:
+            groups[(line.source, law.name, tuple(line.prompt_ids))].append(i)
+    # The contexts worth a next-token test in every group (first position, shared prefixes),
+    # their target laws filled from the teacher-forced forward of the first line through them.
+    tested = {key: contexts([lines[i].output_ids for i in idx], min_first=MIN_NEXT_TOKEN_GROUP) for key, idx in groups.items()}
+    context_laws: dict[tuple[str, str, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    wanted = {(key, prefix) for key, found in tested.items() for prefix, _ in found}
+    pit_generator = torch.Generator().manual_seed(seed)
+    for i, line in enumerate(lines):
+        law = laws[line.law.label]
+        rec = records[(line.source, law.name)]
         ident = line.id or f"line-{i + 1}"
         try:
             ids = line.prompt_ids + line.output_ids
@@ -128,17 +140,26 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
             if law.greedy:
                 rec.compared += 1
                 rec.divergences += greedy_divergences(logits, line.output_ids, ident)
-            else:
-                u = randomized_pit(law_probs(logits, law).cpu(), torch.tensor(line.output_ids), pit_generator)
-                rec.pit += [None if v != v else float(v) for v in u.tolist()]
-                groups[(line.source, law.name, tuple(line.prompt_ids))].append(line.output_ids[0])
+                continue
+            probs = law_probs(logits, law).cpu()
+            u = randomized_pit(probs, torch.tensor(line.output_ids), pit_generator)
+            rec.pit += [None if v != v else float(v) for v in u.tolist()]
+            key = (line.source, law.name, tuple(line.prompt_ids))
+            for j in range(len(line.output_ids)):
+                prefix = tuple(line.output_ids[:j])
+                if (key, prefix) in wanted and (*key, prefix) not in context_laws:
+                    context_laws[(*key, prefix)] = probs[j]
         except Exception as e:  # noqa: BLE001 - recorded; its rules become errors
             m.failures.append(Failure("exactness", line.source, law.name, ident, f"{type(e).__name__}: {e}"))
-    for (source, law_name, prompt), firsts in groups.items():
-        if len(firsts) >= MIN_NEXT_TOKEN_GROUP:
-            p = law_probs(target.engine.target_logits(list(prompt) + [0], len(prompt))[-1], laws[law_name]).cpu()
-            rec = records[(source, law_name)]
-            rec.next_token.append(sparse_counts(f"prompt-{len(rec.next_token) + 1}", firsts, p))
+    prompt_names: dict[tuple[str, str], int] = defaultdict(int)
+    for key, found in tested.items():
+        source, law_name, _ = key
+        rec = records[(source, law_name)]
+        prompt_names[(source, law_name)] += 1
+        name = f"prompt-{prompt_names[(source, law_name)]}"
+        for prefix, tokens in found:
+            if (*key, prefix) in context_laws:  # else the lines through it failed (recorded above)
+                rec.next_token.append(sparse_counts(name, tokens, context_laws[(*key, prefix)], prefix=prefix))
     m.exactness = list(records.values())
     m.laws = list(laws)
     m.drafts = {src: {"kind": "recorded samples"} for src, _ in records}

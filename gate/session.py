@@ -144,17 +144,19 @@ class Target:
     info: ModelInfo
 
 
-def open_target(loaded: LoadedPolicy) -> Target:
-    """Load the policy's target model and tokenizer and wrap them in an engine."""
+def open_target(loaded: LoadedPolicy, tokenizer: bool = True) -> Target:
+    """Load the policy's target model (and its tokenizer unless `tokenizer` is False: scoring
+    token ids needs none) and wrap them in an engine. Raises PolicyValueError."""
     policy = loaded.policy
     device = models.resolve_device(policy.target.device, "target.device")
     source = models.resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-    tokenizer = models.load_tokenizer(source)
+    tok = models.load_tokenizer(source) if tokenizer else None
     target = models.load_model(source, policy.target.dtype, device)
-    eos = {i for i in [tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)] for i in (i if isinstance(i, list) else [i]) if i is not None}
+    eos = {i for i in [getattr(tok, "eos_token_id", None), getattr(target.generation_config, "eos_token_id", None)]
+           for i in (i if isinstance(i, list) else [i]) if i is not None}
     info = _info("target", str(source), "target", policy.target.dtype, target)
-    stop = StopStrings(tokenizer, policy.workload.stop) if policy.workload.stop else None
-    return Target(device, target, tokenizer, TransformersEngine(target, eos, device, stop), info)
+    stop = StopStrings(tok, policy.workload.stop) if policy.workload.stop and tok is not None else None
+    return Target(device, target, tok, TransformersEngine(target, eos, device, stop), info)
 
 
 def open_session(loaded: LoadedPolicy) -> Session:

@@ -231,7 +231,7 @@ def test_incompatible_tokenizer_of_a_separate_draft_model(tmp_path: Path, tiny_m
     line = line_of(text, f"model: {draft_dir}")
     # `gate validate` compares the tokenizers without loading weights; `gate check` too.
     problem = assert_bad_policy(policy, "drafts.other.model", line, "tokenizer mismatch", loader=validate, tmp_path=tmp_path)
-    assert "token 'w0' is id 4 in the target but missing from the draft vocabulary" in problem.message
+    assert "id 4 is 'w0' in the target but 'x0' in the draft" in problem.message
     with pytest.raises(InputError) as info:
         check(policy, warmup=False)
     assert one_problem(info.value) == problem

@@ -88,6 +88,28 @@ def test_eos_inside_an_accepted_block_ends_the_output_there(target):
     assert fallback.output_ids == spec.output_ids
 
 
+def test_eos_inside_a_block_counts_committed_tokens_per_step_and_crops_the_cache(target):
+    """Issue 10 item 4 (vLLM #56101): a step cut by an EOS commits fewer than 1 + accepted
+    tokens; the mean acceptance length is committed tokens per step, vLLM's formula beside it,
+    and the measured target cache holds no proposal past the EOS."""
+    reference = TransformersEngine(target, set(), CPU).generate(PROMPT, None, GREEDY, 30, None).output_ids
+    eos = next(t for i, t in enumerate(reference) if i >= 1 and (i - 1) % 5 != 4 and t not in reference[:i])
+    spec = TransformersEngine(target, {eos}, CPU).generate(PROMPT, _drafts(target)["same"], GREEDY, 30, None)
+    c = SpecDecodeCounters.from_steps(spec.step_proposed, spec.step_accepted, spec.step_committed)
+    steps = [k for k, n in zip(spec.step_committed, spec.step_proposed) if n]
+    assert c.num_committed_tokens == sum(steps) == len(spec.output_ids) - 1  # all but the prefill's token
+    assert c.mean_acceptance_length == pytest.approx(sum(steps) / len(steps))
+    assert c.vllm_mean_acceptance_length == pytest.approx(1 + c.num_accepted_tokens / c.num_drafts)
+    assert c.vllm_mean_acceptance_length - c.mean_acceptance_length == pytest.approx(1 / c.num_drafts)  # one cut step
+    assert spec.kv_cache_tokens <= len(PROMPT) + len(spec.output_ids)
+    layout = cache_model(target.config, "float32")
+    assert spec.kv_cache_bytes == layout.bytes(spec.kv_cache_tokens)
+    # summed over requests the counters still add up, and the identity with per-position rates holds for vLLM's figure
+    total = c + c
+    assert total.num_committed_tokens == 2 * c.num_committed_tokens
+    assert total.vllm_mean_acceptance_length == pytest.approx(1 + sum(total.acceptance_rate_per_pos))
+
+
 def test_max_new_tokens_caps_proposals(target):
     engine = TransformersEngine(target, set(), CPU)
     spec = engine.generate(PROMPT, _drafts(target)["same"], GREEDY, 3, None)

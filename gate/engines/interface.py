@@ -42,9 +42,9 @@ class Engine(ABC):
         """One request: `prompt_ids` -> up to `max_new_tokens` committed tokens under `law`."""
 
     @abstractmethod
-    def first_tokens(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
-                     generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-        """`n` independent speculative first tokens after the prompt, and the target law there [V]."""
+    def first_steps(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
+                    generator: torch.Generator | None) -> list[list[int]]:
+        """`n` independent speculative first steps after the prompt: the tokens each commits."""
 
     @abstractmethod
     def target_logits(self, ids: list[int], start: int) -> torch.Tensor:

@@ -97,6 +97,9 @@ class TransformersEngine(Engine):
             tokens = (proposal.tokens[: verdict.accepted].tolist() if k else []) + [verdict.next_token]
             stop = commit(tokens, verdict.accepted, k)
         e2el_ms = (self._now() - t0) * 1e3
+        # An output that ends inside an accepted block leaves the cache holding proposals past
+        # its end: the resident cache of a finished request is its prompt and output at most.
+        crop_to(cache, len(context))
         return Generation(
             output_ids=out,
             token_times_ms=times,
@@ -129,29 +132,29 @@ class TransformersEngine(Engine):
         return count, reason, None
 
     @torch.inference_mode()
-    def first_tokens(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
-                     generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
-        """`n` independent speculative first tokens after `prompt_ids`, and the target law
-        there (float32 [V]). Each sample is one full speculative step from the prompt's
-        last token (draft proposals, one verification forward, acceptance or residual);
-        the prompt's prefill is computed once and the caches are rolled back in between."""
+    def first_steps(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
+                    generator: torch.Generator | None) -> list[list[int]]:
+        """`n` independent speculative first steps after `prompt_ids`: the tokens each commits
+        (its accepted proposals, then the correction or bonus token; 1..num_draft_tokens + 1
+        tokens). Each sample is one full speculative step from the prompt's last token (draft
+        proposals, one verification forward, acceptance, residual or bonus); the prompt's
+        prefill is computed once and the caches are rolled back in between. Stop handling does
+        not apply: these samples test the law, they are not requests."""
         cache = new_cache(self.model.config)
         prompt = list(prompt_ids)
         if len(prompt) > 1:
             self._forward(prompt[:-1], cache, 1)
         base = int(cache.get_seq_length())
         draft.start()
-        tokens: list[int] = []
-        first_law = torch.empty(0)
+        steps: list[list[int]] = []
         for _ in range(n):
             crop_to(cache, base)
             proposal = draft.propose(prompt, draft.num_draft_tokens, law, generator)
             k = int(proposal.tokens.shape[0])
             p = law_probs(self._forward(prompt[base:] + proposal.tokens.tolist(), cache, k + 1), law)
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
-            tokens.append(int(proposal.tokens[0]) if verdict.accepted else verdict.next_token)
-            first_law = p[0]
-        return tokens, first_law
+            steps.append(proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token])
+        return steps
 
     @torch.inference_mode()
     def target_logits(self, ids: list[int], start: int) -> torch.Tensor:

@@ -23,6 +23,13 @@
     top-k, top-p, residual faults) moves the PIT CDF by d; alternating moves can hide in
     the PIT, which is why the next-token test runs beside it.
 Too few samples for the required power is *inconclusive*, never a pass.
+
+What a pass rests on (see decide and overall): only *claim* tests, the next-token G-tests at
+a prompt's first output position, whose effect is the TV distance of the engine's
+next-token law from the target's at that context (the rule's detect_tv). The PIT test and
+next-token tests after a shared output prefix (contexts) are *evidence*: any rejection
+fails the sampler, but their power is not claimed, since the PIT's effect (the KS distance
+of PIT values pooled over prompts and positions) is no TV at any context.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from scipy import stats
 from gate.records import Divergence, NextTokenCounts
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+NOT_REJECTED = "not rejected"  # an evidence test that found nothing: it claims no power
+CLAIM, EVIDENCE = "claim", "evidence"
 
 
 @dataclass
@@ -44,6 +53,10 @@ class ExactnessTest:
     """One statistical test of exactness, as scipy reports it plus what it can detect.
 
     kind: "ks" (PIT, effect = PIT CDF distance) or "g" (next token, effect = TV distance).
+    role: "claim" for a next-token test at a prompt's first output position, whose stated
+    power against TV `target_effect` is what a pass rests on; "evidence" for a test that can
+    fail a sampler but whose power is not claimed (the PIT over every token, whose effect is
+    not a TV at any context; next-token tests after a shared output prefix). See decide.
     detectable: the smallest effect detected with probability >= power at this sample
     size and at the significance it is finally judged at (alpha / m after Holm, see decide).
     samples_needed: the sample size at which `target_effect` becomes detectable."""
@@ -62,6 +75,7 @@ class ExactnessTest:
     verdict: str = INCONCLUSIVE
     note: str = ""
     pooled_mass: float = 0.0  # G-test: probability mass of the pooled rare categories
+    role: str = CLAIM
 
     def state_power(self, alpha: float) -> None:
         """Fill `detectable` and `samples_needed` at significance `alpha`.
@@ -164,6 +178,9 @@ def _smallest_n(ok, limit: int = 10**9) -> int:  # type: ignore[no-untyped-def]
 def pit_test(u: np.ndarray | list[float], alpha: float, power: float, effect: float, name: str = "pit-ks") -> ExactnessTest:
     """Kolmogorov-Smirnov test of PIT values against U(0, 1), with its detectable effect.
 
+    An *evidence* test: its power is about the KS distance of the pooled PIT values, which
+    is at most the TV of the law at any context and can be far smaller (one bad prompt of
+    eight is diluted eightfold), so it can fail a sampler but never supports a pass.
     NaN values (tokens the law gives probability 0) make the test fail outright."""
     arr = np.asarray(u, dtype=float)
     impossible = int(np.isnan(arr).sum())
@@ -177,6 +194,8 @@ def pit_test(u: np.ndarray | list[float], alpha: float, power: float, effect: fl
     else:
         result = stats.kstest(arr, "uniform")
         test = ExactnessTest(name, "ks", 0, float(result.statistic), float(result.pvalue), n, effect, power)
+    test.role = EVIDENCE
+    _guard(test)
     test.state_power(alpha)
     return test
 
@@ -218,17 +237,30 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
     else:
         test = _gtest(name, np.asarray(cells_c), np.asarray(cells_p), n, df, int(big.sum()) >= 2, effect, power, rng)
         test.pooled_mass = pooled
+    _guard(test)
     test.state_power(alpha)
     if df == 0:
         test.detectable = math.inf if n == 0 else 0.0  # a one-token law: any other token is caught by `outside`
     return test
 
 
+def _guard(test: ExactnessTest) -> None:
+    """A p-value that is not a finite number in [0, 1] (scipy returns NaN when a G statistic
+    rounds to a tiny negative number) counts as 1 for this test alone, with a note: it must
+    never poison the Holm family (a NaN compares false with everything)."""
+    if not (math.isfinite(test.pvalue) and 0.0 <= test.pvalue <= 1.0):
+        test.note = (test.note + "; " if test.note else "") + f"p-value {test.pvalue!r} is not a number: counted as 1"
+        test.pvalue = 1.0
+
+
 def _gtest(name: str, cells_c_arr: np.ndarray, cells_p_arr: np.ndarray, n: int, df: int, asymptotic: bool,
            effect: float, power: float, rng: np.random.Generator | None) -> ExactnessTest:
     g = stats.power_divergence(cells_c_arr, n * cells_p_arr, lambda_="log-likelihood")
     if asymptotic:
-        return ExactnessTest(name, "g", df, float(g.statistic), float(g.pvalue), n, effect, power)
+        # G >= 0 exactly; observed == expected rounds to a tiny negative number, for which
+        # scipy returns p = NaN: clamp, so such a test reads p = 1
+        statistic = max(float(g.statistic), 0.0) if math.isfinite(float(g.statistic)) else float(g.statistic)
+        return ExactnessTest(name, "g", df, statistic, float(stats.chi2.sf(statistic, df)), n, effect, power)
     rng = rng or np.random.default_rng(0)
     cats = np.arange(len(cells_p_arr))
     expected = n * cells_p_arr
@@ -248,7 +280,11 @@ def _gtest(name: str, cells_c_arr: np.ndarray, cells_p_arr: np.ndarray, n: int, 
 
 
 def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979), same order as the input."""
+    """Holm's step-down adjusted p-values (Holm 1979), same order as the input.
+
+    A p-value that is not a finite number (NaN, inf) counts as 1 for its own test: it can
+    neither reject nor raise the adjusted p-values of the others."""
+    pvalues = [p if math.isfinite(p) else 1.0 for p in pvalues]
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i])
     adjusted = [0.0] * m
@@ -261,8 +297,9 @@ def holm(pvalues: list[float]) -> list[float]:
 
 def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
     """Holm-adjust the p-values of `tests` together and set each verdict:
-    fail when the adjusted p-value < alpha; else pass only if the test could detect the
-    required effect (detectable <= target_effect); else inconclusive."""
+    fail when the adjusted p-value < alpha; else, for a claim test, pass only if it could
+    detect the required effect (detectable <= target_effect) and inconclusive otherwise;
+    an evidence test that does not reject is "not rejected" (it claims no power)."""
     adjusted = holm([t.pvalue for t in tests])
     level = alpha / max(len(tests), 1)  # Holm's strictest step: power is stated at alpha / m
     for t, a in zip(tests, adjusted):
@@ -273,6 +310,8 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
             t.state_power(level)
         if a < alpha:
             t.verdict = FAIL
+        elif t.role == EVIDENCE:
+            t.verdict = NOT_REJECTED
         elif t.detectable <= t.target_effect:
             t.verdict = PASS
         else:
@@ -283,9 +322,39 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
     return tests
 
 
+def overall(tests: list[ExactnessTest]) -> str:
+    """The verdict of a family after decide: fail if any test failed; pass only when there
+    is at least one claim test and every claim test passed; otherwise inconclusive."""
+    if any(t.verdict == FAIL for t in tests):
+        return FAIL
+    claims = [t for t in tests if t.role == CLAIM]
+    return PASS if claims and all(t.verdict == PASS for t in claims) else INCONCLUSIVE
+
+
+def contexts(outputs: list[list[int]], min_first: int = 20, min_later: int = 50, max_later: int = 8,
+             max_depth: int = 8) -> list[tuple[tuple[int, ...], list[int]]]:
+    """The contexts of one prompt worth a next-token test, from outputs sampled from it
+    under one law: (output prefix, the next tokens of every output that continues it).
+
+    The first position (prefix ()) is kept with at least `min_first` outputs: its test is a
+    claim. Later positions are kept where at least `min_later` outputs share a prefix of
+    1..max_depth - 1 tokens (the `max_later` most shared, ties by prefix): given the
+    prefix, an exact sampler draws the next token from the target's law there, so these
+    tests are valid (evidence) and reach the correction and bonus positions of a step that
+    a first-token test never sees. Deterministic: sorted by (-count, prefix)."""
+    nexts: dict[tuple[int, ...], list[int]] = {}
+    for out in outputs:
+        for j in range(min(len(out), max_depth)):
+            nexts.setdefault(tuple(out[:j]), []).append(out[j])
+    first = nexts.pop((), [])
+    later = sorted(((k, v) for k, v in nexts.items() if len(v) >= min_later), key=lambda kv: (-len(kv[1]), kv[0]))
+    return ([((), first)] if len(first) >= min_first else []) + later[:max_later]
+
+
 def sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: float = 1.0 - 1e-6,
-                   max_support: int = 4096) -> NextTokenCounts:
-    """Counts of sampled tokens over the law's likeliest tokens (covering `mass`)."""
+                  max_support: int = 4096, prefix: tuple[int, ...] | list[int] = ()) -> NextTokenCounts:
+    """Counts of sampled tokens [n] over the law `p` [V]'s likeliest tokens (covering
+    `mass`), at the context `prefix` (output tokens before the tested position)."""
     probs, ids = torch.sort(p.float(), descending=True)
     keep = int(min(int((torch.cumsum(probs, 0) < mass).sum()) + 1, max_support, int((probs > 0).sum())))
     support = ids[:keep].tolist()
@@ -300,4 +369,5 @@ def sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: floa
         else:
             zero += 1
     support_probs = probs[:keep].tolist()
-    return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero)
+    return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero,
+                           list(prefix))

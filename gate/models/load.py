@@ -98,9 +98,27 @@ def resolve_device(device: str, yaml_path: str) -> torch.device:
     return torch.device(device)
 
 
+# Files of which a Hugging Face model directory needs at least one to have a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
+                   "tiktoken.model")
+
+
+class MissingTokenizer(Exception):
+    """A model directory without tokenizer files (the message says what to do)."""
+
+
 def load_tokenizer(source: ModelSource) -> Any:
-    """The source's tokenizer (transformers AutoTokenizer)."""
+    """The source's tokenizer (transformers AutoTokenizer). Raises MissingTokenizer for a
+    model directory without any tokenizer file (transformers would say to install
+    sentencepiece, which is not the problem)."""
     from transformers import AutoTokenizer
+
+    folder = Path(source.location)
+    if source.kind == "hf_dir" and not any((folder / name).is_file() for name in TOKENIZER_FILES) \
+            and not any(folder.glob("*.tiktoken")):
+        raise MissingTokenizer(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the tokenizer files "
+                               "of the model these weights belong to into it (e.g. AutoTokenizer.from_pretrained(ORIGINAL)"
+                               f".save_pretrained('{folder}'))")
 
     kwargs: dict[str, Any] = {"local_files_only": True}
     if source.gguf_file:
@@ -202,11 +220,11 @@ def check_tokenizers(target: Any, draft: Any, yaml_path: str) -> None:
         raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, draft {len(draft)}")
     tv, dv = target.get_vocab(), draft.get_vocab()
     if tv != dv:
-        token, _ = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: (kv[1], kv[0]))[0]
-        where = [f"id {tv[token]} in the target" if token in tv else "not in the target vocabulary",
-                 f"id {dv[token]} in the draft" if token in dv else "missing from the draft vocabulary"]
-        raise PolicyValueError(yaml_path, f"tokenizer mismatch: token {token!r} is {where[0]} but {where[1]}; "
-                               "target and draft must share one vocabulary (the verifier compares token ids)")
+        t_ids, d_ids = {i: tok for tok, i in tv.items()}, {i: tok for tok, i in dv.items()}
+        first = min(i for i in set(t_ids) | set(d_ids) if t_ids.get(i) != d_ids.get(i))
+        shown = [repr(ids[first]) if first in ids else "no token" for ids in (t_ids, d_ids)]
+        raise PolicyValueError(yaml_path, f"tokenizer mismatch: id {first} is {shown[0]} in the target but {shown[1]} in the "
+                               "draft; target and draft must share one vocabulary (the verifier compares token ids)")
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
         if getattr(target, attr, None) != getattr(draft, attr, None):
             raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, {getattr(draft, attr, None)} in the draft")

@@ -27,6 +27,67 @@ class _Loader(yaml.SafeLoader):
     a real date (PyYAML would raise a bare ValueError for 2026-13-01)."""
 
 
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._expanded = 0  # nodes reached through aliases so far (each alias counts its anchor's whole tree)
+        self._sizes: dict[int, int] = {}
+        self._open: list[str] = []  # anchors whose node is being composed
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Refuse alias amplification ("billion laughs": a few hundred bytes of nested
+        anchors expanding to hundreds of millions of nodes) and an alias inside its own
+        anchor, at the alias's line, before anything walks the expanded tree."""
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, yaml.AliasEvent):
+            if anchor in self._open:
+                raise AliasError(event.start_mark.line + 1, f"alias *{anchor} refers to its own anchor &{anchor} "
+                                 "(the YAML refers to itself)")
+            if anchor in self.anchors:
+                self._expanded += _tree_size(self.anchors[anchor], self._sizes)
+                if self._expanded > MAX_ALIAS_NODES:
+                    raise AliasError(event.start_mark.line + 1, f"aliases expand to more than {MAX_ALIAS_NODES:,} YAML nodes "
+                                     f"(at alias *{anchor}); a policy needs far fewer: nested anchors and aliases that "
+                                     "multiply are refused (\"billion laughs\")")
+            return super().compose_node(parent, index)
+        if anchor is None:
+            return super().compose_node(parent, index)
+        self._open.append(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open.pop()
+
+
+# Nodes that aliases may add to a policy in all (an ordinary anchor reused a few times adds tens).
+MAX_ALIAS_NODES = 10_000
+
+
+class AliasError(Exception):
+    """Aliases that expand too far, or that refer to their own anchor: bad input at `line`."""
+
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+def _tree_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes in `node`'s tree with every alias expanded, memoized per node (linear in the
+    document, however far the aliases multiply)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    if isinstance(node, yaml.SequenceNode):
+        total = 1 + sum(_tree_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total = 1 + sum(_tree_size(k, sizes) + _tree_size(v, sizes) for k, v in node.value)
+    else:
+        total = 1
+    sizes[id(node)] = total
+    return total
+
+
 _BOOL = "tag:yaml.org,2002:bool"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _Loader.yaml_implicit_resolvers = {
@@ -213,6 +274,10 @@ def _message(error: dict[str, Any]) -> str:
         return f"expected {_EXPECTED[kind]}, got {_got(error['input'])}"
     if kind == "union_type" or isinstance(error["input"], dict):
         return msg
+    if kind == "literal_error" and isinstance(error["input"], str):  # e.g. metric: itl -> did you mean 'itl_ms'?
+        guess = _close(error["input"], re.findall(r"'([^']*)'", (error.get("ctx") or {}).get("expected", "")))
+        if guess:
+            return f"{msg}, got {_got(error['input'])} (did you mean {guess!r}?)"
     return f"{msg}, got {_got(error['input'])}"  # e.g. "Input should be 'cpu', 'cuda' or 'auto', got 'gpu'"
 
 
@@ -354,10 +419,12 @@ def load_policy(path: str | Path) -> LoadedPolicy:
         root = yaml.compose(text, Loader=_Loader)
         data = _safe_data(text)
         if root is None or not isinstance(data, dict):
-            raise InputError([Problem(name, "", 1, "a policy is a YAML mapping with at least 'version' and 'drafts'")])
+            raise InputError([Problem(name, "", 1, "a policy is a YAML mapping with at least 'version', 'drafts' and 'rules' ('version' and 'rules' for gate exactness)")])
         _walk(root, (), source, problems)
     except yaml.YAMLError as e:
         raise InputError([_yaml_problem(name, e)]) from None
+    except AliasError as e:
+        raise InputError([Problem(name, "", e.line, e.message)]) from None
     except RecursionError:
         raise InputError([Problem(name, "", None, "the YAML refers to itself (an alias inside its own anchor)")]) from None
     if problems:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gate.measure.contention import DEFAULT_CONTENTION_RERUNS, DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL
 from gate.metrics import METRICS
 from gate.units import Dimension, Quantity, UnitError, parse_quantity
 
@@ -199,6 +200,9 @@ class ScopeSpec(_Strict):
     categories: list[str] | None = Field(None, min_length=1)
 
 
+# Dimensionless metrics that are not shares: a percentage threshold is a mistake there ('5%' would be 0.05x).
+RATIO_NOT_SHARE = ("speedup", "request_speedup", "extra_sequences")
+
 COMPUTED_ONCE = ("memory_bill_bytes", "memory_line_bytes", "memory_headroom_bytes", "extra_sequences", "process_peak_rss_bytes")
 
 
@@ -211,7 +215,7 @@ class RuleSpec(_Strict):
     id: str = Field(..., pattern=NAME)
     kind: Literal["metric", "exactness"] = "metric"
     metric: Literal[tuple(METRICS)] | None = None  # type: ignore[valid-type]
-    aggregation: Literal["mean", "median", "p10", "p90", "p99", "min", "max", "pooled"] = "mean"
+    aggregation: Literal["mean", "median", "p10", "p90", "p95", "p99", "min", "max", "pooled"] = "mean"
     comparison: Literal[">=", ">", "<=", "<"] | None = None
     threshold: str | float | None = Field(None, description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'.")
     relative_to: Literal["fallback", "baseline"] | None = Field(
@@ -272,6 +276,16 @@ class RuleSpec(_Strict):
             raise FieldError("relative_to", f"metric {self.metric} has no fallback value; relative_to: fallback does not apply")
         q = parse_quantity(self.threshold)
         expected = Dimension.RATIO if self.relative_to else metric.dimension
+        if isinstance(self.threshold, str) and self.threshold.strip().endswith("%") and (
+                self.relative_to or self.metric in RATIO_NOT_SHARE):
+            n = q.value * 100
+            what = (f"{self.metric} is a count of sequences" if self.metric == "extra_sequences" else
+                    f"{self.metric}{' relative to the ' + self.relative_to if self.relative_to else ''} is a ratio (1.0x: equal)")
+            hint = ("write a number, e.g. 2" if self.metric == "extra_sequences" else
+                    f"write the ratio, e.g. '{1 + q.value:g}x' ({n:g}% above) or '{1 - q.value:g}x' ({n:g}% below)" if n < 50 else
+                    f"write the ratio, e.g. '{q.value:g}x' ({n:g}% of it)")
+            raise FieldError("threshold", f"threshold {_shown(self.threshold)} is a percentage, but {what}: it would read "
+                             f"as {q.value:g}x; {hint}")
         if q.dimension is None and expected is not Dimension.RATIO:
             example = _EXAMPLE.get(expected.value, expected.value)
             raise FieldError("threshold", f"threshold {_shown(self.threshold)} has no unit; {self.metric} is in {expected.value} "
@@ -333,6 +347,17 @@ class MeasurementSpec(_Strict):
         "error (exit 3: the gate could not decide), fail (exit 1) or warn (reported, exit 0).")
     extra_repetitions: int = Field(0, ge=0, le=100, description="Budget of further repetitions, run only for the drafts "
                                    "(and their fallback) whose verdicts are inconclusive, deciding again after each.")
+    max_cpu_stall: float | None = Field(
+        DEFAULT_MAX_CPU_STALL, ge=0.0, le=1.0, description="A timed request is contended when some runnable task waited "
+        "for a CPU during more than this share of its wall time (/proc/pressure/cpu; without it, the load average beyond "
+        "the CPU count). Contended requests are rerun and left out of timing verdicts; null: never.")
+    contention_reruns: int = Field(
+        DEFAULT_CONTENTION_RERUNS, ge=0, le=10, description="Times a cell (the fallback and every draft on one prompt) "
+        "with a contended request is rerun; the attempt with the fewest contended requests is kept.")
+    max_contended: float = Field(
+        DEFAULT_MAX_CONTENDED, ge=0.0, lt=1.0, description="Largest share of a timing rule's requests (paired requests) "
+        "that may be left out as contended; beyond it, or with fewer than 5 clean ones, the verdict is inconclusive and "
+        "names the contention, never a pass or a fail.")
 
 
 class BaselineSpec(_Strict):
@@ -360,7 +385,9 @@ class Policy(_Strict):
     version: Literal[1]
     name: str | None = None
     target: TargetSpec = Field(default_factory=TargetSpec)
-    drafts: dict[Annotated[str, Field(pattern=NAME)], DraftSpec] = Field(..., min_length=1)
+    drafts: dict[Annotated[str, Field(pattern=NAME)], DraftSpec] = Field(
+        default_factory=dict, description="The drafts to gate: gate check and validate need at least one; a policy for "
+                                          "gate exactness (recorded samples) needs only a target and exactness rules.")
     law: LawSpec | list[LawSpec] = Field(default_factory=lambda: [LawSpec(temperature=0.0)],
                                          description="A list means a matrix (at least one law).")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from gate.errors import InputError, Problem
-from gate.metrics import METRICS
+from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, stall_share
+from gate.metrics import METRICS, TIMED
 from gate.report.document import ADAPTER, FORMAT, Report
 from gate.rules.evaluate import parse_scope
 from gate.rules.samples import FALLBACK, samples
@@ -57,14 +59,16 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         lines += ["", f"{o.name}: {o.status.upper()} (level {o.level})", f"  {o.message}"]
         if o.metric == "exactness":
             for d in o.details:
-                keys = ("name", "kind", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
+                keys = ("name", "kind", "role", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
                         "prompt_id", "position", "draft_token", "target_token", "gap_logits", "near_tie")
-                lines.append("  - " + ", ".join(f"{k}={d[k]}" for k in keys if k in d))
+                lines.append("  - " + ", ".join(f"{k}={_number(d[k])}" for k in keys if k in d))
             continue
         metric = METRICS[o.metric]
         where = parse_scope(o.scope)
         line = policy_rule.get("line")
         for runner in [o.draft] + ([FALLBACK] if o.relative_to == "fallback" or o.metric == "speedup" else []):
+            if o.metric in TIMED:
+                lines += _contended(report, where.of(runner))
             if o.aggregation == "pooled":
                 lines.append(f"  {runner}: pooled over {o.samples} requests (counters and totals are summed, never ratios averaged)")
                 continue
@@ -94,3 +98,20 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         if o.waiver:
             lines.append(f"  waiver: {o.waiver}" + (f" (status without it: {o.waived_status})" if o.waived_status else ""))
     return "\n".join(lines)
+
+
+def _contended(report: Report, where: Any) -> list[str]:
+    """Which of a runner's requests were contended (timing verdicts leave them out)."""
+    limit = (report.policy.get("measurement") or {}).get("max_cpu_stall", DEFAULT_MAX_CPU_STALL)
+    cpus = report.measurements.environment.cpu_count
+    reqs = [r for r in report.measurements.requests if where.takes(r)]
+    busy = [r for r in reqs if is_contended(r, limit, cpus)]
+    if not busy:
+        return []
+    ids = ", ".join(f"{r.prompt_id} ({stall_share(r, cpus):.0%})" for r in busy[:8]) + (" ..." if len(busy) > 8 else "")
+    return [f"  {where.runner}: {len(busy)} of {len(reqs)} requests contended (over {limit:.0%} of wall time without CPU): {ids}"]
+
+
+def _number(x: object) -> object:
+    """A statistic as people read it: 4 significant digits, not a float's 16."""
+    return f"{x:.4g}" if isinstance(x, float) else x

@@ -17,6 +17,10 @@ Mapping (documented in the README):
 The package's traps are guarded: a failure or error without a message is silently a pass
 there, so every one carries a message; and the <testsuites> element's totals do not sum
 `skipped`, so gate sets it. Versions, device, seed and model fingerprints are suite properties.
+
+Times: a case's `time` is the summed E2E seconds of the timed requests its verdict rests on
+(none for bills and the process peak, which rest on no request); the suite's is every timed
+request's E2E seconds, each once.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ class JunitReport(ReportFormat):
     def render(self, report: Report) -> str:
         cases = []
         for o in report.outcomes:
-            case = TestCase(o.name, classname=f"gate.{o.rule_id}", stdout=o.message)
+            case = TestCase(o.name, classname=f"gate.{o.rule_id}", stdout=o.message, elapsed_sec=_seconds(report, o))
             message = o.message or f"{o.rule_id}: {o.status}"
             if o.status == "fail":
                 _mark(case, "failure", message, "gate.rule_failed")
@@ -90,26 +94,47 @@ class JunitReport(ReportFormat):
             _mark(case, "error", f.message or "measurement failed", "gate.measurement_failed")
             cases.append(case)
         suite = TestSuite("gate", cases, properties=_properties(report))
-        return _document([suite])
+        return _document([suite], sum(r.e2el_ms for r in report.measurements.requests if r.e2el_ms == r.e2el_ms) / 1e3)
+
+
+def _seconds(report: Report, o: object) -> float | None:
+    """A case's time: the summed E2E seconds of the timed requests its verdict rests on (the
+    scope's draft and law, categories and per-value; the fallback's too when the rule divides
+    by it). None (no attribute) for a verdict that rests on no timed request: bills, the
+    process peak, or nothing measured."""
+    from gate.rules.evaluate import parse_scope
+
+    if o.metric in ("memory_bill_bytes", "memory_line_bytes", "memory_headroom_bytes", "extra_sequences",  # type: ignore[attr-defined]
+                    "process_peak_rss_bytes"):
+        return None
+    try:
+        where = parse_scope(o.scope)  # type: ignore[attr-defined]
+    except ValueError:
+        return None
+    runners = {where.runner} | ({"fallback"} if o.relative_to == "fallback" or o.metric == "speedup" else set())  # type: ignore[attr-defined]
+    ms = sum(r.e2el_ms for r in report.measurements.requests
+             if r.draft in runners and where.of(r.draft).takes(r) and r.e2el_ms == r.e2el_ms)
+    return round(ms / 1e3, 6) or None
 
 
 # Characters XML 1.0 forbids (control characters, surrogates, non-characters): removed.
 _ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-def _document(suites: list[TestSuite]) -> str:
-    """<testsuites> with every total summed, skipped included (junit-xml leaves it out)."""
+def _document(suites: list[TestSuite], seconds: float) -> str:
+    """<testsuites> with every total summed, skipped included (junit-xml leaves it out).
+    The suite's time is `seconds`, the timed requests' summed E2E time (each request
+    once), not junit-xml's sum over cases, which counts a request once per rule."""
     root = ET.Element("testsuites")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "disabled": 0}
-    time = 0.0
     for suite in suites:
         element = suite.build_xml_doc(encoding="utf-8")
         for key in totals:
             totals[key] += int(element.get(key, 0))
-        time += float(element.get("time", 0))
+        element.set("time", f"{seconds:.6f}")
         root.append(element)
     for key, value in totals.items():
         root.set(key, str(value))
-    root.set("time", str(time))
+    root.set("time", f"{seconds:.6f}")
     text = _ILLEGAL.sub("", ET.tostring(root, encoding="unicode"))
     return xml.dom.minidom.parseString(text.encode("utf-8")).toprettyxml(indent="    ", encoding="utf-8").decode("utf-8")

@@ -27,7 +27,8 @@ class MarkdownReport(ReportFormat):
 
     def render(self, report: Report) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
-        verdict = {0: "passed", 1: "failed", 3: "could not measure everything"}.get(report.exit_code, f"exit {report.exit_code}")
+        verdict = {0: "passed", 1: "failed", 3: "could not measure everything", 130: "interrupted (SIGINT), not a verdict",
+                   143: "interrupted (SIGTERM), not a verdict"}.get(report.exit_code, f"exit {report.exit_code}")
         env = report.measurements.environment
         out = [f"## gate: {verdict}", "",
                f"`{_cell(report.policy_file)}`: {counts} (exit code {report.exit_code}); torch {env.torch}, "

@@ -217,4 +217,4 @@ def min_samples_to_pass(quantile: float, level: float, ceiling: bool = True) -> 
     return math.ceil(math.log(alpha / 2) / math.log(1 - allowed))
 
 
-QUANTILES = {"p10": 0.1, "p90": 0.9, "p99": 0.99, "median": 0.5}
+QUANTILES = {"p10": 0.1, "p90": 0.9, "p95": 0.95, "p99": 0.99, "median": 0.5}

@@ -18,7 +18,9 @@ import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from gate.metrics import METRICS
+from gate.measure.contention import (DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL, describe, is_contended,
+                                    pooled_stall_share)
+from gate.metrics import METRICS, TIMED
 from gate.records import FALLBACK, Measurements
 from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Exceedance, Interval, bootstrap_interval, decide, estimand,
                                    decide_exceedance, exceedance, ratio)
@@ -79,6 +81,8 @@ class Settings:
     baseline_mismatch: str | None = None
     waivers: list[Any] = field(default_factory=list)  # gate.policy.model.WaiverSpec
     today: dt.date = field(default_factory=dt.date.today)
+    max_cpu_stall: float | None = DEFAULT_MAX_CPU_STALL  # a request is contended above this stalled share (None: never)
+    max_contended: float = DEFAULT_MAX_CONTENDED  # largest share of a timing rule's units that may be left out as contended
 
 
 def settings_for(policy: Any, baseline: Measurements | None = None, baseline_mismatch: str | None = None,
@@ -87,7 +91,7 @@ def settings_for(policy: Any, baseline: Measurements | None = None, baseline_mis
     ms = policy.measurement
     return Settings(ms.confidence, ms.bootstrap_resamples, policy.workload.seed, ms.inconclusive, baseline,
                     dict(policy.baseline.drafts) if policy.baseline else {}, baseline_mismatch,
-                    list(policy.waivers) if waivers else [], today or dt.date.today())
+                    list(policy.waivers) if waivers else [], today or dt.date.today(), ms.max_cpu_stall, ms.max_contended)
 
 
 def evaluate(rules: Iterable[Any], m: Measurements, settings: Settings | None = None) -> list[Outcome]:
@@ -192,16 +196,24 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
                        message=f"{what}: no baseline report was loaded vs threshold {bound}")
     if rule.metric not in RESAMPLED:
         return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
-    est = estimand(rule.metric, rule.aggregation, m, where)
-    reference = None
-    if rule.relative_to == "fallback":
-        reference = estimand(rule.metric, rule.aggregation, m, where.of(FALLBACK))
-    elif rule.relative_to == "baseline":
-        reference = estimand(rule.metric, rule.aggregation, s.baseline, where.of(other))
-    if est is not None and reference is not None:
-        est = ratio(est, reference, paired=rule.relative_to == "fallback" or _same_cells(est, reference))
+    est, reference = _estimands(rule, m, s.baseline, where, other)
+    busy = _contention(rule, m, where, s, other, est) if rule.metric in TIMED and s.max_cpu_stall is not None else None
+    if busy is not None and _only_slower_fails(rule):
+        # Contention only slows: a latency ceiling (or throughput floor) met with the contended
+        # requests in is met without them. Anything else is decided on the clean requests.
+        everything = _one(rule, m, where, replace(s, max_cpu_stall=None))
+        if everything.status == "pass":
+            everything.message += f" ({busy.describe(_unit_word(busy.all, rule))}: slowed, and passed nonetheless)"
+            return everything
+    if busy is not None:  # decided on the clean requests only
+        est, reference = busy.est, busy.reference
     n = est.units if est is not None and all(g for g in est.groups) else 0
     point = est.point() if n else float("nan")
+    if busy is not None and busy.too_many and not failed:
+        return Outcome(**base, status="inconclusive", measured=None if math.isnan(point) else point, samples=n,
+                       fallback_value=None, message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
+                       + (f"an interval needs {MIN_UNITS}" if busy.kept < MIN_UNITS else
+                          f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
     if failed or n == 0 or math.isnan(point):
         why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
         return Outcome(**base, status="error", measured=None if math.isnan(point) else point, samples=n,
@@ -239,10 +251,83 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
         status, note = "inconclusive", f"; the baseline cannot be compared: {s.baseline_mismatch}"
     elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
         note = "; a large improvement over the baseline: consider refreshing it"
+    if busy is not None:
+        note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
     if status == "fail" and rule.level == "warn":
         status = "warn"
     return Outcome(**base, status=status, measured=point, samples=est.groups[0][0].samples, fallback_value=ref_value,
                    message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}", interval=interval, exceedance=exc)
+
+
+def _estimands(rule: Any, m: Measurements, baseline: Measurements | None, where: Selection,
+               other: str) -> tuple[Estimand | None, Estimand | None]:
+    """The rule's value as an estimand (divided by its reference when relative) and the reference."""
+    est = estimand(rule.metric, rule.aggregation, m, where)
+    reference = None
+    if rule.relative_to == "fallback":
+        reference = estimand(rule.metric, rule.aggregation, m, where.of(FALLBACK))
+    elif rule.relative_to == "baseline":
+        reference = estimand(rule.metric, rule.aggregation, baseline, where.of(other))
+    if est is not None and reference is not None:
+        est = ratio(est, reference, paired=rule.relative_to == "fallback" or _same_cells(est, reference))
+    return est, reference
+
+
+@dataclass
+class _Busy:
+    """A timing rule's units with contended requests left out: `est`/`reference` on the clean
+    requests, `kept` of the `total` units of `all` (the estimand on every request), the
+    stalled share of the contended requests' wall time, and whether too many were left out."""
+
+    est: Estimand | None
+    reference: Estimand | None
+    all: Estimand
+    total: int
+    kept: int
+    share: float | None
+    too_many: bool
+
+    def describe(self, unit: str) -> str:
+        return describe(self.share, self.total - self.kept, self.total, unit)
+
+
+def _only_slower_fails(rule: Any) -> bool:
+    """An absolute rule that a slower machine can only push towards failing: a ceiling on a
+    latency or a floor on tokens/s (not a ratio: contention may slow either side of it)."""
+    if rule.relative_to or rule.metric not in TIMED or rule.metric in ("speedup", "request_speedup"):
+        return False
+    return rule.comparison in ((">=", ">") if rule.metric == "committed_tokens_per_s" else ("<=", "<"))
+
+
+def _units(est: Estimand | None) -> int:
+    return est.units if est is not None and all(g for g in est.groups) else 0
+
+
+def _contention(rule: Any, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
+    """The rule decided without contended requests (a paired unit goes when either side of it
+    is contended); None when none of its requests was contended."""
+    def clean(x: Measurements | None) -> tuple[Measurements | None, list[Any]]:
+        if x is None:
+            return None, []
+        cpus = x.environment.cpu_count
+        busy = [r for r in x.requests if is_contended(r, s.max_cpu_stall, cpus)]
+        return (replace(x, requests=[r for r in x.requests if not is_contended(r, s.max_cpu_stall, cpus)]) if busy else x), busy
+
+    here, busy = clean(m)
+    base, busy_base = clean(s.baseline if rule.relative_to == "baseline" else None)
+    runners = {where.runner} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup") else set())
+    mine = [r for r in busy if any(where.of(x).takes(r) for x in runners)]
+    mine += [r for r in busy_base if where.of(other).takes(r)]
+    total = _units(est)
+    if not mine or est is None or total == 0:
+        return None
+    est_clean, ref_clean = _estimands(rule, here, base if base is not None else s.baseline, where, other)
+    kept = _units(est_clean)
+    if kept == total:
+        return None
+    cpus = m.environment.cpu_count
+    return _Busy(est_clean, ref_clean, est, total, kept, pooled_stall_share(mine, cpus),
+                 kept < MIN_UNITS or (total - kept) / total > s.max_contended)
 
 
 def _failures(rule: Any, m: Measurements, draft: str, law: str) -> list[Any]:

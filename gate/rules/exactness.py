@@ -2,10 +2,13 @@
 
 Greedy laws: token-for-token equality with the fallback; a divergence whose target top-1
 minus top-2 logit gap exceeds the rule's tie tolerance is a fault, one within it a
-numerical near-tie (reported, not failed). Sampling laws: the PIT Kolmogorov-Smirnov test
-over every generated token and a next-token G-test per prompt, Holm-corrected together
-across every draft and law the rule covers (gate.measure.exactness). A sampling verdict
-passes only when its tests could detect the rule's detect_tv with the rule's power;
+numerical near-tie (reported, not failed). Sampling laws: a next-token G-test at the first
+output position of every prompt sampled often enough (the *claim* tests), next-token tests
+after output prefixes many samples share and the PIT Kolmogorov-Smirnov test over every
+generated token (*evidence* tests), Holm-corrected together across every draft and law the
+rule covers (gate.measure.exactness). Any rejection fails. A sampling verdict passes only
+when there is a claim test and every claim test could detect the rule's detect_tv (the TV
+distance of the next-token law at that context) with the rule's power at its Holm level;
 otherwise it is inconclusive and says how many samples it needs.
 """
 
@@ -16,14 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from gate.measure.exactness import FAIL, INCONCLUSIVE, PASS, ExactnessTest, decide, next_token_test, pit_test
+from gate.measure.exactness import (CLAIM, EVIDENCE, FAIL, ExactnessTest, decide, gtest_samples_needed, next_token_test,
+                                    overall, pit_test)
 from gate.records import ExactnessRecord, Measurements, NextTokenCounts
 from gate.rules.evaluate import Outcome
 
 def _next_token(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
+    """The G-test at one context: a claim at a prompt's first output position, evidence after a prefix."""
     counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
     p = np.asarray(nt.support_probs + [nt.rest_prob, 0.0], dtype=float)
-    return next_token_test(counts, p, rule.significance, rule.power, rule.detect_tv, name=f"next-token[{nt.prompt_id}]")
+    where = f"{nt.prompt_id} after {len(nt.prefix)} output tokens" if nt.prefix else nt.prompt_id
+    test = next_token_test(counts, p, rule.significance, rule.power, rule.detect_tv, name=f"next-token[{where}]")
+    test.role = EVIDENCE if nt.prefix else CLAIM
+    return test
 
 
 def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
@@ -99,21 +107,30 @@ def _sampling(rule: Any, key: tuple[str, str], tests: list[ExactnessTest], base:
     if not tests:
         return Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
                        message="exactness (sampling): no sampled token to test", details=details)
-    if any(t.verdict == FAIL for t in tests):
-        status = "fail" if rule.level == "error" else "warn"
-    elif all(t.verdict == PASS for t in tests):
-        status = "pass"
-    else:
-        status = INCONCLUSIVE
+    verdict = overall(tests)
+    status = verdict if verdict != FAIL or rule.level == "error" else "warn"
     parts = []
     for t in tests:
         effect = "PIT CDF distance" if t.kind == "ks" else "TV"
-        part = (f"{t.name}: statistic {t.statistic:.4g}, p {t.pvalue:.3g} (Holm {t.adjusted_pvalue:.3g}) over {t.n} samples, "
-                f"detects {effect} >= {t.detectable:.3f} at power {t.power:g}: {t.verdict}")
+        part = (f"{t.name} {t.verdict}: statistic {t.statistic:.4g}, p {t.pvalue:.3g} (Holm {t.adjusted_pvalue:.3g}) over "
+                f"{t.n} samples, {'detects' if t.role == CLAIM else 'evidence only, would detect'} {effect} >= "
+                f"{t.detectable:.3f} at power {t.power:g}")
         if t.note:
             part += f" ({t.note})"
         parts.append(part)
+    if not any(t.role == CLAIM for t in tests) and verdict != FAIL:
+        parts.append(_no_claim(rule, tests))
     worst = min(t.adjusted_pvalue for t in tests if t.adjusted_pvalue is not None)
     return Outcome(**base, scope=scope, draft=d, law=law, status=status, measured=worst, samples=sum(t.n for t in tests),
                    message=f"exactness (sampling, required TV {rule.detect_tv:g}, significance {rule.significance:g}): "
                            + "; ".join(parts) + f": {status}", details=details)
+
+
+def _no_claim(rule: Any, tests: list[ExactnessTest]) -> str:
+    """Why a sampling verdict without a first-position next-token test cannot pass."""
+    m = len(tests) + 1
+    needed = gtest_samples_needed(rule.detect_tv, 20, rule.significance / m, rule.power)
+    return (f"no prompt was sampled often enough for a next-token test, and no other test bounds the TV of the law "
+            f"at any context (the PIT over all tokens pools prompts and positions): a pass needs a prompt sampled "
+            f"about {needed} times (next_token_samples: {needed} in gate check; {needed} samples of one prompt in "
+            f"gate exactness; about 20 degrees of freedom assumed)")

@@ -101,7 +101,7 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
 
 
 def aggregate(values: list[float], aggregation: str) -> float:
-    """mean, median, p10, p90, p99 (linear interpolation between order statistics), min, max."""
+    """mean, median, p10, p90, p95, p99 (linear interpolation between order statistics), min, max."""
     if not values:
         return float("nan")
     arr = np.asarray(values, dtype=float)
@@ -109,7 +109,7 @@ def aggregate(values: list[float], aggregation: str) -> float:
         return float(arr.mean())
     if aggregation == "median":
         return float(np.median(arr))
-    if aggregation in ("p10", "p90", "p99"):
+    if aggregation in ("p10", "p90", "p95", "p99"):
         return float(np.percentile(arr, float(aggregation[1:])))
     if aggregation == "min":
         return float(arr.min())

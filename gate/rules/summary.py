@@ -41,7 +41,7 @@ class SummaryRow:
     overlap_mean: float | None
     top1_agreement: float | None
     acceptance_rate: float | None
-    mean_acceptance_length: float | None
+    mean_acceptance_length: float | None  # committed tokens per step with a proposal
     acceptance_rate_per_pos: list[float]
     accepted_length_histogram: list[int]
     committed_tokens_per_s: float | None  # pooled
@@ -52,6 +52,8 @@ class SummaryRow:
     tpot_mean_ms: float | None
     memory_bill_bytes: int | None
     kv_cache_bytes_max: int | None  # measured, target + draft cache tensors
+    vllm_mean_acceptance_length: float | None = None  # 1 + accepted / drafts (vLLM's formula; see SpecDecodeCounters)
+    num_committed_tokens: int = 0  # tokens committed by steps with a proposal
     request_acceptance_rate_p10: float | None = None  # the distribution of per-request acceptance: the low tail
     request_acceptance_rate_p50: float | None = None
     slower_than_fallback: float | None = None  # share of paired requests slower than their fallback request
@@ -104,6 +106,8 @@ def summarize(m: Measurements) -> list[SummaryRow]:
                 top1_agreement=_clean(aggregate(samples("top1_agreement", m, sel), "mean")) if runner != FALLBACK else None,
                 acceptance_rate=_clean(counters.acceptance_rate),
                 mean_acceptance_length=_clean(counters.mean_acceptance_length),
+                vllm_mean_acceptance_length=_clean(counters.vllm_mean_acceptance_length),
+                num_committed_tokens=counters.num_committed_tokens,
                 acceptance_rate_per_pos=[x for x in counters.acceptance_rate_per_pos if not math.isnan(x)],
                 accepted_length_histogram=counters.accepted_length_histogram,
                 committed_tokens_per_s=_clean(tps),

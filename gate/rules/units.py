@@ -33,7 +33,7 @@ _REQUEST_SAMPLES = {
 _POOLED = {
     "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
     "acceptance_rate": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_draft_tokens, 0.0),
-    "mean_acceptance_length": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_drafts, 1.0),
+    "mean_acceptance_length": (lambda r: r.counters.num_committed_tokens, lambda r: r.counters.num_drafts, 0.0),
 }
 RESAMPLED = set(_REQUEST_SAMPLES) | set(_POOLED) | {"overlap", "top1_agreement", "speedup", "request_speedup"}
 
@@ -91,7 +91,7 @@ class UnitSet:
 
 
 def _aggregate_last(x: np.ndarray, aggregation: str) -> np.ndarray:
-    if aggregation in ("p10", "p90", "p99"):
+    if aggregation in ("p10", "p90", "p95", "p99"):
         return np.percentile(x, float(aggregation[1:]), axis=-1)
     return {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}[aggregation](x, axis=-1)
 

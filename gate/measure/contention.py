@@ -1,0 +1,164 @@
+"""Is the machine contended? Per request: the process's CPU time and the machine's CPU
+pressure over the request's wall time; a request whose wall time was too often spent
+waiting for a CPU is *contended*, and timing verdicts must not rest on it.
+
+Signals, best first:
+- Linux pressure stall information, `/proc/pressure/cpu` ("some" line, cumulative `total`
+  in microseconds): the time at least one runnable task waited for a CPU. Its increase over
+  a request divided by the request's wall time is the share of wall time without CPU for
+  someone (gate's own threads included: with more compute threads than CPUs gate contends
+  with itself, and is told so).
+- Without it (macOS, old kernels, some containers): the 1-minute load average against the
+  CPU count, `1 - cpus / load` when the load exceeds the CPUs (the share of runnable demand
+  that cannot be served). It lags by about a minute, so it is a coarse fallback.
+- The process's CPU time (user + system, all threads) over wall time x compute threads is
+  recorded beside them (`cpu_share`); it is a diagnostic, not a classifier: a quiet run
+  already leaves threads idle between kernels (Python, sampling, synchronisation).
+
+Pure functions of records and texts, plus `Probe`, which reads the clocks and files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+PSI_CPU = Path("/proc/pressure/cpu")
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One reading of /proc/pressure/cpu's "some" line: 10 s average (%) and cumulative total (us)."""
+
+    avg10: float
+    total_us: int
+
+
+def parse_pressure(text: str) -> Pressure | None:
+    """The "some" line of a /proc/pressure/cpu text, e.g.
+    "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539"; None when it has none."""
+    for line in text.splitlines():
+        kind, *fields = line.split()
+        if kind != "some":
+            continue
+        values = dict(f.split("=", 1) for f in fields if "=" in f)
+        try:
+            return Pressure(float(values["avg10"]), int(values["total"]))
+        except (KeyError, ValueError):
+            return None
+    return None
+
+
+def read_pressure(path: Path = PSI_CPU) -> Pressure | None:
+    """The machine's CPU pressure now, None where the kernel does not provide it."""
+    try:
+        return parse_pressure(path.read_text())
+    except OSError:
+        return None
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, None where the platform has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return None
+
+
+def load_stall_share(load: float | None, cpus: int | None) -> float | None:
+    """The share of runnable demand that cannot be served when `load` tasks want `cpus` CPUs."""
+    if load is None or not cpus:
+        return None
+    return max(0.0, 1.0 - cpus / load) if load > 0 else 0.0
+
+
+@dataclass
+class Reading:
+    """What a Probe measured over one window (a request)."""
+
+    wall_ms: float
+    cpu_time_ms: float
+    cpu_stall_ms: float | None  # None without /proc/pressure/cpu
+    load_avg_1m: float | None
+
+
+class Probe:
+    """Measures a window: process CPU time and the machine's CPU pressure before and after."""
+
+    def __init__(self, psi: Path = PSI_CPU):
+        self.psi = psi
+        self.available = read_pressure(psi) is not None
+
+    def start(self) -> tuple[float, float, Pressure | None]:
+        return time.perf_counter(), time.process_time(), read_pressure(self.psi) if self.available else None
+
+    def stop(self, started: tuple[float, float, Pressure | None]) -> Reading:
+        wall0, cpu0, p0 = started
+        p1 = read_pressure(self.psi) if self.available else None
+        cpu1, wall1 = time.process_time(), time.perf_counter()
+        stall = (p1.total_us - p0.total_us) / 1e3 if p0 is not None and p1 is not None else None
+        return Reading((wall1 - wall0) * 1e3, (cpu1 - cpu0) * 1e3, stall, load_average())
+
+
+def stall_share(record: object, cpus: int | None = None) -> float | None:
+    """The share of a request's wall time that some runnable task waited for a CPU: from
+    /proc/pressure/cpu when it was recorded, else estimated from the load average; None
+    when neither was recorded (records from older reports, synthetic records)."""
+    wall = getattr(record, "e2el_ms", 0.0)
+    stall = getattr(record, "cpu_stall_ms", None)
+    if stall is not None and wall > 0:
+        return min(1.0, max(0.0, stall / wall))
+    return load_stall_share(getattr(record, "load_avg_1m", None), cpus)
+
+
+def cpu_share(record: object) -> float | None:
+    """Process CPU time over wall time x compute threads (1.0: every thread busy throughout)."""
+    cpu, threads, wall = getattr(record, "cpu_time_ms", None), getattr(record, "threads", None), getattr(record, "e2el_ms", 0.0)
+    if cpu is None or not threads or wall <= 0:
+        return None
+    return cpu / (wall * threads)
+
+
+def is_contended(record: object, max_cpu_stall: float | None, cpus: int | None = None) -> bool:
+    """Whether a request's stalled share of wall time exceeds `max_cpu_stall` (None: never)."""
+    if max_cpu_stall is None:
+        return False
+    share = stall_share(record, cpus)
+    return share is not None and share > max_cpu_stall
+
+
+def pooled_stall_share(records: Iterable[object], cpus: int | None = None) -> float | None:
+    """The stalled share of the records' summed wall time (each weighted by its wall time)."""
+    wall = stalled = 0.0
+    for r in records:
+        share = stall_share(r, cpus)
+        if share is not None:
+            wall += r.e2el_ms  # type: ignore[attr-defined]
+            stalled += share * r.e2el_ms  # type: ignore[attr-defined]
+    return stalled / wall if wall > 0 else None
+
+
+def describe(share: float | None, contended: int, total: int, unit: str) -> str:
+    """"machine contended: 40% of wall time without CPU on 18 of 24 paired requests"."""
+    pct = f"{share:.0%} of wall time without CPU" if share is not None else "CPU pressure"
+    return f"machine contended: {pct} on {contended} of {total} {unit}"
+
+
+@dataclass(frozen=True)
+class Handling:
+    """What to do about contended requests while measuring (policy.measurement):
+    `max_cpu_stall` the stalled share above which a request is contended (None: never),
+    `reruns` how often a cell (the fallback and every draft) with a contended request is rerun."""
+
+    max_cpu_stall: float | None = None
+    reruns: int = 0
+    cpus: int | None = None
+
+
+# Defaults of policy.measurement's contention fields (see the README and gate.policy.model).
+DEFAULT_MAX_CPU_STALL = 0.1
+DEFAULT_MAX_CONTENDED = 0.5
+DEFAULT_CONTENTION_RERUNS = 2

@@ -1,0 +1,230 @@
+"""A busy machine must not give definite timing verdicts (issue 10, item 3).
+
+Unit tests on synthetic records (no timing assertions): parsing /proc/pressure/cpu, the
+contended classification, timing rules decided without contended requests (inconclusive,
+naming the cause, when too many are left out), overlap rules untouched; then the reruns
+with a probe that reports contention, and a real run on the tiny model filling the fields.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import tiny_policy, write_policy
+from gate.check import contention_note
+from gate.cli import cli
+from gate.measure.contention import (Pressure, Reading, cpu_share, describe, is_contended, load_stall_share,
+                                     parse_pressure, pooled_stall_share, stall_share)
+from gate.policy.model import MeasurementSpec, RuleSpec
+from gate.records import Environment, Measurements, OverlapRecord, RequestRecord
+from gate.rules.evaluate import Settings, evaluate
+
+PSI = "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+
+
+def test_parse_pressure_reads_the_some_line() -> None:
+    assert parse_pressure(PSI) == Pressure(0.39, 1398539)
+    assert parse_pressure("full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n") is None
+    assert parse_pressure("") is None
+    assert parse_pressure("some avg10=x total=12\n") is None
+
+
+def request(runner: str, prompt: int, e2el_ms: float, stall_ms: float | None = None, category: str = "qa",
+            load: float | None = None) -> RequestRecord:
+    n = 10
+    return RequestRecord(runner, "greedy", f"p{prompt}", category, n, 0, 10, list(range(n)),
+                         [e2el_ms * (i + 1) / n for i in range(n)], [1] * n, [0] * n, [0] * n, "length", e2el_ms, 0, 20,
+                         1000, 0, cpu_time_ms=2 * e2el_ms * 0.9, cpu_stall_ms=stall_ms, load_avg_1m=load, threads=2)
+
+
+def test_stall_share_from_pressure_else_load_average() -> None:
+    assert stall_share(request("fallback", 0, 1000.0, 250.0)) == pytest.approx(0.25)
+    assert stall_share(request("fallback", 0, 1000.0, 5000.0)) == 1.0  # capped: the read window is a little wider
+    # no pressure source: 6 runnable tasks on 2 CPUs leave two thirds of the demand unserved
+    assert stall_share(request("fallback", 0, 1000.0, None, load=6.0), cpus=2) == pytest.approx(2 / 3)
+    assert stall_share(request("fallback", 0, 1000.0, None, load=1.5), cpus=2) == 0.0
+    assert stall_share(request("fallback", 0, 1000.0)) is None  # nothing recorded (older reports)
+    assert load_stall_share(None, 2) is None
+    assert cpu_share(request("fallback", 0, 1000.0)) == pytest.approx(0.9)
+
+
+def test_contended_classification() -> None:
+    quiet, busy = request("fallback", 0, 1000.0, 50.0), request("fallback", 0, 1000.0, 400.0)
+    assert not is_contended(quiet, 0.1) and is_contended(busy, 0.1)
+    assert not is_contended(busy, None)  # max_cpu_stall: null never leaves a request out
+    assert not is_contended(request("fallback", 0, 1000.0), 0.1)  # unmeasured: not contended
+    assert pooled_stall_share([quiet, busy]) == pytest.approx(0.225)
+    assert describe(0.4, 18, 24, "paired requests") == "machine contended: 40% of wall time without CPU on 18 of 24 paired requests"
+
+
+def env() -> Environment:
+    return Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0, cpu_count=2, threads=2,
+                       cpu_pressure_source="/proc/pressure/cpu")
+
+
+def measurements(pairs: int, contended: set[int], stall: float = 0.6) -> Measurements:
+    """`pairs` paired requests: the fallback at 1000 ms, the draft at 500 ms (2x) when quiet;
+    in a contended pair both stall for `stall` of their wall time and the draft crawls (4 s)."""
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": {}})
+    for i in range(pairs):
+        if i in contended:
+            m.requests += [request("fallback", i, 1000.0, stall * 1000.0), request("d", i, 4000.0 + 10 * i, stall * (4000.0 + 10 * i))]
+        else:
+            m.requests += [request("fallback", i, 1000.0, 20.0), request("d", i, 500.0 + 10 * i, 10.0)]
+        m.overlaps.append(OverlapRecord("d", "greedy", f"p{i}", "qa", "distribution", [0.9, 0.8, 0.7], [True, True, False]))
+    return m
+
+
+SPEEDUP = RuleSpec(id="speedup", metric="speedup", aggregation="pooled", comparison=">=", threshold="1.0x")
+TTFT = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", relative_to="fallback", comparison="<=", threshold="1.25x")
+OVERLAP = RuleSpec(id="overlap", metric="overlap", aggregation="mean", comparison=">=", threshold=0.6)
+
+
+def test_a_rule_resting_on_contended_requests_is_inconclusive_and_names_the_cause() -> None:
+    m = measurements(24, set(range(18)))
+    for rule in (SPEEDUP, TTFT):
+        (o,) = evaluate([rule], m, Settings(resamples=500))
+        assert o.status == "inconclusive", o.message
+        assert "machine contended: 60% of wall time without CPU on 18 of 24 paired requests" in o.message
+    # the same records with contention ignored: a definite (and wrong) fail
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500, max_cpu_stall=None))
+    assert o.status == "fail" and "contended" not in o.message
+
+
+def test_a_few_contended_requests_are_left_out_and_the_rest_decides() -> None:
+    m = measurements(12, {3, 7})
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500))
+    assert o.status == "pass", o.message
+    assert "machine contended: 60% of wall time without CPU on 2 of 12 paired requests, left out" in o.message
+    assert "10 paired requests" in o.message  # the interval rests on the clean ones
+    # a contended fallback request takes its pair out too
+    m.requests[0].cpu_stall_ms = 900.0
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500))
+    assert "3 of 12 paired requests" in o.message
+    # with fewer than 5 clean pairs there is no interval: inconclusive, naming the contention
+    (o,) = evaluate([SPEEDUP], measurements(6, {0, 1}), Settings(resamples=500))
+    assert o.status == "inconclusive" and "2 of 6 paired requests" in o.message and "(4 clean: an interval needs 5)" in o.message
+
+
+def test_max_contended_sets_how_many_may_be_left_out() -> None:
+    m = measurements(24, set(range(6)))
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500))
+    assert o.status == "pass"
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500, max_contended=0.2))
+    assert o.status == "inconclusive" and "6 of 24 paired requests" in o.message
+
+
+def test_overlap_and_acceptance_rules_ignore_contention() -> None:
+    quiet, busy = measurements(12, set()), measurements(12, set(range(12)), stall=1.0)
+    acceptance = RuleSpec(id="acc", metric="acceptance_rate", aggregation="pooled", comparison=">=", threshold=0.0)
+    for rule in (OVERLAP, acceptance):
+        (a,) = evaluate([rule], quiet, Settings(resamples=500))
+        (b,) = evaluate([rule], busy, Settings(resamples=500))
+        assert (a.status, a.message) == (b.status, b.message)
+        assert "contended" not in b.message
+
+
+def test_the_note_says_when_the_machine_was_busy() -> None:
+    m = measurements(12, {3, 7})
+    m.environment.cpu_stall_share, m.environment.load_avg_1m_max = 0.2, 3.9
+    note = contention_note(m, 0.1)
+    assert note is not None and "4 of 24 requests contended" in note and "load average up to 3.9 on 2 CPUs" in note
+    assert contention_note(measurements(12, set()), 0.1) is None
+
+
+def test_policy_fields_and_defaults() -> None:
+    ms = MeasurementSpec()
+    assert (ms.max_cpu_stall, ms.contention_reruns, ms.max_contended) == (Settings().max_cpu_stall, 2, Settings().max_contended)
+    assert MeasurementSpec(max_cpu_stall=None).max_cpu_stall is None
+    with pytest.raises(ValueError):
+        MeasurementSpec(max_cpu_stall=1.5)
+
+
+DRAFTS = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
+RULES = ("  - id: speedup\n    metric: speedup\n    aggregation: pooled\n    comparison: '>='\n    threshold: 0.01x\n")
+
+
+def run_check(tmp_path: Path, model: Path, prompts: Path, measurement: str) -> dict:
+    text = tiny_policy(model, prompts, RULES, drafts=DRAFTS, max_new_tokens=6) + measurement
+    policy = write_policy(tmp_path, text)
+    CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
+    return json.loads((tmp_path / "r.json").read_text())
+
+
+def test_check_records_cpu_time_and_pressure_per_request(tmp_path, tiny_model_dir, prompts_file) -> None:
+    report = run_check(tmp_path, tiny_model_dir, prompts_file, "measurement:\n  warmup_requests: 0\n")
+    requests = report["measurements"]["requests"]
+    assert requests
+    psi = Path("/proc/pressure/cpu").exists()
+    for r in requests:
+        assert r["cpu_time_ms"] is not None and r["cpu_time_ms"] >= 0
+        assert r["threads"] is not None and r["threads"] >= 1
+        assert (r["cpu_stall_ms"] is not None) == psi
+        assert r["contention_reruns"] in (0, 1, 2)
+    env = report["measurements"]["environment"]
+    assert env["cpu_count"] >= 1 and env["threads"] >= 1
+    assert env["cpu_pressure_source"] == ("/proc/pressure/cpu" if psi else "load average")
+    assert env["cpu_stall_share"] is not None and 0.0 <= env["cpu_stall_share"] <= 1.0
+
+
+class BusyProbe:
+    """A probe that reports every request of the first `busy` windows as fully stalled."""
+
+    calls = 0
+    busy = 0
+
+    def __init__(self, *_: object) -> None:
+        self.available = True
+
+    def start(self) -> None:
+        return None
+
+    def stop(self, _: object) -> Reading:
+        BusyProbe.calls += 1
+        stalled = BusyProbe.calls <= BusyProbe.busy
+        return Reading(1.0, 1.0, 1e6 if stalled else 0.0, 1.0)
+
+
+@pytest.mark.parametrize("busy, reruns, contended", [(2, 2, False), (10**6, 1, True)])
+def test_contended_cells_are_rerun_then_left_out(tmp_path, tiny_model_dir, prompts_file, monkeypatch, busy, reruns,
+                                                 contended) -> None:
+    """The first two windows contended: the first cell (fallback, lookup) is rerun once and
+    comes out clean. Always contended: every cell is rerun (until the machine is found busy
+    for good) and the speedup verdict is inconclusive, naming the contention."""
+    monkeypatch.setattr("gate.run.Probe", BusyProbe)
+    BusyProbe.calls, BusyProbe.busy = 0, busy
+    report = run_check(tmp_path, tiny_model_dir, prompts_file,
+                       f"measurement:\n  warmup_requests: 0\n  contention_reruns: {reruns}\n")
+    requests = report["measurements"]["requests"]
+    assert len(requests) == 10  # 5 prompts x (fallback, lookup): reruns replace, never add
+    (o,) = [o for o in report["outcomes"] if o["rule_id"] == "speedup"]
+    if not contended:
+        assert [r["contention_reruns"] for r in requests] == [1, 1] + [0] * 8
+        assert all(r["cpu_stall_ms"] == 0.0 for r in requests)
+        assert o["status"] == "pass" and "contended" not in o["message"]
+    else:
+        assert [r["contention_reruns"] for r in requests] == [1] * 6 + [0] * 4  # 3 cells stuck: reruns stop
+        assert o["status"] == "inconclusive"
+        assert "machine contended: 100% of wall time without CPU on 5 of 5 paired requests" in o["message"]
+        assert any(n.startswith("machine busy") and "10 of 10 requests contended" in n for n in report["notes"])
+        explained = CliRunner().invoke(cli, ["explain", str(tmp_path / "r.json"), "speedup"])
+        assert "lookup: 5 of 5 requests contended (over 10% of wall time without CPU)" in explained.output, explained.output
+    # overlap is measured whatever the machine did
+    (ov,) = [o for o in report["outcomes"] if o["rule_id"] == "overlap-floor" and o["draft"] == "lookup"]
+    assert ov["status"] != "inconclusive" or "contended" not in ov["message"]
+
+
+def test_a_latency_ceiling_met_while_contended_passes_and_a_miss_is_inconclusive() -> None:
+    """Contention only slows: a ceiling met with contended requests in is met without them,
+    but a ceiling missed on contended requests may be the machine's fault."""
+    m = measurements(24, set(range(18)))
+    loose = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", comparison="<=", threshold="10 s")
+    (o,) = evaluate([loose], m, Settings(resamples=500))
+    assert o.status == "pass" and "18 of 24 requests" in o.message and "passed nonetheless" in o.message
+    tight = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", comparison="<=", threshold="100 ms")
+    (o,) = evaluate([tight], m, Settings(resamples=500))
+    assert o.status == "inconclusive" and "machine contended" in o.message
