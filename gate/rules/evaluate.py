@@ -212,7 +212,7 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
     if busy is not None and busy.too_many and not failed:
         return Outcome(**base, status="inconclusive", measured=None if math.isnan(point) else point, samples=n,
                        fallback_value=None, message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
-                       + (f"an interval needs {MIN_UNITS}" if busy.kept < MIN_UNITS else
+                       + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS else
                           f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
     if failed or n == 0 or math.isnan(point):
         why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
