@@ -35,6 +35,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -42,9 +43,11 @@ import torch
 
 import gate.measure.exactness as ex
 from gate.law import Law, law_probs
+from gate.rules.exactness import context_test
 from gate.reference import LAW_PRESERVING, Fault, LogitFn, model_logits, speculative_sample, table_logits
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
+RULE = SimpleNamespace(significance=ALPHA, power=POWER, detect_tv=DETECT_TV)  # gate's default exactness rule
 GAMMA, LENGTH, PROMPTS = 3, 8, 4
 V_TABLE, V_LLAMA = 8, 96
 
@@ -112,11 +115,7 @@ def decide_run(setup: Setup, outs: list[torch.Tensor], seed: int) -> tuple[str, 
         pit += ex.randomized_pit(probs.reshape(-1, probs.shape[-1]), out.reshape(-1), g).tolist()
         for prefix, tokens in ex.contexts(out.tolist()):
             nt = ex.sparse_counts(f"p{i}", tokens, target_law(target, setup.law, prefix), prefix=prefix)
-            counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
-            p = np.asarray(nt.support_probs + [nt.rest_prob, 0.0], dtype=float)
-            test = ex.next_token_test(counts, p, ALPHA, POWER, DETECT_TV, rng=np.random.default_rng(seed))
-            test.role = ex.EVIDENCE if prefix else ex.CLAIM
-            tests.append(test)
+            tests.append(context_test(nt, RULE))
     ks = ex.pit_test(np.asarray(pit), ALPHA, POWER, DETECT_TV)
     ex.decide(tests + [ks], ALPHA)
     gate_verdict = ex.overall(tests + [ks])

@@ -10,10 +10,12 @@ is not a verdict (README, exit codes).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 from dataclasses import dataclass
+from typing import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -79,6 +81,17 @@ def arm() -> None:
 def stop_raising() -> None:
     """From now on a signal is only recorded: what is left is writing the reports."""
     _state.raising = False
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A block that must not be cut short (bookkeeping on what was measured): a signal inside
+    it is only recorded; afterwards the run is re-armed unless a signal came meanwhile."""
+    stop_raising()
+    try:
+        yield
+    finally:
+        arm()
 
 
 def received() -> int | None:

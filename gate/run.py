@@ -53,16 +53,13 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
             _phase(m, "exactness", lambda: _exactness(session, m, exactness, seed, progress))
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
-    interrupt.stop_raising()  # what follows is bookkeeping on what was measured: a signal now is only recorded
-    try:
+    with interrupt.deferred():  # bookkeeping on what was measured: a signal now is only recorded
         record_load(m.environment, m.requests)
         _bills(session, m, max(max_new_tokens), resources)
         m.process_peak_rss_bytes = process_peak_rss_bytes()
         if session.device.type == "cuda":
             m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
-    finally:
-        interrupt.arm()  # re-armed only if no signal came meanwhile
     return m
 
 
@@ -79,11 +76,8 @@ def measure_more(session: Session, m: Measurements, drafts: list[str], laws: lis
         _run_requests(session, m, requests, progress or (lambda *_: None), contention)
     except KeyboardInterrupt:
         m.failures.append(Failure("run", "*", "*", "run", "interrupted during extra repetitions"))
-    interrupt.stop_raising()
-    try:
+    with interrupt.deferred():
         record_load(m.environment, m.requests)
-    finally:
-        interrupt.arm()
 
 
 # Once this many more cells stayed contended through all their reruns than came out clean,

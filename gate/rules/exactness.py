@@ -24,8 +24,9 @@ from gate.measure.exactness import (CLAIM, EVIDENCE, FAIL, ExactnessTest, decide
 from gate.records import ExactnessRecord, Measurements, NextTokenCounts
 from gate.rules.evaluate import Outcome
 
-def _next_token(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
-    """The G-test at one context: a claim at a prompt's first output position, evidence after a prefix."""
+def context_test(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
+    """The G-test at one context (`rule`: significance, power, detect_tv): a claim at a
+    prompt's first output position, evidence after a prefix."""
     counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
     p = np.asarray(nt.support_probs + [nt.rest_prob, 0.0], dtype=float)
     where = f"{nt.prompt_id} after {len(nt.prefix)} output tokens" if nt.prefix else nt.prompt_id
@@ -65,7 +66,7 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
             if rec.pit:
                 tests.append(pit_test([np.nan if u is None else u for u in rec.pit], rule.significance, rule.power,
                                       rule.detect_tv))
-            tests += [_next_token(nt, rule) for nt in rec.next_token]
+            tests += [context_test(nt, rule) for nt in rec.next_token]
             sampling[key] = tests
     if not pairs:
         return [Outcome(**base, scope="*", draft="*", law="*", status="error", measured=None, samples=0,
