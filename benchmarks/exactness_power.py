@@ -3,7 +3,7 @@ known fault, on explicit tables and on random tiny models, at a grid of sample s
 
 Every run draws `n` sequences of LENGTH tokens from each of PROMPTS prompts with the
 reference speculative sampler (gate.reference, gamma 3), with one injected fault, and
-decides them as `gate exactness` does (gate.measure.exactness, the default rule: significance
+decides them as `gate exactness` does (gate.rules.exactness_tests, the default rule: significance
 0.01, power 0.9, detect_tv 0.1):
 
   gate     next-token G-tests at the first output position of every prompt (claim tests),
@@ -41,7 +41,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-import gate.measure.exactness as ex
+import gate.measure.exactness as mx
+import gate.rules.exactness_tests as ex
 from gate.law import Law, law_probs
 from gate.rules.exactness import context_test
 from gate.reference import LAW_PRESERVING, Fault, LogitFn, model_logits, speculative_sample, table_logits
@@ -112,9 +113,9 @@ def decide_run(setup: Setup, outs: list[torch.Tensor], seed: int) -> tuple[str, 
     for i, ((target, _), out) in enumerate(zip(setup.pairs, outs)):
         at = torch.arange(out.shape[1]).expand(out.shape[0], -1)
         probs = law_probs(target(out, at), setup.law)  # [n, L, V]
-        pit += ex.randomized_pit(probs.reshape(-1, probs.shape[-1]), out.reshape(-1), g).tolist()
-        for prefix, tokens in ex.contexts(out.tolist()):
-            nt = ex.sparse_counts(f"p{i}", tokens, target_law(target, setup.law, prefix), prefix=prefix)
+        pit += mx.randomized_pit(probs.reshape(-1, probs.shape[-1]), out.reshape(-1), g).tolist()
+        for prefix, tokens in mx.contexts(out.tolist()):
+            nt = mx.sparse_counts(f"p{i}", tokens, target_law(target, setup.law, prefix), prefix=prefix)
             tests.append(context_test(nt, RULE))
     ks = ex.pit_test(np.asarray(pit), ALPHA, POWER, DETECT_TV)
     ex.decide(tests + [ks], ALPHA)
@@ -250,7 +251,7 @@ def smollm2_timing(repeats: int, length: int) -> None:
             t = time.perf_counter()
             probs = law_probs(logits, law)
             t1 = time.perf_counter()
-            u = ex.randomized_pit(probs, sampled, g)
+            u = mx.randomized_pit(probs, sampled, g)
             t2 = time.perf_counter()
             test = ex.pit_test(u.numpy(), ALPHA, POWER, DETECT_TV)
             t3 = time.perf_counter()

@@ -23,11 +23,16 @@ from pathlib import Path
 import torch
 
 from gate.drafts.model import ModelDraft
-from gate.engines.transformers import TransformersEngine
 from gate.law import Law
+from gate.load.sequential import SEQUENTIAL
 from gate.measure.overlap import position_overlaps
 from gate.models.cache import forward
 from gate.models.load import load_model, load_tokenizer, resolve_source
+from gate.oracle import TargetOracle
+from gate.plan import PlannedPrompt, Request
+from gate.records import FALLBACK
+from gate.runners.interface import StreamResult
+from gate.runners.transformers import TransformersRunner
 from gate.workloads.interface import select
 from gate.workloads.mt_bench import MTBench
 
@@ -49,8 +54,9 @@ def main() -> None:
     prompts = [tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=True)
                for p in select(MTBench().load(), 0, 1, args.prompts, None)]
     prompts = [p["input_ids"] if not isinstance(p, list) else p for p in prompts]
-    engine = TransformersEngine(target, set(), cpu)  # no EOS: every run makes exactly --tokens tokens
     draft = ModelDraft("bf16", "model", draft_model, 4, cpu)
+    runner = TransformersRunner(target, set(), cpu, drafts={"bf16": draft})  # no EOS: every run makes exactly --tokens tokens
+    oracle = TargetOracle(target, cpu)
     assistant = copy.deepcopy(draft_model)
     assistant.generation_config.num_assistant_tokens = 4
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -67,15 +73,22 @@ def main() -> None:
         assert out.shape[1] - x.shape[1] == n
         return n / dt
 
+    def run(ids: list[int], with_draft: bool) -> StreamResult:
+        (g,) = runner.run([Request("bf16" if with_draft else FALLBACK, GREEDY, PlannedPrompt("p", "bench", tuple(ids)), n, 0, 0)],
+                          SEQUENTIAL)
+        if isinstance(g, Exception):
+            raise g
+        return g
+
     def gate_generate(ids: list[int], with_draft: bool) -> float:
-        g = engine.generate(ids, draft if with_draft else None, GREEDY, n, None)
+        g = run(ids, with_draft)
         assert len(g.output_ids) == n
         return n / (g.e2el_ms / 1e3)
 
     @torch.inference_mode()
     def overlap_rate(ids: list[int], start: int) -> tuple[float, float]:
         t0 = time.perf_counter()
-        p = engine.target_probs(ids, start, GREEDY)
+        p = oracle.target_probs(ids, start, GREEDY)
         q = draft.teacher_forced(ids, start, GREEDY, p.shape[-1])
         position_overlaps(p, q)
         measured = time.perf_counter() - t0
@@ -95,7 +108,7 @@ def main() -> None:
             rows["hf"].append(hf_generate(ids, False))
             rows["gate_spec"].append(gate_generate(ids, True))
             rows["hf_assisted"].append(hf_generate(ids, True))
-            cont = engine.generate(ids, None, GREEDY, n, None).output_ids
+            cont = run(ids, False).output_ids
             o, r = overlap_rate(list(ids) + cont, len(ids))
             rows["overlap"].append(o)
             rows["raw_forward"].append(r)

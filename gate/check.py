@@ -1,11 +1,10 @@
-"""`gate check` and `gate validate` as functions: policy -> session -> measure -> rules -> report.
+"""`gate check` as a function: plan (gate.validate) -> session -> measure -> rules -> report.
 
 The CLI only parses arguments and prints; everything it runs is here.
 """
 
 from __future__ import annotations
 
-import difflib
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,20 +13,21 @@ from typing import Any
 import torch
 
 from gate import interrupt
+from gate.baseline import Baseline
 from gate.errors import InputError, PolicyValueError
 from gate.measure.contention import Handling, is_contended
 from gate.measure.environment import environment
-from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, resolve_device, resolve_source
-from gate.plan import plan_exactness
+from gate.models.load import resolve_device
 from gate.policy.load import LoadedPolicy, load_policy
-from gate.records import Failure, Measurements
+from gate.metrics import REPEATABLE
+from gate.records import Failure, FailureStage, Measurements
 from gate.report.document import Report, make_report
-from gate.rules.power import underpowered
+from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
 from gate.rules.summary import summarize
 from gate.run import Progress, measure, measure_more
-from gate.session import open_session, workload_source
-from gate.workloads.interface import select
+from gate.session import open_session
+from gate.validate import validate
 
 
 @dataclass
@@ -46,112 +46,6 @@ class Options:
     waivers: bool = True
 
 
-def validate(path: str | Path) -> LoadedPolicy:
-    """Validate a policy without loading model weights (see _validate). Raises InputError."""
-    return _validate(path)[0]
-
-
-def _validate(path: str | Path) -> tuple[LoadedPolicy, tuple[Measurements, str | None] | None]:
-    """Validate a policy without loading model weights: schema, units, names, that every
-    model source and the prompt source can be found, and that a separate draft model's
-    tokenizer matches the target's; also the baseline report's measurements when the policy
-    names one (read once here, used by check). Raises InputError (file, YAML path, line)."""
-    loaded = load_policy(path)
-    policy = loaded.policy
-    try:
-        if not policy.drafts:
-            raise PolicyValueError("drafts", "the policy names no draft; gate check needs at least one (a policy for "
-                                   "gate exactness on recorded samples needs only a target and exactness rules)")
-        resolve_device(policy.target.device, "target.device")
-        target = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-        separate = {name: resolve_source(draft.model, draft.gguf_file, loaded.path.parent, f"drafts.{name}.model")
-                    for name, draft in policy.drafts.items() if draft.kind == "model" and draft.model != "target"}
-        if separate:
-            target_tokenizer = _tokenizer(target, "target.model")
-            for name, source in separate.items():
-                check_tokenizers(target_tokenizer, _tokenizer(source, f"drafts.{name}.model"), f"drafts.{name}.model")
-        w = policy.workload
-        source = workload_source(loaded)
-        everything = source.load()
-        chosen = select(everything, w.seed, w.per_category, w.num_prompts, w.categories)
-        if not chosen:
-            raise PolicyValueError("workload", "the workload selects no prompt")
-        _check_categories(policy, sorted({p.category for p in everything}))
-        weak = underpowered(policy, [p.category for p in chosen])
-        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
-        _check_against_config(loaded, target)
-    except PolicyValueError as e:
-        raise loaded.error(e) from None
-    return loaded, load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
-
-
-def _check_sliding_window(config: Any, positions: int) -> None:
-    """gate's loop rolls the target's cache back after rejected proposals; transformers'
-    sliding-window cache cannot roll back once its window is full, so such a target must
-    not outgrow its window in this workload."""
-    from gate.measure.kv import ConfigError, cache_model
-
-    try:
-        windows = [layer.window for layer in cache_model(config).layers if layer.window]
-    except ConfigError:
-        return  # a layout gate cannot bill is reported by the bill, not here
-    if windows and positions >= min(windows) - 1:
-        raise PolicyValueError("workload.max_new_tokens", f"the target has sliding-window layers (window {min(windows)}) and "
-                               f"this workload needs {positions} positions: gate's speculative loop cannot roll back a full "
-                               "sliding-window cache yet; keep prompt + max_new_tokens + num_draft_tokens below the window")
-
-
-def _check_categories(policy: Any, known: list[str]) -> None:
-    """Every category a rule scope or the workload names must exist in the prompt source."""
-    named = [("workload.categories", j, c) for j, c in enumerate(policy.workload.categories or [])]
-    named += [(f"rules[{i}].scope.categories", j, c) for i, r in enumerate(policy.rules) for j, c in enumerate(r.scope.categories or [])]
-    for path, j, c in named:
-        if c not in known:
-            close = difflib.get_close_matches(c, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PolicyValueError(f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}")
-
-
-def _check_against_config(loaded: LoadedPolicy, target: ModelSource) -> None:
-    """What the target's config decides before any weight is loaded: early-exit depth and
-    whether the longest prompt plus max_new_tokens (and the bill's context) fit its positions."""
-    from gate.resources import load_config
-    from gate.session import load_prompts
-
-    policy = loaded.policy
-    try:
-        config = load_config(target)
-    except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
-        raise PolicyValueError("target.model", f"cannot read the model config of {target}: {type(e).__name__}: {e}") from None
-    layers = getattr(config, "num_hidden_layers", None)
-    limit = getattr(config, "max_position_embeddings", None)
-    for name, d in policy.drafts.items():
-        if d.kind == "early_exit" and layers and not d.num_layers < layers:
-            raise PolicyValueError(f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {d.num_layers})")
-    if not limit:
-        limit = 10**12
-    if policy.resources.context_tokens and policy.resources.context_tokens > limit:
-        raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
-                               f"{limit} positions (max_position_embeddings)")
-    longest = max(len(p.token_ids) for p in load_prompts(loaded, _tokenizer(target, "target.model"), config))
-    need = longest + max(policy.workload.max_new_tokens_list)
-    _check_sliding_window(config, need + max(d.num_draft_tokens for d in policy.drafts.values()))
-    if need > limit:
-        raise PolicyValueError("workload.max_new_tokens", f"the longest prompt ({longest} tokens) plus max_new_tokens needs "
-                               f"{need} positions; the target has {limit} (max_position_embeddings)")
-
-
-def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
-    from gate.models.load import MissingTokenizer
-
-    try:
-        return load_tokenizer(source)
-    except MissingTokenizer as e:
-        raise PolicyValueError(yaml_path, str(e)) from None
-    except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
-        raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
-
-
 def check(path: str | Path, progress: Progress | None = None, options: Options = Options(),
           warmup: bool = True) -> CheckResult:
     """Run every measurement the policy needs, evaluate every rule, build the report.
@@ -164,14 +58,15 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     step = progress or (lambda *_: None)
     interrupt.arm()
     try:
-        loaded, baseline = _validate(path)
+        plan = validate(path)
     except KeyboardInterrupt:
         return _interrupted(_policy_only(path), "before measuring started (while validating the policy)", options, None)
+    loaded, baseline = plan.loaded, plan.baseline
     policy = loaded.policy
     ms = policy.measurement
     try:
         step("loading models", 0, 1)
-        session = open_session(loaded)
+        session = open_session(plan)
         step("loading models", 1, 1)
     except KeyboardInterrupt:
         return _interrupted(loaded, "before measuring started (while loading models)", options, baseline)
@@ -181,9 +76,9 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
         raise
     except Exception as e:  # noqa: BLE001 - a model that cannot be loaded is a failed measurement
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
-        m.failures.append(Failure("run", "*", "*", "loading models", f"{type(e).__name__}: {e}"))
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
-    exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
+    exactness = plan.exactness
     lengths = policy.workload.max_new_tokens_list
     try:
         m = measure(session, lengths, ms.repetitions, policy.workload.seed, policy.resources,
@@ -196,16 +91,16 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
         # could not be made: exit code 3 with the reports written, never a traceback.
         m = _nothing_measured(loaded, session.device)
         m.environment.models = session.models
-        m.failures.append(Failure("run", "*", "*", "measuring", f"{type(e).__name__}: {e}"))
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "measuring", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
     notes: list[str] = []
     if interrupt.received() is not None or _stopped(m):  # measure() stopped and kept what it had
         return _interrupted(loaded, "while measuring", options, baseline, m=m)
     try:
         for extra in range(ms.extra_repetitions):
-            settings = settings_for(policy, *(baseline or (None, None)), waivers=options.waivers)  # waived: not rerun
+            settings = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
             pending = [o for o in evaluate(policy.rules, m, settings)
-                       if o.status == "inconclusive" and o.metric in REPEATABLE and o.level != "off"]
+                       if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"]
             if not pending:
                 break
             drafts, laws = sorted({o.draft for o in pending}), sorted({o.law for o in pending})
@@ -226,7 +121,7 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
 
 def _stopped(m: Measurements) -> bool:
     """Whether the run recorded an interrupt (a KeyboardInterrupt that measure() caught)."""
-    return any(f.stage == "run" and f.message.startswith("interrupted") for f in m.failures)
+    return any(f.stage == FailureStage.RUN and f.message.startswith("interrupted") for f in m.failures)
 
 
 def _policy_only(path: str | Path) -> LoadedPolicy:
@@ -239,7 +134,7 @@ def _policy_only(path: str | Path) -> LoadedPolicy:
         raise KeyboardInterrupt from None
 
 
-def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: tuple[Measurements, str | None] | None,
+def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: Baseline | None,
                  m: Measurements | None = None, session: Any = None, notes: list[str] | None = None) -> CheckResult:
     """The result of a run stopped by SIGINT or SIGTERM `stage`: what was measured (or
     nothing), an interrupt failure so no rule passes on missing data, a note saying so, and
@@ -255,7 +150,7 @@ def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: t
         if session is not None:
             m.environment.models = session.models
     if not _stopped(m):
-        m.failures.append(Failure("run", "*", "*", "run", f"interrupted by {interrupt.name()} {stage}"))
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", f"interrupted by {interrupt.name()} {stage}"))
     result = finish(loaded, m, options, [*(notes or []), interrupt.note(stage)], baseline=baseline)
     result.exit_code = result.report.exit_code = interrupt.exit_code()
     return result
@@ -287,35 +182,6 @@ def contention_note(m: Measurements, max_cpu_stall: float | None) -> str | None:
     return text
 
 
-# Metrics whose verdicts more timed repetitions can settle (overlap is measured once, on repetition 0).
-REPEATABLE = {"speedup", "committed_tokens_per_s", "ttft_ms", "itl_ms", "itl_chunk_ms", "tpot_ms", "e2el_ms",
-              "acceptance_rate", "mean_acceptance_length", "kv_cache_bytes"}
-
-
-def load_baseline(loaded: LoadedPolicy) -> tuple[Measurements, str | None] | None:
-    """The baseline report's measurements and, when its environment differs from this
-    machine's (device, torch, transformers), why it cannot be compared. The target
-    fingerprint is compared after the run (finish). Raises InputError for an unreadable report."""
-    from gate.report.explain import load_report
-
-    spec = loaded.policy.baseline
-    if spec is None:
-        return None
-    path = loaded.resolve(spec.report)
-    if not path.is_file():
-        why = "is a directory, not a report" if path.is_dir() else "does not exist"
-        raise loaded.error(PolicyValueError("baseline.report", f"the baseline report {path} {why}"))
-    try:
-        report = load_report(path)
-    except InputError as e:
-        raise loaded.error(PolicyValueError("baseline.report", "; ".join(str(p) for p in e.problems))) from None
-    for cand, name in spec.drafts.items():
-        if name not in report.measurements.drafts:
-            raise loaded.error(PolicyValueError(f"baseline.drafts.{cand}", f"the baseline report has no draft {name!r}; its drafts: "
-                                                f"{', '.join(report.measurements.drafts)}"))
-    return report.measurements, None
-
-
 def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurements:
     """Measurements with the environment, laws and drafts but no record (every rule: error)."""
     policy = loaded.policy
@@ -325,11 +191,11 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
 
 
 def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[str],
-           rules: list[Any] | None = None, baseline: tuple[Measurements, str | None] | None = None) -> CheckResult:
+           rules: list[Any] | None = None, baseline: Baseline | None = None) -> CheckResult:
     """Evaluate `rules` (default: the policy's) on `m` and build the report and exit code."""
     from gate.compare import environment_differences
 
-    base, mismatch = baseline or (None, None)
+    base, mismatch = (baseline.measurements if baseline else None), None
     if base is not None:
         diffs = environment_differences(base.environment, m.environment)
         mismatch = "; ".join(diffs) or None

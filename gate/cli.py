@@ -89,7 +89,6 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when interrupted: the reports are written with
     what was measured, and rules without measurements are errors (not a verdict)."""
     from gate.check import Options, check as do_check
-    from gate.report.junit import JunitReport
 
     show = None if no_progress else ("bars" if _err.is_terminal else "lines")
     options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers)
@@ -98,52 +97,36 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
             result = do_check(policy, progress=progress, options=options, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
-    _write_and_exit(result, json_path, junit_path, markdown_path,
-                    JunitReport(fail_on_warn, fail_on_inconclusive, junit_warn, junit_inconclusive))
+    junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
+             "inconclusive_as": junit_inconclusive}
+    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit})
 
 
 def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, markdown_path: Path | None = None,
-                    junit: Any = None) -> None:
-    """Write the JSON and JUnit reports, print the console summary, exit with the gate's code."""
-    from gate.report.console import ConsoleReport
-    from gate.report.json import JsonReport
-    from gate.report.junit import JunitReport
+                    options: dict[str, dict[str, Any]] | None = None) -> None:
+    """Write the JSON, JUnit (and Markdown) reports through gate.report.registry, print the
+    console summary, exit with the gate's code. `options`: format name -> its keywords."""
+    from gate import interrupt
+    from gate.report import registry as formats
 
-    from gate.report.markdown import MarkdownReport
-
-    for fmt, path in ((JsonReport(), json_path), (junit or JunitReport(), junit_path), (MarkdownReport(), markdown_path)):
+    options = options or {}
+    for name, path in (("json", json_path), ("junit", junit_path), ("markdown", markdown_path)):
         if path is None:
             continue
-        _late_interrupt(result)
+        fmt = formats.create(name, **options.get(name, {}))
+        interrupt.mark_late(result)  # a signal once every measurement was made: noted, exit 128 + signal
         try:
-            if isinstance(fmt, MarkdownReport) and path.exists():
-                with path.open("a", encoding="utf-8") as f:  # step summaries accumulate
-                    f.write(fmt.render(result.report))
-            else:
-                fmt.write(result.report, path)
+            fmt.write(result.report, path)
         except OSError as e:
             _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
             sys.exit(EXIT_USAGE)
     out = Console(highlight=False, emoji=False)
     if not out.is_terminal:
         out = Console(highlight=False, emoji=False, width=160)
-    ConsoleReport().print(result.report, out)
+    formats.create("console").print(result.report, out)
     click.echo(f"reports: {json_path} {junit_path}")
-    _late_interrupt(result)
+    interrupt.mark_late(result)
     sys.exit(result.exit_code)
-
-
-def _late_interrupt(result: "CheckResult") -> None:
-    """A SIGINT or SIGTERM that came once every measurement was made (the verdicts or the
-    reports were being made): the reports are written whole, and say so when they still can;
-    the exit code is 128 + the signal all the same (interrupted, not a verdict)."""
-    from gate import interrupt
-
-    if interrupt.received() is None or result.exit_code == interrupt.exit_code():
-        return
-    result.report.notes.append(f"interrupted by {interrupt.name()} after every measurement was made, while the reports were "
-                               f"written: verdicts are complete, but exit code {interrupt.exit_code()} means interrupted")
-    result.exit_code = result.report.exit_code = interrupt.exit_code()
 
 
 @cli.command()
@@ -203,17 +186,16 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
             except PolicyValueError as e:
                 raise loaded.error(e) from None
         elif target_config is not None and policy is None:
-            from gate.models.load import PACKAGED, resolve_source
+            from gate.models.load import config_path
 
-            packaged = {}
+            found = {}
             for flag, given in (("--target", target_config), ("--draft", draft_config)):
-                if given is not None and not given.exists() and str(given) in PACKAGED:  # e.g. --target smollm2-135m-instruct
+                if given is not None:  # a packaged model's name (--target smollm2-135m-instruct) is its GGUF file
                     try:
-                        src = resolve_source(str(given), None, Path.cwd(), flag)
+                        found[flag] = config_path(given, flag)
                     except PolicyValueError as e:
                         raise InputError([Problem("command line", flag, None, e.message)]) from None
-                    packaged[flag] = Path(src.location) / str(src.gguf_file)
-            target_config, draft_config = packaged.get("--target", target_config), packaged.get("--draft", draft_config)
+            target_config, draft_config = found.get("--target"), found.get("--draft")
             for flag, given in (("--target", target_config), ("--draft", draft_config)):
                 if given is not None and not given.exists():
                     raise InputError([Problem("command line", flag, None, f"no such file or folder: {given}")])

@@ -20,6 +20,7 @@ from gate.records import Environment, Measurements
 from gate.report.document import Report
 from gate.rules.confidence import MIN_UNITS, Interval, bootstrap_interval, estimand, ratio
 from gate.rules.samples import Selection, value
+from gate.rules.status import Change, Status
 
 HIGHER_IS_BETTER = ("overlap", "mean_acceptance_length", "speedup")
 
@@ -36,7 +37,7 @@ class Comparison:
     candidate: float | str | None
     ratio: float | None
     interval: Interval | None
-    verdict: str  # regressed, improved, unchanged, inconclusive, missing
+    verdict: Change  # regressed, improved, unchanged, inconclusive, missing
     note: str = ""
 
 
@@ -79,17 +80,17 @@ def workload_differences(base: Measurements, cand: Measurements) -> list[str]:
     return out
 
 
-def _verdict(interval: Interval | None, higher_is_better: bool, tolerance: float) -> str:
+def _verdict(interval: Interval | None, higher_is_better: bool, tolerance: float) -> Change:
     if interval is None:
-        return "inconclusive"
+        return Change.INCONCLUSIVE
     low, high = (interval.low, interval.high) if higher_is_better else (1 / interval.high, 1 / interval.low)
     if high < 1 - tolerance:
-        return "regressed"
+        return Change.REGRESSED
     if low > 1 + tolerance:
-        return "improved"
+        return Change.IMPROVED
     if low >= 1 - tolerance and high <= 1 + tolerance:
-        return "unchanged"
-    return "inconclusive"
+        return Change.UNCHANGED
+    return Change.INCONCLUSIVE
 
 
 def _sampled(figure: str, metric: str, aggregation: str, base: Measurements, cand: Measurements, bd: str, cd: str, law: str,
@@ -103,7 +104,7 @@ def _sampled(figure: str, metric: str, aggregation: str, base: Measurements, can
         return None
     if b is None or c is None or not b.units or not c.units:
         return Comparison(cd, bd, law, figure, None if b is None else b.point(), None if c is None else c.point(), None, None,
-                          "missing", "not measured in " + ("the baseline" if b is None else "the candidate"))
+                          Change.MISSING, "not measured in " + ("the baseline" if b is None else "the candidate"))
     same = len(b.groups) == len(c.groups) == 1 and set(b.groups[0][0].keys) == set(c.groups[0][0].keys)
     est = ratio(c, b, paired=same)
     interval = bootstrap_interval(est, confidence, resamples, 0)
@@ -144,9 +145,9 @@ def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, to
             for o in cand.outcomes:
                 if o.metric == "exactness" and o.draft == cd and o.law == law:
                     old = next((b for b in base.outcomes if b.rule_id == o.rule_id and b.draft == bd and b.law == law), None)
-                    verdict = ("regressed" if o.status == "fail" and (old is None or old.status != "fail") else
-                               "improved" if old is not None and old.status == "fail" and o.status == "pass" else
-                               "unchanged" if old is not None and old.status == o.status else "inconclusive")
+                    verdict = (Change.REGRESSED if o.status == Status.FAIL and (old is None or old.status != Status.FAIL) else
+                               Change.IMPROVED if old is not None and old.status == Status.FAIL and o.status == Status.PASS else
+                               Change.UNCHANGED if old is not None and old.status == o.status else Change.INCONCLUSIVE)
                     result.comparisons.append(Comparison(cd, bd, law, f"exactness: {o.rule_id}", old.status if old else None,
                                                          o.status, None, None, verdict))
         for line in _bill_lines(cm, cd):
@@ -155,19 +156,19 @@ def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, to
             if math.isnan(old_bytes) and math.isnan(new_bytes):
                 continue
             r = new_bytes / old_bytes if old_bytes and not math.isnan(old_bytes) else None
-            verdict = ("missing" if math.isnan(old_bytes) or math.isnan(new_bytes) else
-                       "unchanged" if r is None or abs(r - 1) <= tolerance else "regressed" if r > 1 else "improved")
+            verdict = (Change.MISSING if math.isnan(old_bytes) or math.isnan(new_bytes) else
+                       Change.UNCHANGED if r is None or abs(r - 1) <= tolerance else Change.REGRESSED if r > 1 else Change.IMPROVED)
             result.comparisons.append(Comparison(cd, bd, "*", f"memory: {line}", None if math.isnan(old_bytes) else old_bytes,
                                                  None if math.isnan(new_bytes) else new_bytes, r,
                                                  None, verdict, "computed, no interval"))
     if result.environment_differences:
         for row in result.comparisons:
-            if row.verdict in ("regressed", "improved", "unchanged"):  # bill lines too: another config or dtype moves them
+            if row.verdict in (Change.REGRESSED, Change.IMPROVED, Change.UNCHANGED):  # bill lines too: another config or dtype moves them
                 row.note = "not comparable: " + "; ".join(result.environment_differences)
-                row.verdict = "inconclusive"
-    if any(r.verdict == "regressed" for r in result.comparisons):
+                row.verdict = Change.INCONCLUSIVE
+    if any(r.verdict == Change.REGRESSED for r in result.comparisons):
         result.exit_code = 1
-    elif result.environment_differences or not result.comparisons or any(r.verdict == "missing" for r in result.comparisons):
+    elif result.environment_differences or not result.comparisons or any(r.verdict == Change.MISSING for r in result.comparisons):
         result.exit_code = 3
     return result
 

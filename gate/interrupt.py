@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -124,3 +124,18 @@ def caught() -> None:
     if _state.signum is None:
         _state.signum = int(signal.SIGINT)
     _state.count = max(_state.count, 1)
+
+
+def mark_late(result: Any) -> None:
+    """A SIGINT or SIGTERM that came once every measurement was made (the verdicts or the
+    reports were being made): the reports are written whole, and say so when they still can;
+    the exit code is 128 + the signal all the same (interrupted, not a verdict).
+
+    `result`: a gate.check.CheckResult (anything with `exit_code` and a `report` with `notes`
+    and `exit_code`); changed in place: a note appended, both exit codes set. Does nothing
+    when no signal came or the result already carries the interrupted exit code."""
+    if received() is None or result.exit_code == exit_code():
+        return
+    result.report.notes.append(f"interrupted by {name()} after every measurement was made, while the reports were "
+                               f"written: verdicts are complete, but exit code {exit_code()} means interrupted")
+    result.exit_code = result.report.exit_code = exit_code()

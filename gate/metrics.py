@@ -1,23 +1,39 @@
-"""The catalogue of metrics a rule can bind to: name, dimension, aggregations, meaning.
+"""The catalogue of metrics a rule can bind to: name, dimension, aggregations, meaning, and
+the flags every other layer reads (how it is sampled, whether clocks move it, whether more
+repetitions can settle it, whether it is a ratio rather than a share).
 
-This module only names and describes metrics; how their samples are taken from
-measurement records lives in ``gate.rules.samples`` (rules never run models, and
-measurements never know about rules).
+A metric is declared once, here; TIMED, REPEATABLE, COMPUTED_ONCE and RATIO_NOT_SHARE are
+derived from the declarations. How its samples are taken from measurement records is
+registered in ``gate.rules.samples.SAMPLES`` (checked at import against METRICS); this module
+imports nothing from the rules (rules never run models, and measurements never know about rules).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
+from typing import Literal
 
 from gate.units import Dimension
 
 SAMPLE_AGGREGATIONS = ("mean", "median", "p10", "p90", "p95", "p99", "min", "max")
 POOLED = "pooled"
+# How a metric is sampled: one value per position of a target continuation, per request,
+# per token or step of a request (at most max_new_tokens per request), pooled counters or
+# totals only, or computed / measured once per draft (bills, process peaks: no sampling distribution).
+Sampling = Literal["position", "request", "token", "pooled", "once"]
 
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric: its unit's dimension, allowed aggregations and what one sample is."""
+    """One metric: its unit's dimension, allowed aggregations, what one sample is, and its flags.
+
+    sampling: see Sampling. timed: read from clocks, so a contended machine distorts it and
+    its verdicts leave contended requests out (gate.measure.contention). repeatable: more
+    timed repetitions can settle an inconclusive verdict (gate check's extra repetitions;
+    overlap is measured once, on repetition 0). ratio_not_share: dimensionless but not a
+    share, so a percentage threshold ('5%' would read as 0.05x) is refused. failure_stage: the
+    stage (gate.records.Failure.stage) whose failures leave the metric unmeasured; failures of
+    the whole run ("run") always do."""
 
     name: str
     dimension: Dimension
@@ -25,53 +41,91 @@ class Metric:
     sample: str  # what one sample is, for messages and docs
     fallback_has_it: bool  # whether the non-speculative fallback produces it (relative_to)
     description: str
+    _: KW_ONLY
+    sampling: Sampling
+    timed: bool
+    repeatable: bool
+    ratio_not_share: bool = False
+    failure_stage: str = "request"  # the gate.records.Failure stage whose failures leave this metric unmeasured
+
+    @property
+    def computed_once(self) -> bool:
+        """Computed or measured once per draft: decided on the value itself, no interval, no breakdown."""
+        return self.sampling == "once"
 
 
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric("overlap", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
-               "sum_x min(p(x), q(x)) under the declared law (Leviathan et al. 2023, Sec. 3): the per-step acceptance probability"),
+               "sum_x min(p(x), q(x)) under the declared law (Leviathan et al. 2023, Sec. 3): the per-step acceptance probability",
+               sampling="position", timed=False, repeatable=False, failure_stage="overlap"),
         Metric("top1_agreement", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
-               "1 when argmax q equals argmax p at a position (diagnostic only; not the acceptance probability under sampling)"),
+               "1 when argmax q equals argmax p at a position (diagnostic only; not the acceptance probability under sampling)",
+               sampling="position", timed=False, repeatable=False, failure_stage="overlap"),
         Metric("acceptance_rate", Dimension.RATIO, (POOLED,), "pooled counters", False,
-               "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)"),
+               "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)",
+               sampling="pooled", timed=False, repeatable=True),
         Metric("mean_acceptance_length", Dimension.TOKENS, (POOLED,), "pooled counters", False,
-               "1 + num_accepted_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean acceptance length)"),
+               "1 + num_accepted_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean acceptance length)",
+               sampling="pooled", timed=False, repeatable=True),
         Metric("speedup", Dimension.RATIO, (POOLED,), "paired requests", False,
-               "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved requests)"),
+               "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved requests)",
+               sampling="pooled", timed=True, repeatable=True, ratio_not_share=True),
         Metric("request_speedup", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one paired request", False,
                "a request's committed tokens/s over its paired fallback request's: p10 is the slowest decile, "
-               "mean of (draft < fallback) the share slower than the fallback"),
+               "mean of (draft < fallback) the share slower than the fallback",
+               sampling="request", timed=True, repeatable=False, ratio_not_share=True),
         Metric("request_acceptance_rate", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one speculative request with proposals", False,
-               "one request's num_accepted_tokens / num_draft_tokens: its distribution shows the low-acceptance requests"),
+               "one request's num_accepted_tokens / num_draft_tokens: its distribution shows the low-acceptance requests",
+               sampling="request", timed=False, repeatable=False),
         Metric("committed_tokens_per_s", Dimension.RATE, SAMPLE_AGGREGATIONS + (POOLED,), "one request", True,
-               "output tokens / E2E latency per request; pooled = all output tokens / all E2E time"),
+               "output tokens / E2E latency per request; pooled = all output tokens / all E2E time",
+               sampling="request", timed=True, repeatable=True),
         Metric("ttft_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one request", True,
-               "time from request start to the first committed token (prefill and first sample)"),
+               "time from request start to the first committed token (prefill and first sample)",
+               sampling="request", timed=True, repeatable=True),
         Metric("itl_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one committed token after the first", True,
-               "inter-token latency, token by token: a step committing k tokens yields its gap and k-1 gaps of 0"),
+               "inter-token latency, token by token: a step committing k tokens yields its gap and k-1 gaps of 0",
+               sampling="token", timed=True, repeatable=True),
         Metric("itl_chunk_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one verification step after the first token", True,
-               "inter-token latency per streamed chunk (vLLM's bench convention): one gap per step, whatever it commits"),
+               "inter-token latency per streamed chunk (vLLM's bench convention): one gap per step, whatever it commits",
+               sampling="token", timed=True, repeatable=True),
         Metric("tpot_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one request with 2+ output tokens", True,
-               "(E2E latency - TTFT) / (output tokens - 1)"),
-        Metric("e2el_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one request", True, "end-to-end latency of a request"),
+               "(E2E latency - TTFT) / (output tokens - 1)",
+               sampling="request", timed=True, repeatable=True),
+        Metric("e2el_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one request", True, "end-to-end latency of a request",
+               sampling="request", timed=True, repeatable=True),
         Metric("memory_bill_bytes", Dimension.BYTES, ("max",), "one bill per draft and law", True,
-               "predicted resident bytes at the peak: weights, KV caches, verification slots, logits (see gate bill)"),
+               "predicted resident bytes at the peak: weights, KV caches, verification slots, logits (see gate bill)",
+               sampling="once", timed=False, repeatable=False, failure_stage="bill"),
         Metric("memory_line_bytes", Dimension.BYTES, ("max",), "one bill line per draft (the rule's `line`)", True,
-               "one line of the bill, e.g. 'draft KV cache' or 'target logits' (see gate bill)"),
+               "one line of the bill, e.g. 'draft KV cache' or 'target logits' (see gate bill)",
+               sampling="once", timed=False, repeatable=False, failure_stage="bill"),
         Metric("memory_headroom_bytes", Dimension.BYTES, ("min",), "one budget per draft", True,
-               "resources.capacity minus the bill total (needs resources.capacity)"),
+               "resources.capacity minus the bill total (needs resources.capacity)",
+               sampling="once", timed=False, repeatable=False, failure_stage="bill"),
         Metric("extra_sequences", Dimension.RATIO, ("min",), "one budget per draft", True,
-               "more sequences of the same context that fit in the headroom (needs resources.capacity)"),
+               "more sequences of the same context that fit in the headroom (needs resources.capacity)",
+               sampling="once", timed=False, repeatable=False, ratio_not_share=True, failure_stage="bill"),
         Metric("kv_cache_bytes", Dimension.BYTES, SAMPLE_AGGREGATIONS, "one request", True,
-               "measured bytes of the target and draft KV cache tensors at the end of a request"),
+               "measured bytes of the target and draft KV cache tensors at the end of a request",
+               sampling="request", timed=False, repeatable=True),
         Metric("process_peak_rss_bytes", Dimension.BYTES, ("max",), "one run of gate check", True,
-               "peak resident set size of the gate process (CPU) as reported by the OS"),
+               "peak resident set size of the gate process (CPU) as reported by the OS",
+               sampling="once", timed=False, repeatable=False, failure_stage="run"),
     )
 }
 
 # Metrics read from clocks: a contended machine (gate.measure.contention) distorts them, so
 # their verdicts leave contended requests out. Overlap, acceptance and bills do not depend on it.
-TIMED = frozenset({"committed_tokens_per_s", "speedup", "request_speedup", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms",
-                   "itl_chunk_ms"})
+TIMED = frozenset(name for name, m in METRICS.items() if m.timed)
+# Metrics whose verdicts more timed repetitions can settle (overlap is measured once, on repetition 0).
+REPEATABLE = frozenset(name for name, m in METRICS.items() if m.repeatable)
+# Computed or measured once per draft (bills, process peaks): no interval, no breakdown by `per`.
+COMPUTED_ONCE = tuple(name for name, m in METRICS.items() if m.computed_once)
+# Dimensionless metrics that are not shares: a percentage threshold is a mistake there ('5%' would be 0.05x).
+RATIO_NOT_SHARE = tuple(name for name, m in METRICS.items() if m.ratio_not_share)
+# One sample per request, and one per token or step of a request (gate.rules.power counts them).
+PER_REQUEST = frozenset(name for name, m in METRICS.items() if m.sampling == "request")
+PER_TOKEN = frozenset(name for name, m in METRICS.items() if m.sampling == "token")

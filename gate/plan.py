@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
+from gate.errors import PolicyValueError
 from gate.law import Law
-from gate.records import FALLBACK
+from gate.records import FALLBACK, WorkloadInfo
+from gate.workloads.context import ContextBuilder, ContextError, Encode, check_fits
+from gate.workloads.interface import Prompt, WorkloadSource, choose
+from gate.workloads.sharegpt import length_filter
 
 
 @dataclass(frozen=True)
@@ -88,3 +92,168 @@ def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> 
                 plan.next_token_samples[(d, law)] = max(n, rule.next_token_samples)
         plan.next_token_prompts = max(plan.next_token_prompts, rule.next_token_prompts)
     return plan
+
+
+@dataclass
+class Workload:
+    """The workload as planned, built once (gate validate builds it, gate check runs it).
+
+    `prompts`: every prompt to run, tokenized (chat template applied) and, for a context
+    sweep, built to each length; `info`: how they were chosen (for the report);
+    `questions`: the source prompts selected (before context building); `categories`: every
+    category the source offers (for the did-you-mean of scopes)."""
+
+    prompts: list[PlannedPrompt]
+    info: WorkloadInfo
+    questions: list[Prompt]
+    categories: list[str]
+
+
+def laws_of(policy: Any) -> list[Law]:
+    """The policy's declared laws as plain records, in policy order."""
+    return [Law(s.label, s.temperature, s.top_k, s.top_p) for s in policy.laws]
+
+
+def encoder(tokenizer: Any, chat_template: bool) -> Encode:
+    """messages -> the token ids the target is fed: the tokenizer's chat template with the
+    generation prompt, or (chat_template false) the contents joined by blank lines."""
+
+    def encode(messages: list[dict[str, str]]) -> list[int]:
+        if chat_template:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        else:
+            ids = tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
+        return [int(i) for i in ids]
+
+    return encode
+
+
+def build_workload(loaded: Any, source: WorkloadSource, tokenizer: Any, config: Any = None,
+                   check_categories: Callable[[list[str]], None] | None = None) -> Workload:
+    """The workload's prompts, selected (seeded, ShareGPT's length filter applied), built to
+    every context length and tokenized, with what the report records about how they were chosen.
+
+    `loaded`: the LoadedPolicy; `source`: its prompt source (gate.workloads.registry);
+    `config`: the target's model config; with it, every context length is checked against
+    the target's positions (gate.workloads.context.check_fits); `check_categories`: called
+    with every category the source offers before selecting (gate validate's did-you-mean).
+    Raises PolicyValueError for a missing package or file, a malformed line (its number is
+    named), a selection that leaves no prompt, chat_template on a tokenizer without one, and a
+    context length that does not fit the target or that no prompt or no text can reach."""
+    policy = loaded.policy
+    w = policy.workload
+    everything = source.load()
+    categories = sorted({p.category for p in everything})
+    if check_categories is not None:
+        check_categories(categories)
+    if w.context_lengths and config is not None:
+        gamma = max((d.num_draft_tokens for d in policy.drafts.values()), default=0)
+        check_fits(w.context_lengths, max(w.max_new_tokens_list), gamma, config)
+    accept = length_filter(tokenizer, **w.length_filter.model_dump()) if source.length_filtered else None
+    chosen = choose(everything, w.seed, w.per_category, w.num_prompts, w.categories, accept)
+    if not chosen.prompts:
+        raise PolicyValueError("workload.categories" if w.categories else "workload", "the workload selects no prompt")
+    if w.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise PolicyValueError("workload.chat_template", "the target tokenizer has no chat template; set chat_template: false")
+    info = WorkloadInfo(
+        source=w.source, seed=w.seed, available=sum(1 for p in everything if w.categories is None or p.category in w.categories),
+        prompt_ids=[p.id for p in chosen.prompts], path=str(loaded.resolve(w.path)) if w.path else None,
+        skipped=source.skipped(), examined=chosen.examined, pruned=chosen.pruned,
+        length_filter=w.length_filter.model_dump() if accept is not None else None,
+        context_lengths=list(w.context_lengths or []), stop=list(w.stop), notes=source.notes())
+    encode = encoder(tokenizer, w.chat_template)
+    if not w.context_lengths:
+        prompts = [PlannedPrompt(p.id, p.category, tuple(encode(p.messages))) for p in chosen.prompts]
+    else:
+        builder = ContextBuilder(everything, tokenizer, encode, w.seed)
+        prompts = [c for i, length in enumerate(w.context_lengths)
+                   for c in _contexts(builder, chosen.prompts, length, i, info)]
+    return Workload(prompts, info, chosen.prompts, categories)
+
+
+def _contexts(builder: ContextBuilder, questions: list[Prompt], length: int, index: int, info: WorkloadInfo) -> list[PlannedPrompt]:
+    """Every question built to `length` tokens (those longer alone are recorded in info)."""
+    where = f"workload.context_lengths[{index}]"
+    out = []
+    for q in questions:
+        try:
+            built = builder.build(q, length)
+        except ContextError as e:
+            raise PolicyValueError(where, f"cannot build a {length}-token context from real text: {e}") from None
+        if built is None:
+            info.context_skipped.append(f"{q.id}@{length}")
+        else:
+            out.append(PlannedPrompt(built.prompt.id, built.prompt.category, tuple(built.token_ids), length))
+    if not out:
+        raise PolicyValueError(where, f"every selected prompt is longer than {length} tokens by itself "
+                               "(chat template included); ask for a longer context")
+    return out
+
+
+@dataclass
+class Plan:
+    """A validated policy and everything decided before a weight is loaded: what `gate
+    validate` returns and `gate check` runs (the workload is built once, here).
+
+    `loaded`: the LoadedPolicy (file, YAML lines, warnings); `target`: the resolved target
+    source (gate.models.load.ModelSource); `workload`: the prompts to run; `laws`: the
+    declared laws; `exactness`: what the exactness rules need measured; `baseline`: the
+    saved report relative_to: baseline rules compare with (gate.baseline.Baseline), or None."""
+
+    loaded: Any
+    target: Any
+    workload: Workload
+    laws: list[Law]
+    exactness: ExactnessPlan
+    baseline: Any = None
+
+    @property
+    def policy(self) -> Any:
+        """The validated Policy (gate.policy.model.Policy)."""
+        return self.loaded.policy
+
+    @property
+    def warnings(self) -> list[Any]:
+        """Problems that do not stop a run (e.g. an under-powered rule), for gate validate to print."""
+        return self.loaded.warnings
+
+    @property
+    def path(self) -> Any:
+        """The policy file."""
+        return self.loaded.path
+
+    def resolve(self, relative: str | None) -> Any:
+        """A path in the policy, relative to the policy file."""
+        return self.loaded.resolve(relative)
+
+    def error(self, e: Exception) -> Exception:
+        """`e` (a PolicyValueError) as an InputError naming the file, YAML path and line."""
+        return self.loaded.error(e)
+
+    def requests(self, drafts: list[str], repetitions: range | int, laws: list[str] | None = None) -> list[Request]:
+        """The requests of `drafts` (and their fallback) under `laws` (default: all), in run
+        order (gate.plan.plan_requests)."""
+        policy = self.policy
+        chosen = [law for law in self.laws if laws is None or law.name in laws]
+        return plan_requests(drafts, chosen, self.workload.prompts, policy.workload.max_new_tokens_list, repetitions,
+                             policy.workload.seed, policy.measurement.interleave)
+
+
+def workload_source(loaded: Any) -> WorkloadSource:
+    """The policy's prompt source, built from its entry in gate.workloads.registry (one
+    module per source under gate/workloads); a source that takes a path gets workload.path
+    resolved against the policy file (`loaded`: the LoadedPolicy). Loading it (load())
+    raises PolicyValueError."""
+    from gate.workloads import registry
+
+    w = loaded.policy.workload
+    kind = registry.get(w.source)
+    return kind.build(loaded.resolve(w.path or "") if kind.needs_path else None)
+
+
+def plan_workload(loaded: Any, tokenizer: Any, config: Any = None) -> tuple[list[PlannedPrompt], WorkloadInfo]:
+    """The workload's prompts and how they were chosen (build_workload on the policy's own
+    source); same errors."""
+    w = build_workload(loaded, workload_source(loaded), tokenizer, config)
+    return w.prompts, w.info

@@ -7,9 +7,29 @@ can aggregate the raw values later. They know nothing about rules.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, Iterable
 
 FALLBACK = "fallback"
+RECORDED_SAMPLES = "recorded samples"  # Measurements.drafts kind of a source in `gate exactness` (gate.samples)
+
+
+class FailureStage(str, Enum):
+    """Where a measurement that could not be made failed (Failure.stage). str-valued: a
+    stage compares equal to its string and serialises as it ("request", ...)."""
+
+    REQUEST = "request"  # one timed request (its draft and law)
+    WARM_UP = "warm-up"  # an untimed warm-up request of one runner
+    OVERLAP = "overlap"  # teacher-forced overlap along a fallback continuation
+    EXACTNESS = "exactness"  # exactness raw material (teacher-forced checks, first steps, recorded samples)
+    BILL = "bill"  # the resident memory bill
+    RUN = "run"  # the whole run: loading models, measuring, or interrupted
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass
@@ -119,22 +139,25 @@ class RequestRecord:
     prompt_tokens: int
     output_ids: list[int]
     token_times_ms: list[float]
-    step_committed: list[int]  # committed tokens per step; the first step is the prefill
-    step_proposed: list[int]  # proposals verified per step (0 for the prefill and fallback)
-    step_accepted: list[int]  # proposals committed per step
+    # Per-step counts: None where the runner cannot see steps (a served engine's stream).
+    step_committed: list[int] | None  # committed tokens per step; the first step is the prefill
+    step_proposed: list[int] | None  # proposals verified per step (0 for the prefill and fallback)
+    step_accepted: list[int] | None  # proposals committed per step
     stop_reason: str  # "eos", "stop" (a stop string) or "length"
     e2el_ms: float
     num_draft_tokens: int  # the configured gamma (0 for the fallback)
-    kv_cache_tokens: int  # tokens held in the target cache at the end of the request (<= prompt + output)
-    kv_cache_bytes: int  # measured bytes of the target's cache tensors at the end (cropped to prompt + output)
-    draft_kv_cache_bytes: int  # measured bytes of the draft's cache tensors at the end (with its last proposals)
+    # Measured in-process only (None where the runner cannot see the caches):
+    kv_cache_tokens: int | None  # tokens held in the target cache at the end of the request (<= prompt + output)
+    kv_cache_bytes: int | None  # measured bytes of the target's cache tensors at the end (cropped to prompt + output)
+    draft_kv_cache_bytes: int | None  # measured bytes of the draft's cache tensors at the end (with its last proposals)
     context_length: int | None = None  # the requested length of a context-sweep prompt (tokens), else None
     stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
-    # Contention (gate.measure.contention), over the request's wall time; None where not measured.
+    # Contention (gate.measure.contention), over the request's wall time; None where not
+    # measured (a runner without the cpu_accounting capability).
     cpu_time_ms: float | None = None  # this process's CPU time, user + system, all threads
     cpu_stall_ms: float | None = None  # time some runnable task waited for a CPU (/proc/pressure/cpu "some"), None without it
     load_avg_1m: float | None = None  # the machine's 1-minute load average at the request's end
-    threads: int | None = None  # compute threads the engine used (torch.get_num_threads())
+    threads: int | None = None  # compute threads the runner used (torch.get_num_threads())
     contention_reruns: int = 0  # times this request's cell was rerun because a request of it was contended
 
     @property
@@ -153,13 +176,20 @@ class RequestRecord:
 
     @property
     def itl_chunk_ms(self) -> list[float]:
-        """One gap per step after the first (vLLM bench's per-chunk convention)."""
+        """One gap per step after the first (vLLM bench's per-chunk convention). Without
+        per-step counts (step_committed None) a chunk is the tokens that arrived at one
+        time: one gap per change of token_times_ms."""
         ends: list[float] = []
-        i = 0
-        for k in self.step_committed:
-            if k:
-                i += k
-                ends.append(self.token_times_ms[i - 1])
+        if self.step_committed is None:
+            for t in self.token_times_ms:
+                if not ends or t != ends[-1]:
+                    ends.append(t)
+        else:
+            i = 0
+            for k in self.step_committed:
+                if k:
+                    i += k
+                    ends.append(self.token_times_ms[i - 1])
         return [ends[j] - ends[j - 1] for j in range(1, len(ends))]
 
     @property
@@ -172,7 +202,10 @@ class RequestRecord:
         return self.output_tokens / (self.e2el_ms / 1e3) if self.e2el_ms > 0 else float("nan")
 
     @property
-    def counters(self) -> SpecDecodeCounters:
+    def counters(self) -> SpecDecodeCounters | None:
+        """The request's spec-decode counters from its per-step counts; None without them."""
+        if self.step_proposed is None or self.step_accepted is None:
+            return None
         return SpecDecodeCounters.from_steps(self.step_proposed, self.step_accepted, self.step_committed)
 
     def to_json(self) -> dict[str, Any]:
@@ -182,7 +215,7 @@ class RequestRecord:
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
             "committed_tokens_per_s": self.committed_tokens_per_s,
-            "counters": asdict(self.counters),
+            "counters": asdict(counters) if (counters := self.counters) is not None else None,
         }
         return out
 
@@ -346,11 +379,14 @@ class Environment:
 class Failure:
     """A measurement that could not be made: which cell and why. Rules needing it are errors."""
 
-    stage: str  # "request", "overlap", "bill" or "run" (the whole run, e.g. interrupted)
+    stage: FailureStage  # see FailureStage; a plain string is converted (ValueError for an unknown stage)
     draft: str  # a draft name, "fallback", or "*" for all
     law: str  # a law name or "*"
     what: str
     message: str
+
+    def __post_init__(self) -> None:
+        self.stage = FailureStage(self.stage)
 
 
 @dataclass
@@ -380,6 +416,79 @@ class WorkloadInfo:
 
 
 @dataclass
+class OfferedLoad:
+    """The load a window was measured under (gate.load): `kind` ("sequential", ...), most
+    requests in flight (`concurrency`, None: unbounded) and mean arrivals per second
+    (`request_rate`, None: each request as soon as a slot is free)."""
+
+    kind: str
+    concurrency: int | None = 1
+    request_rate: float | None = None
+
+
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """Seconds covered by the union of (start_s, end_s) intervals: the time at least one
+    of them was in flight. Intervals that do not overlap (sequential requests) add up."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+@dataclass
+class RunRecord:
+    """One measured window: the timed requests of one runner (a draft name or "fallback")
+    under one law, sent by one run of the plan under one offered load.
+
+    `start_s`/`end_s`: wall clock (s since the epoch) when its first request started and
+    its last one ended; with interleaving other runners' requests run in between, so the
+    window's `busy_s` (the union of its requests' [start, start + e2el] intervals) is its
+    time, not end - start. `committed_tokens`: output tokens of its requests; `counters`:
+    spec-decode counters pooled over the window (counter deltas; None where the runner
+    gives no per-step counts); `server`: the served engine's identity (None in-process).
+    Requests that failed are not in the window; contention reruns keep the attempt kept."""
+
+    runner: str
+    law: str
+    start_s: float
+    end_s: float
+    load: OfferedLoad
+    requests: int
+    busy_s: float
+    committed_tokens: int
+    counters: SpecDecodeCounters | None = None
+    server: str | None = None
+
+    def committed_tokens_per_s(self) -> float:
+        """Committed tokens per second of the window: committed_tokens / busy_s (NaN when
+        nothing was busy). Under sequential load the requests never overlap, so busy_s is
+        the sum of their E2E latencies and this equals today's pooled committed_tokens_per_s
+        (sum of output tokens / sum of E2E time) over the same requests; at a concurrency
+        above 1 the sum of latencies overcounts time and only this figure is throughput."""
+        return self.committed_tokens / self.busy_s if self.busy_s > 0 else float("nan")
+
+    @classmethod
+    def of(cls, runner: str, law: str, load: OfferedLoad, spans: list[tuple[float, RequestRecord]],
+           server: str | None = None) -> "RunRecord":
+        """The window of `spans`: (wall-clock start in s, record) of every request in it
+        (non-empty). Counters are None when any record lacks per-step counts."""
+        if not spans:
+            raise ValueError("a run record needs at least one request")
+        intervals = [(start, start + r.e2el_ms / 1e3) for start, r in spans]
+        counts = [r.counters for _, r in spans]
+        pooled = None
+        if all(c is not None for c in counts):
+            pooled = SpecDecodeCounters()
+            for c in counts:
+                pooled = pooled + c  # type: ignore[operator]
+        return cls(runner, law, min(s for s, _ in intervals), max(e for _, e in intervals), load, len(spans),
+                   busy_seconds(intervals), sum(r.output_tokens for _, r in spans), pooled, server)
+
+
+@dataclass
 class Measurements:
     """Everything measured in one run; the input of rule evaluation and the JSON report."""
 
@@ -395,3 +504,4 @@ class Measurements:
     drafts: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> kind, gamma, probability_info
     workload: WorkloadInfo | None = None
     laws: list[str] = field(default_factory=list)
+    runs: list[RunRecord] = field(default_factory=list)  # the measured windows (timed requests per runner and law)

@@ -12,100 +12,25 @@ from typing import Any
 
 import torch
 
-from gate.drafts.early_exit import truncated_config
+from gate.drafts import registry as draft_kinds
+from gate.drafts.interface import ConfigContext
 from gate.errors import PolicyValueError
-from gate.measure.bill import BillInputs, build_bill
-from gate.models.load import DTYPES
+from gate.measure.bill import DraftBill, bills_for, estimate_weight_bytes, kv_format, meta_model
 from gate.measure.kv import CacheModel, ConfigError, KVFormat, cache_model
+from gate.models.load import load_config
 from gate.records import FALLBACK, BillRecord
 
-
-
-@dataclass(frozen=True)
-class DraftBill:
-    """What the bill needs of one draft: its cache (None: no cache) and the weight bytes it
-    adds beyond the target's."""
-
-    name: str
-    num_draft_tokens: int
-    cache: CacheModel | None
-    own_weight_bytes: int
-    has_distribution: bool
-
-
-def kv_format(resources: Any, model_dtype: str) -> KVFormat:
-    """The cache format the policy declares (auto: the model's own dtype)."""
-    dtype = model_dtype if resources.kv_dtype == "auto" else resources.kv_dtype
-    return KVFormat(dtype, resources.kv_scale_group)
-
-
-def bills_for(resources: Any, context_tokens: int, vocab_size: int, target_cache: CacheModel, target_weight_bytes: int,
-              drafts: list[DraftBill]) -> list[BillRecord]:
-    """The fallback's bill and every draft's, with the budget statement when the policy
-    declares a capacity."""
-    capacity = resources.bytes_of("capacity") if resources.capacity else None
-    common = dict(target_cache=target_cache, target_weight_bytes=target_weight_bytes, vocab_size=vocab_size,
-                  context_tokens=context_tokens, sequences=resources.sequences, tree_branches=resources.tree_branches,
-                  workspace_bytes=resources.bytes_of("workspace"), graph_capture_bytes=resources.bytes_of("graph_captures"),
-                  communication_bytes=resources.bytes_of("communication_buffers"), fragmentation=resources.fragmentation)
-    out = [build_bill(BillInputs(FALLBACK, **common), capacity)]
-    for d in drafts:
-        out.append(build_bill(BillInputs(d.name, num_draft_tokens=d.num_draft_tokens, draft_cache=d.cache,
-                                         draft_weight_bytes=d.own_weight_bytes, draft_has_distribution=d.has_distribution,
-                                         **common), capacity))
-    return out
-
-
-def meta_model(config: Any) -> torch.nn.Module:
-    """The causal LM of `config` built on the meta device (no memory). Raises ConfigError
-    for a config transformers cannot build as a causal LM."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
-    except Exception as e:  # noqa: BLE001 - any failure means: not a causal LM gate can bill
-        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): {type(e).__name__}: {e}") from None
-
-
-def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -> int:
-    """Weight bytes of a causal LM built from `config` on the meta device (tied tensors once).
-
-    int8_dynamic: every nn.Linear weight at 1 byte plus a per-tensor scale and zero point
-    (16 bytes), biases and every other tensor at float32, as torch dynamic quantization keeps them.
-    Raises ConfigError for a config that is not a causal LM."""
-    model = meta_model(config)
-    size = torch.empty(0, dtype=DTYPES[dtype]).element_size()
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # e.g. rotary inv_freq, kept float32
-    if quantization != "int8_dynamic":
-        return sum(p.numel() for p in model.parameters()) * size + buffers
-    # int8 Linear weights (a tied head gets its own int8 copy; the embedding stays float32)
-    total = 0
-    counted: set[int] = set()
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            total += m.weight.numel() + 16 + (m.bias.numel() * 4 if m.bias is not None else 0)
-            continue
-        for p in m.parameters(recurse=False):
-            if id(p) not in counted:
-                counted.add(id(p))
-                total += p.numel() * 4
-    return total + buffers
-
-
-def load_config(source: Any) -> Any:
-    """The transformers config of a resolved model source (GGUF metadata included)."""
-    from transformers import AutoConfig
-
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
-    return AutoConfig.from_pretrained(source.location, **kwargs)
+# DraftBill, bills_for, kv_format, meta_model and estimate_weight_bytes live in gate.measure.bill
+# (gate check's run uses them too); they are imported here for this module's commands.
+__all__ = ["DraftBill", "RooflineRow", "bills_for", "config_bills", "estimate_weight_bytes", "kv_format", "load_config",
+           "meta_model", "policy_bills", "policy_roofline"]
 
 
 def policy_bills(loaded: Any) -> list[BillRecord]:
-    """The bills of a policy's fallback and drafts from configs alone. Raises
-    PolicyValueError (with the YAML path) for a model or config gate cannot bill."""
+    """The bills of a validated policy's fallback and drafts from configs alone (`loaded`:
+    the gate.plan.Plan of gate.validate; the default context is its longest planned prompt
+    plus max_new_tokens). Raises PolicyValueError (with the YAML path) for a model or config
+    gate cannot bill."""
     from gate.models.load import resolve_source
 
     policy = loaded.policy
@@ -115,30 +40,34 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
     target_cache = _cache(config, kv_format(res, policy.target.dtype), "target.model")
     target_bytes = _weights(config, policy.target.dtype, "none", "target.model")
     context = res.context_tokens or _longest(loaded) + max(policy.workload.max_new_tokens_list)
+    ctx = _config_context(loaded, config)
     drafts = []
     for name, d in policy.drafts.items():
-        if d.kind == "prompt_lookup":
-            drafts.append(DraftBill(name, d.num_draft_tokens, None, 0, False))
-        elif d.kind == "early_exit":
-            cfg = truncated_config(config, d.num_layers)
-            drafts.append(DraftBill(name, d.num_draft_tokens, _cache(cfg, kv_format(res, policy.target.dtype), f"drafts.{name}"), 0, True))
-        else:
-            dtype = d.dtype or policy.target.dtype
-            dcfg = config if d.model == "target" else _config(
-                resolve_source(d.model, d.gguf_file, loaded.path.parent, f"drafts.{name}.model"), f"drafts.{name}.model")
-            kv_dtype = "float32" if d.quantization == "int8_dynamic" else dtype
-            drafts.append(DraftBill(name, d.num_draft_tokens, _cache(dcfg, kv_format(res, kv_dtype), f"drafts.{name}"),
-                                    _weights(dcfg, dtype, d.quantization, f"drafts.{name}"), True))
+        at = f"drafts.{name}"
+        m = draft_kinds.model_config(name, d, ctx)
+        if m is None:  # no model: no cache, no weights
+            drafts.append(DraftBill(name, d.num_draft_tokens, None, 0, draft_kinds.has_distribution(d)))
+            continue
+        own = 0 if m.shares_target_weights else _weights(m.config, m.dtype, m.quantization, at)
+        drafts.append(DraftBill(name, d.num_draft_tokens, _cache(m.config, kv_format(res, m.cache_dtype), at), own,
+                                draft_kinds.has_distribution(d)))
     return bills_for(res, context, int(config.vocab_size), target_cache, target_bytes, drafts)
 
 
-def _longest(loaded: Any) -> int:
-    from gate.models.load import load_tokenizer, resolve_source
-    from gate.session import load_prompts
+def _config_context(loaded: Any, target_config: Any) -> ConfigContext:
+    """What a draft kind reads to cost a draft from configs: the target's config and dtype,
+    and a reader for the config of a model the policy names (errors at its YAML path)."""
+    from gate.models.load import resolve_source
 
-    policy = loaded.policy
-    source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-    return max(len(p.token_ids) for p in load_prompts(loaded, load_tokenizer(source)))
+    def read(model: str, gguf_file: str | None, yaml_path: str) -> Any:
+        return _config(resolve_source(model, gguf_file, loaded.path.parent, yaml_path), yaml_path)
+
+    return ConfigContext(target_config, loaded.policy.target.dtype, read)
+
+
+def _longest(plan: Any) -> int:
+    """The longest planned prompt (tokens): the workload is built once, by gate.validate."""
+    return max(len(p.token_ids) for p in plan.workload.prompts)
 
 
 def _config(source: Any, yaml_path: str) -> Any:
@@ -226,21 +155,18 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
     rows = [RooflineRow(FALLBACK, [step("decode", params, weights, kv, context, b, 1, peak_flops, bandwidth, width) for b in batches],
                         ridge_batch(params, weights, kv, context, 1, peak_flops, bandwidth, width), None, {})]
     target_step = step("decode", params, weights, kv, context, 1, 1, peak_flops, bandwidth, width).time_s
+    ctx = _config_context(loaded, config)
     for name, d in policy.drafts.items():
         k = d.num_draft_tokens + 1
         steps = [step("verify", params, weights, kv, context, b, k, peak_flops, bandwidth, width) for b in batches]
-        c = 0.0  # prompt lookup: no draft model to run
-        if d.kind != "prompt_lookup":
-            if d.kind == "early_exit":
-                dcfg, dtype, quant = truncated_config(config, d.num_layers), policy.target.dtype, "none"
-            else:
-                dcfg = config if d.model == "target" else _config(
-                    resolve_source(d.model, d.gguf_file, loaded.path.parent, f"drafts.{name}.model"), f"drafts.{name}.model")
-                dtype, quant = d.dtype or policy.target.dtype, d.quantization
-            dparams = sum(p.numel() for p in _meta(dcfg, f"drafts.{name}").parameters())
-            dkv = cache_model(dcfg, kv_format(policy.resources, "float32" if quant == "int8_dynamic" else dtype)).bytes_per_token
-            c = step("draft", dparams, _weights(dcfg, dtype, quant, f"drafts.{name}"), dkv, context, 1, 1, peak_flops,
-                     bandwidth, _attention_width(dcfg)).time_s / target_step
+        c = 0.0  # a draft that runs no model (prompt lookup): no draft step
+        m = draft_kinds.model_config(name, d, ctx)
+        if m is not None:
+            at = f"drafts.{name}"
+            dparams = sum(p.numel() for p in _meta(m.config, at).parameters())
+            dkv = cache_model(m.config, kv_format(policy.resources, m.cache_dtype)).bytes_per_token
+            c = step("draft", dparams, _weights(m.config, m.dtype, m.quantization, at), dkv, context, 1, 1, peak_flops,
+                     bandwidth, _attention_width(m.config)).time_s / target_step
         by_law: dict[str, dict[str, float | None]] = {}
         for (runner, law), r in summary.items():
             # alpha in Leviathan et al.'s formula is the per-proposal acceptance probability:

@@ -1,6 +1,9 @@
-"""Run the plan: timed requests (fallback and drafts interleaved), overlap along the
-fallback's continuations, and the bill. Nothing measured is lost: a request that fails is
-recorded as a Failure and the run goes on; an interrupt stops the run with what it has.
+"""Run the plan: timed requests (fallback and drafts interleaved) through the session's
+runner under sequential load, overlap and exactness along the outputs with the target
+oracle, and the bill. Each run of the plan's requests is also recorded as measured
+windows (gate.records.RunRecord, one per runner and law). Nothing measured is lost: a
+request that fails is recorded as a Failure and the run goes on; an interrupt stops the
+run with what it has.
 """
 
 from __future__ import annotations
@@ -11,17 +14,21 @@ from typing import Any, Callable
 import torch
 
 from gate import interrupt
-from gate.resources import DraftBill, bills_for, kv_format
+from gate.drafts import registry as draft_kinds
+from gate.measure.bill import bills_for, kv_format
 from gate.measure.kv import cache_model
-from gate.measure.contention import Handling, Probe, is_contended, pooled_stall_share
+from gate.load.sequential import SEQUENTIAL
+from gate.measure.contention import Handling, is_contended, pooled_stall_share
 from gate.measure.environment import environment, process_peak_rss_bytes, record_load
 from gate.measure.overlap import position_overlaps
 from gate.models.load import dtype_name, weight_bytes
 from gate.law import law_probs
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
-from gate.records import (FALLBACK, ExactnessRecord, Failure, Measurements, OverlapRecord,
-                          RequestRecord)
+from gate.oracle import TargetOracle
+from gate.runners.interface import RequestResult, StreamResult
+from gate.records import (FALLBACK, ExactnessRecord, Failure, FailureStage, Measurements, OfferedLoad, OverlapRecord,
+                          RequestRecord, RunRecord)
 from gate.session import Session
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -48,11 +55,11 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
         for _ in range(warmup):
             _warmup(session, m)
         _run_requests(session, m, requests, progress, contention)
-        _phase(m, "overlap", lambda: _overlaps(session, m, progress))
+        _phase(m, FailureStage.OVERLAP, lambda: _overlaps(session, m, progress))
         if exactness and exactness.pairs:
-            _phase(m, "exactness", lambda: _exactness(session, m, exactness, seed, progress))
+            _phase(m, FailureStage.EXACTNESS, lambda: _exactness(session, m, exactness, seed, progress))
     except KeyboardInterrupt:
-        m.failures.append(Failure("run", "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
     with interrupt.deferred():  # bookkeeping on what was measured: a signal now is only recorded
         record_load(m.environment, m.requests)
         _bills(session, m, max(max_new_tokens), resources)
@@ -75,7 +82,7 @@ def measure_more(session: Session, m: Measurements, drafts: list[str], laws: lis
     try:
         _run_requests(session, m, requests, progress or (lambda *_: None), contention)
     except KeyboardInterrupt:
-        m.failures.append(Failure("run", "*", "*", "run", "interrupted during extra repetitions"))
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted during extra repetitions"))
     with interrupt.deferred():
         record_load(m.environment, m.requests)
 
@@ -106,9 +113,20 @@ def _run_requests(session: Session, m: Measurements, requests: list[Request], pr
                   contention: Handling | None = None) -> None:
     """Run every request, a cell at a time. A cell with a contended request (see
     gate.measure.contention) is rerun whole, up to `contention.reruns` times, and the
-    attempt with the fewest contended requests is kept (ties: the least stalled)."""
+    attempt with the fewest contended requests is kept (ties: the least stalled). The kept
+    requests are recorded as windows in m.runs, also when an interrupt stops the run."""
     h = contention or Handling()
-    probe = Probe()
+    load = SEQUENTIAL
+    starts: dict[int, float] = {}  # id(record) -> its wall-clock start (s)
+    kept: list[RequestRecord] = []
+    try:
+        _run_cells(session, m, requests, progress, h, starts, kept)
+    finally:
+        m.runs += _windows(kept, starts, load.offered())
+
+
+def _run_cells(session: Session, m: Measurements, requests: list[Request], progress: Progress, h: Handling,
+               starts: dict[int, float], kept: list[RequestRecord]) -> None:
     done, stuck = 0, 0
     for cell in _cells(requests):
         progress("requests", done, len(requests))
@@ -116,13 +134,13 @@ def _run_requests(session: Session, m: Measurements, requests: list[Request], pr
         failures: list[Failure] = []
         reruns = 0
         try:  # an interrupt keeps what the cell measured so far (its last whole attempt)
-            _run_cell(session, cell, probe, records, failures)
+            _run_cell(session, cell, starts, records, failures)
             if h.max_cpu_stall is not None and stuck < STUCK_CELLS:
                 while not failures and reruns < h.reruns and _contended(records, h):
                     reruns += 1
                     again: list[RequestRecord] = []
                     failed: list[Failure] = []
-                    _run_cell(session, cell, probe, again, failed)
+                    _run_cell(session, cell, starts, again, failed)
                     if failed:  # not contention: keep what was measured, say what failed
                         failures += failed
                         break
@@ -132,6 +150,7 @@ def _run_requests(session: Session, m: Measurements, requests: list[Request], pr
             for r in records:
                 r.contention_reruns = reruns
             m.requests += records
+            kept += records
             m.failures += failures
         if not _contended(records, h):
             stuck = max(0, stuck - 1)
@@ -141,13 +160,29 @@ def _run_requests(session: Session, m: Measurements, requests: list[Request], pr
     progress("requests", len(requests), len(requests))
 
 
-def _run_cell(session: Session, cell: list[Request], probe: Probe, records: list[RequestRecord],
+def _run_cell(session: Session, cell: list[Request], starts: dict[int, float], records: list[RequestRecord],
               failures: list[Failure]) -> None:
-    for req in cell:
-        try:
-            records.append(_run_one(session, req, probe))
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-            failures.append(Failure("request", req.draft, req.law.name, f"request {req.prompt.id}", _describe(e)))
+    """One attempt at a cell: its requests through the runner, one at a time. A request's
+    record (or Failure, stage "request") is kept as it ends, so an interrupt keeps them."""
+
+    def done(i: int, result: RequestResult) -> None:
+        req = cell[i]
+        if isinstance(result, BaseException):  # recorded, the run goes on
+            failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}", _describe(result)))
+            return
+        record = _record(session, req, result)
+        starts[id(record)] = result.started_s
+        records.append(record)
+
+    session.runner.run(cell, SEQUENTIAL, done)
+
+
+def _windows(records: list[RequestRecord], starts: dict[int, float], load: OfferedLoad) -> list[RunRecord]:
+    """One RunRecord per (runner, law) of `records`, in the order they first ran."""
+    groups: dict[tuple[str, str], list[tuple[float, RequestRecord]]] = {}
+    for r in records:
+        groups.setdefault((r.draft, r.law), []).append((starts[id(r)], r))
+    return [RunRecord.of(runner, law, load, spans) for (runner, law), spans in groups.items()]
 
 
 def _contended(records: list[RequestRecord], h: Handling) -> int:
@@ -158,12 +193,12 @@ def _stalled(records: list[RequestRecord], h: Handling) -> float:
     return pooled_stall_share(records, h.cpus) or 0.0
 
 
-def _phase(m: Measurements, stage: str, run: Callable[[], None]) -> None:
+def _phase(m: Measurements, stage: FailureStage, run: Callable[[], None]) -> None:
     """Run one measurement phase; an error that escapes it is recorded, never loses the rest."""
     try:
         run()
     except Exception as e:  # noqa: BLE001
-        m.failures.append(Failure(stage, "*", "*", stage, _describe(e)))
+        m.failures.append(Failure(stage, "*", "*", stage.value, _describe(e)))
 
 
 def _describe(e: BaseException) -> str:
@@ -172,28 +207,26 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{where}"
 
 
-def _generator(session: Session, seed: int) -> torch.Generator:
-    return torch.Generator(device=session.device).manual_seed(seed)
+def _oracle(session: Session) -> TargetOracle:
+    """The session's target oracle. Raises RuntimeError where there is no local target."""
+    if session.oracle is None:
+        raise RuntimeError("no local copy of the target: teacher-forced checks (overlap, exactness) need one")
+    return session.oracle
 
 
 def _warmup(session: Session, m: Measurements) -> None:
     """One short untimed request per runner: first calls allocate and pick kernels.
     A runner that fails here is recorded (stage "warm-up", so the run exits 3); rules judge
     its timed requests, which say for themselves whether they failed too."""
-    prompt = list(session.prompts[0].token_ids)
-    for name, draft in [(FALLBACK, None), *session.drafts.items()]:
-        try:
-            session.engine.generate(prompt, draft, session.laws[0], 4, _generator(session, 0))
-        except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure("warm-up", name, "*", "warm-up", _describe(e)))
+    for name in [FALLBACK, *session.drafts]:
+        (result,) = session.runner.run([Request(name, session.laws[0], session.prompts[0], 4, 0, 0)], SEQUENTIAL)
+        if isinstance(result, BaseException):
+            m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", _describe(result)))
 
 
-def _run_one(session: Session, req: Request, probe: Probe | None = None) -> RequestRecord:
-    draft = None if req.draft == FALLBACK else session.drafts[req.draft]
-    probe = probe or Probe()
-    started = probe.start()
-    g = session.engine.generate(list(req.prompt.token_ids), draft, req.law, req.max_new_tokens, _generator(session, req.seed))
-    load = probe.stop(started)
+def _record(session: Session, req: Request, g: StreamResult) -> RequestRecord:
+    """The request's record: what the runner returned, labelled with the planned request."""
+    draft = None if req.draft == FALLBACK else session.drafts.get(req.draft)
     return RequestRecord(
         draft=req.draft, law=req.law.name, prompt_id=req.prompt.id, category=req.prompt.category,
         max_new_tokens=req.max_new_tokens, repetition=req.repetition, prompt_tokens=len(req.prompt.token_ids),
@@ -202,8 +235,7 @@ def _run_one(session: Session, req: Request, probe: Probe | None = None) -> Requ
         num_draft_tokens=draft.num_draft_tokens if draft else 0, kv_cache_tokens=g.kv_cache_tokens,
         kv_cache_bytes=g.kv_cache_bytes, draft_kv_cache_bytes=g.draft_kv_cache_bytes,
         context_length=req.prompt.context_length, stop_string=g.stop_string,
-        cpu_time_ms=load.cpu_time_ms, cpu_stall_ms=load.cpu_stall_ms, load_avg_1m=load.load_avg_1m,
-        threads=torch.get_num_threads(),
+        cpu_time_ms=g.cpu_time_ms, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m, threads=g.threads,
     )
 
 
@@ -227,16 +259,16 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
         prompt = list(prompts[rec.prompt_id].token_ids)
         ids = prompt + rec.output_ids
         try:
-            p = session.engine.target_probs(ids, len(prompt), law)
+            p = _oracle(session).target_probs(ids, len(prompt), law)
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure("overlap", "*", rec.law, f"overlap {rec.prompt_id}: target forward", _describe(e)))
+            m.failures.append(Failure(FailureStage.OVERLAP, "*", rec.law, f"overlap {rec.prompt_id}: target forward", _describe(e)))
             continue
         for name, draft in session.drafts.items():
             try:
                 q = draft.teacher_forced(ids, len(prompt), law, p.shape[-1])
                 ov, top1 = position_overlaps(p, q.to(p.device))
             except Exception as e:  # noqa: BLE001
-                m.failures.append(Failure("overlap", name, rec.law, f"overlap {rec.prompt_id}", _describe(e)))
+                m.failures.append(Failure(FailureStage.OVERLAP, name, rec.law, f"overlap {rec.prompt_id}", _describe(e)))
                 continue
             m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1,
                                             rec.context_length))
@@ -261,7 +293,7 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
         try:
             for r in (r for r in m.requests if r.draft == name and r.law == law_name and r.output_ids):
                 prompt = list(prompts[r.prompt_id].token_ids)
-                logits = session.engine.target_logits(prompt + r.output_ids, len(prompt))
+                logits = _oracle(session).target_logits(prompt + r.output_ids, len(prompt))
                 if law.greedy:
                     rec.compared += 1
                     rec.divergences += greedy_divergences(logits, r.output_ids, r.prompt_id)
@@ -271,15 +303,14 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
             n = plan.next_token_samples.get((name, law_name), 0)
             if n and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
-                    g = _generator(session, request_seed(seed, prompt.id, law_name, -1, 0))
                     ids = list(prompt.token_ids)
-                    steps = session.engine.first_steps(ids, session.drafts[name], law, n, g)
+                    steps = session.runner.first_steps(ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0))
                     # the first position (a claim test) and prefixes many steps share (evidence)
                     for prefix, tokens in contexts(steps):
-                        p = session.engine.target_probs(ids + list(prefix) + [0], len(ids), law)[-1]
+                        p = _oracle(session).target_probs(ids + list(prefix) + [0], len(ids), law)[-1]
                         rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu(), prefix=prefix))
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure("exactness", name, law_name, "exactness", _describe(e)))
+            m.failures.append(Failure(FailureStage.EXACTNESS, name, law_name, "exactness", _describe(e)))
             continue
         m.exactness.append(rec)
     progress("exactness", len(pairs), len(pairs))
@@ -290,14 +321,10 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
     at the policy's resources (default: the workload's longest sequence, one sequence)."""
     try:
         context = resources.context_tokens or max(len(p.token_ids) for p in session.prompts) + max_new_tokens
-        drafts = []
-        for name, draft in session.drafts.items():
-            modules = draft.modules()
-            cache = cache_model(modules[0].config, kv_format(resources, dtype_name(modules[0]))) if modules else None
-            own = weight_bytes(*modules, exclude=[session.target]) if modules else 0
-            drafts.append(DraftBill(name, draft.num_draft_tokens, cache, own, draft.probability_info == "distribution"))
+        drafts = [draft_kinds.loaded_bill(name, draft, session.target, lambda dtype: kv_format(resources, dtype))
+                  for name, draft in session.drafts.items()]
         target_cache = cache_model(session.target.config, kv_format(resources, dtype_name(session.target)))
-        bills = bills_for(resources, context, session.engine.vocab_size, target_cache, weight_bytes(session.target), drafts)
+        bills = bills_for(resources, context, _oracle(session).vocab_size, target_cache, weight_bytes(session.target), drafts)
         for bill in bills:
             reqs = [r for r in m.requests if r.draft == bill.draft]
             line = next(x for x in bill.lines if x.name == "target KV cache")
@@ -308,4 +335,4 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
                 line.predicted_at_measured_bytes = target_cache.bytes(longest.kv_cache_tokens)
         m.bills.extend(bills)
     except Exception as e:  # noqa: BLE001
-        m.failures.append(Failure("bill", "*", "*", "bill", _describe(e)))
+        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", _describe(e)))

@@ -27,7 +27,7 @@ from gate.measure.environment import environment
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.policy.load import load_policy
 from gate.policy.model import LawSpec
-from gate.records import ExactnessRecord, Failure, Measurements
+from gate.records import RECORDED_SAMPLES, ExactnessRecord, Failure, FailureStage, Measurements
 from gate.session import open_target
 
 
@@ -109,7 +109,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
         target = open_target(loaded, tokenizer=False)
     except PolicyValueError as e:
         raise loaded.error(e) from None
-    lines = read_samples(Path(samples_path), target.engine.vocab_size)
+    lines = read_samples(Path(samples_path), target.oracle.vocab_size)
     m = Measurements(environment=environment(target.device, seed))
     m.environment.models = [target.info]
     laws: dict[str, Law] = {}
@@ -136,7 +136,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
         ident = line.id or f"line-{i + 1}"
         try:
             ids = line.prompt_ids + line.output_ids
-            logits = target.engine.target_logits(ids, len(line.prompt_ids)).float()
+            logits = target.oracle.target_logits(ids, len(line.prompt_ids)).float()
             if law.greedy:
                 rec.compared += 1
                 rec.divergences += greedy_divergences(logits, line.output_ids, ident)
@@ -150,7 +150,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
                 if (key, prefix) in wanted and (*key, prefix) not in context_laws:
                     context_laws[(*key, prefix)] = probs[j]
         except Exception as e:  # noqa: BLE001 - recorded; its rules become errors
-            m.failures.append(Failure("exactness", line.source, law.name, ident, f"{type(e).__name__}: {e}"))
+            m.failures.append(Failure(FailureStage.EXACTNESS, line.source, law.name, ident, f"{type(e).__name__}: {e}"))
     prompt_names: dict[tuple[str, str], int] = defaultdict(int)
     for key, found in tested.items():
         source, law_name, _ = key
@@ -162,7 +162,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
                 rec.next_token.append(sparse_counts(name, tokens, context_laws[(*key, prefix)], prefix=prefix))
     m.exactness = list(records.values())
     m.laws = list(laws)
-    m.drafts = {src: {"kind": "recorded samples"} for src, _ in records}
+    m.drafts = {src: {"kind": RECORDED_SAMPLES} for src, _ in records}
     return _finish_samples(loaded, m)
 
 

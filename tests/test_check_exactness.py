@@ -57,7 +57,7 @@ def test_a_faulty_verifier_is_caught(tmp_path, sharp_pair, prompts_file, monkeyp
                 return Verdict(i, sample(p[i], generator))
         return Verdict(n, sample(p[n], generator))
 
-    monkeypatch.setattr("gate.engines.transformers.verify", deterministic)
+    monkeypatch.setattr("gate.runners.transformers.verify", deterministic)
     result, out = run(tmp_path, sharp_pair, prompts_file, laws="  - {temperature: 1.0, top_k: 8}\n")
     assert out[SAMPLING]["status"] == "fail", out[SAMPLING]["message"]
     assert result.exit_code == 1

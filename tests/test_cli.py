@@ -173,16 +173,16 @@ def test_level_off_is_skipped(warn_run: Run) -> None:
 
 def test_exit_3_when_a_measurement_could_not_be_made(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path,
                                                      report_schema: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from gate.engines.transformers import TransformersEngine
+    from gate.runners.transformers import TransformersRunner
 
-    generate = TransformersEngine.generate
+    generate = TransformersRunner._generate
 
     def broken_for_exit1(self, prompt_ids, draft, *args, **kwargs):  # type: ignore[no-untyped-def]
         if draft is not None and draft.name == "exit1":
             raise RuntimeError("simulated device failure")
         return generate(self, prompt_ids, draft, *args, **kwargs)
 
-    monkeypatch.setattr(TransformersEngine, "generate", broken_for_exit1)
+    monkeypatch.setattr(TransformersRunner, "_generate", broken_for_exit1)
     # Request metrics only: every rule of exit1 needs the requests that failed.
     text = tiny_policy(tiny_model_dir, prompts_file, extra_rules=TTFT_OK, drafts=DRAFTS, max_new_tokens=8)
     text = text.replace("  - id: overlap-floor\n    metric: overlap\n    aggregation: mean\n    comparison: '>='\n    threshold: 0.0\n", "")
@@ -206,16 +206,16 @@ def test_exit_3_with_reports_when_the_failure_escapes_a_request(tmp_path: Path, 
                                                                   report_schema: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """With the warm-up on, the failing draft fails before any timed request: still exit 3,
     both reports, and that draft's rules are errors (not a crash, not a pass)."""
-    from gate.engines.transformers import TransformersEngine
+    from gate.runners.transformers import TransformersRunner
 
-    generate = TransformersEngine.generate
+    generate = TransformersRunner._generate
 
     def broken_for_exit1(self, prompt_ids, draft, *args, **kwargs):  # type: ignore[no-untyped-def]
         if draft is not None and draft.name == "exit1":
             raise RuntimeError("simulated device failure")
         return generate(self, prompt_ids, draft, *args, **kwargs)
 
-    monkeypatch.setattr(TransformersEngine, "generate", broken_for_exit1)
+    monkeypatch.setattr(TransformersRunner, "_generate", broken_for_exit1)
     folder = tmp_path
     policy_file = write_policy(folder, policy(tiny_model_dir, prompts_file, TTFT_OK))
     junit, report = folder / "junit.xml", folder / "report.json"

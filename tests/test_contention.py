@@ -195,7 +195,7 @@ def test_contended_cells_are_rerun_then_left_out(tmp_path, tiny_model_dir, promp
     """The first two windows contended: the first cell (fallback, lookup) is rerun once and
     comes out clean. Always contended: every cell is rerun (until the machine is found busy
     for good) and the speedup verdict is inconclusive, naming the contention."""
-    monkeypatch.setattr("gate.run.Probe", BusyProbe)
+    monkeypatch.setattr("gate.runners.transformers.Probe", BusyProbe)
     BusyProbe.calls, BusyProbe.busy = 0, busy
     report = run_check(tmp_path, tiny_model_dir, prompts_file,
                        f"measurement:\n  warmup_requests: 0\n  contention_reruns: {reruns}\n")

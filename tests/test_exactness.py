@@ -1,4 +1,4 @@
-"""Mutation tests of gate's exactness statistics (gate.measure.exactness) against the
+"""Mutation tests of gate's exactness statistics (gate.measure.exactness, gate.rules.exactness_tests) against the
 reference speculative sampler (gate.reference) with injected faults.
 
 The combined test is what `gate check` runs for a sampling law: the PIT Kolmogorov-Smirnov
@@ -24,7 +24,8 @@ import pytest
 import torch
 from scipy import stats
 
-import gate.measure.exactness as ex
+import gate.measure.exactness as mx
+import gate.rules.exactness_tests as ex
 from conftest import tiny_llama
 from gate.law import Law, law_probs
 from gate.reference import LAW_PRESERVING, Fault, speculative_sample
@@ -62,7 +63,7 @@ def combined(target: torch.Tensor, draft: torch.Tensor, law: Law, fault: Fault, 
     tokens = speculative_sample(target, draft, law, GAMMA, batch, length, torch.Generator().manual_seed(seed), fault)
     assert int(tokens.min()) >= 0
     p = law_probs(target[:length], law)
-    u = ex.randomized_pit(p.repeat(batch, 1), tokens.reshape(-1), torch.Generator().manual_seed(seed + 1))
+    u = mx.randomized_pit(p.repeat(batch, 1), tokens.reshape(-1), torch.Generator().manual_seed(seed + 1))
     tests = [ex.pit_test(u.numpy(), alpha, POWER, DETECT_TV)]
     for t in range(length):
         counts = np.bincount(tokens[:, t].numpy(), minlength=p.shape[-1])
@@ -267,7 +268,7 @@ def test_randomized_pit_is_uniform_under_the_null_with_ties_and_truncation():
     logits[:, 6:] = logits[:, :1]  # ties with the first token
     probs = law_probs(logits, Law("t", 0.9, top_k=9, top_p=0.95))
     tokens = torch.multinomial(probs, 1, generator=g).squeeze(-1)
-    u = ex.randomized_pit(probs, tokens, g).numpy()
+    u = mx.randomized_pit(probs, tokens, g).numpy()
     assert not np.isnan(u).any() and (u >= 0).all() and (u <= 1).all()
     assert stats.kstest(u, "uniform").pvalue > 0.01
     t = ex.pit_test(u, ALPHA, POWER, DETECT_TV)
@@ -276,7 +277,7 @@ def test_randomized_pit_is_uniform_under_the_null_with_ties_and_truncation():
 
 def test_randomized_pit_of_an_impossible_token_is_nan_and_fails():
     probs = law_probs(torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]] * 3), Law("k2", 1.0, top_k=2))
-    u = ex.randomized_pit(probs, torch.tensor([0, 1, 4]), torch.Generator().manual_seed(0))
+    u = mx.randomized_pit(probs, torch.tensor([0, 1, 4]), torch.Generator().manual_seed(0))
     assert not math.isnan(u[0]) and not math.isnan(u[1]) and math.isnan(u[2])
     assert 0 <= float(u[0]) <= float(probs[0, 0]) <= float(u[1]) <= 1  # rank 0 then rank 1
     t = ex.pit_test(u.numpy(), ALPHA, POWER, DETECT_TV)

@@ -21,7 +21,8 @@ import torch
 from click.testing import CliRunner
 from scipy import stats
 
-import gate.measure.exactness as ex
+import gate.measure.exactness as mx
+import gate.rules.exactness_tests as ex
 from conftest import sharp_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.law import Law, law_probs
@@ -89,14 +90,14 @@ def test_an_underpowered_claim_is_inconclusive_with_the_samples_needed():
 
 def test_contexts_keep_the_first_position_and_the_most_shared_prefixes():
     outputs = [[1, 2, 3]] * 60 + [[1, 4, 5]] * 55 + [[6, 7]] * 10
-    found = dict(ex.contexts(outputs, min_first=20, min_later=50))
+    found = dict(mx.contexts(outputs, min_first=20, min_later=50))
     assert found[()] == [1] * 115 + [6] * 10
     assert found[(1,)] == [2] * 60 + [4] * 55  # 115 outputs share the prefix (1,)
     assert found[(1, 2)] == [3] * 60 and found[(1, 4)] == [5] * 55
     assert (6,) not in found  # only 10 share it
     assert list(found)[:2] == [(), (1,)]  # the first position, then by count
-    assert ex.contexts(outputs[:10], min_first=20) == []  # too few for any test
-    assert len(ex.contexts(outputs, min_later=50, max_later=1)) == 2
+    assert mx.contexts(outputs[:10], min_first=20) == []  # too few for any test
+    assert len(mx.contexts(outputs, min_later=50, max_later=1)) == 2
 
 
 # --- the scenario, end to end through `gate exactness` -------------------------

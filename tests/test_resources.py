@@ -13,7 +13,7 @@ from conftest import tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.measure.roofline import attainable, predicted_speedup, ridge_batch, step
 from gate.models.load import quantize_int8_dynamic, weight_bytes
-from gate.resources import estimate_weight_bytes
+from gate.measure.bill import estimate_weight_bytes
 
 
 @pytest.mark.parametrize("dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8_dynamic")])

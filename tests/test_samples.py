@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from conftest import tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.drafts.model import ModelDraft
-from gate.engines.transformers import TransformersEngine
+from gate.runners.transformers import TransformersRunner
 from gate.law import Law
 
 CPU = torch.device("cpu")
@@ -24,15 +24,15 @@ RULE = "  - id: exact\n    kind: exactness\n    detect_tv: 0.1\n    tie_toleranc
 @pytest.fixture(scope="module")
 def recorded():
     """Speculative samples from gate's engine on the tiny target (law t0.9, top-k 8)."""
-    engine = TransformersEngine(tiny_llama(0), set(), CPU)
+    engine = TransformersRunner(tiny_llama(0), set(), CPU)
     draft = ModelDraft("d", "model", tiny_llama(1), 3, CPU)
     g = torch.Generator().manual_seed(0)
     lines = []
     for i in range(120):
         prompt = [1, 5 + i % 3, 9]
-        out = engine.generate(prompt, draft, Law("t", 0.9, top_k=8), 12, g).output_ids
+        out = engine._generate(prompt, draft, Law("t", 0.9, top_k=8), 12, g).output_ids
         lines.append({"prompt_ids": prompt, "output_ids": out, "law": {"temperature": 0.9, "top_k": 8}, "source": "spec"})
-    greedy = engine.generate([1, 5, 9], None, Law("g", 0.0), 10, None).output_ids
+    greedy = engine._generate([1, 5, 9], None, Law("g", 0.0), 10, None).output_ids
     return lines, greedy
 
 

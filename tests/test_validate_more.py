@@ -185,16 +185,16 @@ def test_exactness_rules_refuse_category_scopes(tmp_path, tiny_model_dir, prompt
 
 
 def test_exactness_is_an_error_when_requests_failed(tmp_path, tiny_model_dir, prompts_file, monkeypatch):
-    from gate.engines.transformers import TransformersEngine
+    from gate.runners.transformers import TransformersRunner
 
-    generate = TransformersEngine.generate
+    generate = TransformersRunner._generate
 
     def flaky(self, prompt_ids, draft, *args, **kwargs):  # fails on the draft's requests for one prompt only
         if draft is not None and draft.name == "lookup" and 14 in prompt_ids:  # "w10": prompt c
             raise RuntimeError("simulated failure")
         return generate(self, prompt_ids, draft, *args, **kwargs)
 
-    monkeypatch.setattr(TransformersEngine, "generate", flaky)
+    monkeypatch.setattr(TransformersRunner, "_generate", flaky)
     rule = "  - id: exact\n    kind: exactness\n"
     policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, rule))
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),

@@ -23,7 +23,7 @@ from conftest import (
 from gate.cli import cli
 from gate.errors import InputError, PolicyValueError
 from gate.policy.load import load_policy
-from gate.session import encoder, plan_workload
+from gate.plan import encoder, plan_workload
 from gate.workloads.context import TOLERANCE_TOKENS, ContextBuilder, check_fits
 from gate.workloads.humaneval import HumanEval
 from gate.workloads.interface import Prompt, choose, select

@@ -1,4 +1,8 @@
-"""Proposal mechanisms, one module each: model.py, early_exit.py, prompt_lookup.py."""
+"""Proposal mechanisms, one module each: model.py, early_exit.py, prompt_lookup.py.
+
+Each module declares its policy spec and a `KIND = DraftKind(...)` (build, bill and roofline
+costs, checks: gate.drafts.interface); gate.drafts.registry lists the modules. A new draft
+kind is a new module here plus its line in registry.BUILTIN."""
 
 from gate.drafts.interface import Draft, Proposal
 

@@ -8,10 +8,13 @@ usually low; that is what the gate is for.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import ConfigDict, Field
 
+from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, DraftKind, DraftModelConfig, DraftSpecBase,
+                                   model_info)
 from gate.drafts.model import ModelDraft
 from gate.errors import PolicyValueError
 
@@ -53,3 +56,43 @@ def early_exit_draft(name: str, target: torch.nn.Module, num_layers: int, num_dr
     """A ModelDraft over `early_exit_model` (its weights are the target's: billed once)."""
     model = early_exit_model(target, num_layers, yaml_path)
     return ModelDraft(name, "early_exit", model, num_draft_tokens, device)
+
+
+class EarlyExitDraftSpec(DraftSpecBase):
+    """The first `num_layers` layers of the target with its final norm and shared head.
+
+    Gives a full distribution q; its weights are the target's, counted once."""
+
+    model_config = ConfigDict(title="EarlyExitDraft")
+
+    kind: Literal["early_exit"]
+    num_layers: int = Field(..., ge=1, description="Target layers the draft runs (must be fewer than the target has).")
+
+
+def _build(name: str, spec: EarlyExitDraftSpec, ctx: BuildContext) -> BuiltDraft:
+    draft = early_exit_draft(name, ctx.target, spec.num_layers, spec.num_draft_tokens, ctx.device,
+                             f"drafts.{name}.num_layers")
+    return BuiltDraft(draft, model_info(name, f"target[:{spec.num_layers}]", "early_exit", ctx.target_dtype, draft.model))
+
+
+def _model_config(name: str, spec: EarlyExitDraftSpec, ctx: ConfigContext) -> DraftModelConfig:
+    """The target's config cut to num_layers, at the target's dtype; weights the target's own."""
+    return DraftModelConfig(truncated_config(ctx.target_config, spec.num_layers), ctx.target_dtype,
+                            shares_target_weights=True)
+
+
+def _check_target_config(name: str, spec: EarlyExitDraftSpec, config: Any) -> None:
+    """num_layers must be below the target's layer count (when the config states it)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if layers and not spec.num_layers < layers:
+        raise PolicyValueError(f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {spec.num_layers})")
+
+
+KIND = DraftKind(
+    name="early_exit",
+    spec=EarlyExitDraftSpec,
+    probability_info="distribution",
+    build=_build,
+    model_config=_model_config,
+    check_target_config=_check_target_config,
+)

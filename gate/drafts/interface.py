@@ -6,19 +6,28 @@ argument depend on it:
   (Leviathan et al. 2023, Thm 1).
 - "point_mass": a deterministic proposal x, i.e. q = one-hot(x); accepted with
   probability p(x), and the residual is p with x removed, renormalised.
+
+Below the Draft interface: what a draft kind declares (DraftKind, its spec base, and the
+contexts its hooks receive), listed in gate.drafts.registry.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Callable, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from gate.law import Law
+from gate.measure.bill import DraftBill
+from gate.measure.kv import KVFormat
+from gate.records import ModelInfo
 
 ProbabilityInfo = Literal["distribution", "point_mass"]
+DType = Literal["float32", "bfloat16", "float16"]  # weight dtypes a policy may name (as gate.policy.model.DType)
 
 
 @dataclass
@@ -57,3 +66,155 @@ class Draft(ABC):
     def modules(self) -> list[torch.nn.Module]:
         """The modules whose weights the draft keeps resident (for the bill)."""
         return []
+
+
+# ---------------------------------------------------------------------------------------
+# Declaring a draft kind. Each kind module (model.py, early_exit.py, prompt_lookup.py)
+# makes one `DraftKind` and gate.drafts.registry lists it; the policy's union, its kind
+# messages, the bill, the roofline and validation are assembled from the registry.
+# Nothing here imports gate.policy (policy imports drafts, never the other way).
+
+
+class DraftSpecBase(BaseModel):
+    """The policy fields every draft kind shares; a kind's spec subclasses it and adds
+    `kind: Literal["<its name>"]` (the union's tag) and its own fields. Strict: unknown keys
+    are errors, and specs are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model source named in the policy (not yet resolved): `model`, `gguf_file`, and the
+    YAML path errors about it are reported at (e.g. drafts.small.model)."""
+
+    model: str
+    gguf_file: str | None
+    yaml_path: str
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What building an in-process draft may use: the loaded target (module, tokenizer,
+    device), the width of the target's logits (`vocab_size`, token ids), the target's dtype
+    name ("float32", ...) and the policy file's folder (relative model paths)."""
+
+    target: torch.nn.Module
+    tokenizer: Any
+    device: torch.device
+    vocab_size: int
+    target_dtype: str
+    policy_dir: Path
+
+
+@dataclass(frozen=True)
+class BuiltDraft:
+    """A built draft and the model it loaded for the report (None: it loads no model)."""
+
+    draft: Draft
+    info: ModelInfo | None = None
+
+
+@dataclass(frozen=True)
+class ConfigContext:
+    """What a kind may read to cost a draft without loading weights: the target's
+    transformers config and dtype name, and `read_config(model, gguf_file, yaml_path)`, which
+    resolves a model source named in the policy and returns its config (raising
+    PolicyValueError at yaml_path when it cannot)."""
+
+    target_config: Any
+    target_dtype: str
+    read_config: Callable[[str, str | None, str], Any]
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    """The model a draft runs, from configs alone (gate bill, gate roofline): its transformers
+    `config`, weight `dtype` and `quantization` ("none" or "int8_dynamic"), the dtype its KV
+    cache is held at (`kv_dtype`; "auto" kv_dtype in the policy resolves to it), and whether its
+    weights are the target's own (`shares_target_weights`: billed once, to the target)."""
+
+    config: Any
+    dtype: str
+    quantization: str = "none"
+    kv_dtype: str | None = None  # None: dtype
+    shares_target_weights: bool = False
+
+    @property
+    def cache_dtype(self) -> str:
+        """The dtype name the draft's KV cache is billed at when the policy says kv_dtype auto."""
+        return self.kv_dtype or self.dtype
+
+
+def model_info(role: str, source: str, kind: str, dtype: str, model: torch.nn.Module) -> ModelInfo:
+    """What the report records of a loaded model: role (draft name or "target"), source,
+    kind label, dtype name, weight fingerprint, parameter count and resident weight bytes."""
+    from gate.models import load as models
+
+    params = sum(p.numel() for p in model.parameters())
+    return ModelInfo(role, source, kind, dtype, models.fingerprint(model), params, models.weight_bytes(model))
+
+
+def bill_from_modules(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:
+    """A loaded draft's bill inputs (gate check): the cache of its first module's config at
+    `kv_format_of(dtype name of that module)`, the weight bytes of its modules not shared
+    with `target`, and whether it keeps a distribution q. A draft without modules bills no
+    cache and no weights."""
+    from gate.measure.kv import cache_model
+    from gate.models.load import dtype_name, weight_bytes
+
+    modules = draft.modules()
+    cache = cache_model(modules[0].config, kv_format_of(dtype_name(modules[0]))) if modules else None
+    own = weight_bytes(*modules, exclude=[target]) if modules else 0
+    return DraftBill(name, draft.num_draft_tokens, cache, own, draft.probability_info == "distribution")
+
+
+def _no_model(name: str, spec: Any, ctx: ConfigContext) -> DraftModelConfig | None:
+    return None
+
+
+def _no_check(name: str, spec: Any, config: Any) -> None:
+    return None
+
+
+def _no_sources(name: str, spec: Any) -> list[ModelRef]:
+    return []
+
+
+def _no_problems(name: str, spec: Any, target: Any) -> list[tuple[str, str]]:
+    return []
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    """One draft kind, declared once in its own module and listed in gate.drafts.registry.
+
+    - `name`: the policy's `kind:` tag; `spec`: its pydantic class (a DraftSpecBase with
+      `kind: Literal[name]`), a member of the policy's DraftSpec union and JSON schema.
+    - `probability_info`: "distribution" (a full q) or "point_mass" (bill: draft probabilities).
+    - `build(name, spec, ctx: BuildContext) -> BuiltDraft`: the in-process Draft (gate check);
+      raises PolicyValueError naming the YAML path.
+    - `model_config(name, spec, ctx: ConfigContext) -> DraftModelConfig | None`: the model the
+      draft runs, from configs alone, for `gate bill` and `gate roofline` (None: no model, no
+      cache, no draft step cost).
+    - `loaded_bill(name, draft, target, kv_format_of) -> DraftBill`: bill inputs from the
+      loaded draft (default: its modules, see bill_from_modules).
+    - `check_target_config(name, spec, config)`: validation against the target's config before
+      any weight is loaded; raises PolicyValueError (e.g. early-exit depth).
+    - `tokenizer_sources(name, spec) -> list[ModelRef]`: separate models whose tokenizer must
+      match the target's (validation checks them without loading weights).
+    - `policy_problems(name, spec, target_spec) -> [(yaml path, message)]`: cross-field checks
+      against the policy's target section (e.g. a draft that is the target itself).
+    """
+
+    name: str
+    spec: type[DraftSpecBase]
+    probability_info: ProbabilityInfo
+    build: Callable[[str, Any, BuildContext], BuiltDraft]
+    model_config: Callable[[str, Any, ConfigContext], DraftModelConfig | None] = _no_model
+    loaded_bill: Callable[[str, Draft, torch.nn.Module, Callable[[str], KVFormat]], DraftBill] = bill_from_modules
+    check_target_config: Callable[[str, Any, Any], None] = _no_check
+    tokenizer_sources: Callable[[str, Any], list[ModelRef]] = _no_sources
+    policy_problems: Callable[[str, Any, Any], list[tuple[str, str]]] = _no_problems

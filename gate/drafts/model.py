@@ -3,11 +3,15 @@ dtype or quantization, or (via early_exit.py) a truncated view of the target."""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Literal
 
 import torch
+from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import Draft, Proposal
+from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig,
+                                   DraftSpecBase, DType, ModelRef, Proposal, model_info)
+from gate.errors import PolicyValueError
 from gate.law import Law, law_probs
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.speculative import sample
@@ -85,3 +89,73 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+class ModelDraftSpec(DraftSpecBase):
+    """A separate model, or the target's own weights at another dtype or quantization.
+
+    Gives a full distribution q: exact under rejection sampling (Leviathan et al. 2023, Thm 1)."""
+
+    model_config = ConfigDict(title="ModelDraft")
+
+    kind: Literal["model"]
+    model: str = Field("target", description="'target' reuses the target's weights; else a source as for target.model.")
+    gguf_file: str | None = None
+    dtype: DType | None = Field(None, description="Default: the target's dtype.")
+    quantization: Literal["none", "int8_dynamic"] = Field(
+        "none", description="int8_dynamic: int8 weights with per-tensor scales on every Linear (torch dynamic quantization, CPU)."
+    )
+
+
+def _build(name: str, spec: ModelDraftSpec, ctx: BuildContext) -> BuiltDraft:
+    """The model draft: the target deep-copied at the draft's dtype (model: target), or a
+    separate model whose tokenizer must match the target's; int8_dynamic quantized on CPU."""
+    from gate.models import load as models
+
+    path = f"drafts.{name}"
+    dtype = spec.dtype or ctx.target_dtype
+    if spec.model == "target":
+        model, label = copy.deepcopy(ctx.target).to(dtype=models.DTYPES[dtype]), "target"
+    else:
+        source = models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
+        models.check_tokenizers(ctx.tokenizer, models.load_tokenizer(source), f"{path}.model")
+        model, label = models.load_model(source, dtype, ctx.device), str(source)
+    if spec.quantization == "int8_dynamic":
+        if ctx.device.type != "cpu":
+            raise PolicyValueError(f"{path}.quantization", "int8_dynamic (torch dynamic quantization) runs on the CPU only")
+        if dtype != "float32":
+            raise PolicyValueError(f"{path}.dtype", "int8_dynamic quantizes float32 weights; leave dtype at float32")
+        model = models.quantize_int8_dynamic(model)
+    draft = ModelDraft(name, "model", model, spec.num_draft_tokens, ctx.device, vocab_size=ctx.vocab_size)
+    kind = "model" + (f"+{spec.quantization}" if spec.quantization != "none" else "")
+    return BuiltDraft(draft, model_info(name, label, kind, dtype, model))
+
+
+def _model_config(name: str, spec: ModelDraftSpec, ctx: ConfigContext) -> DraftModelConfig:
+    """The target's config (model: target) or the separate model's; int8_dynamic keeps its
+    cache at float32."""
+    dtype = spec.dtype or ctx.target_dtype
+    config = ctx.target_config if spec.model == "target" else ctx.read_config(spec.model, spec.gguf_file,
+                                                                              f"drafts.{name}.model")
+    return DraftModelConfig(config, dtype, spec.quantization, "float32" if spec.quantization == "int8_dynamic" else dtype)
+
+
+def _tokenizer_sources(name: str, spec: ModelDraftSpec) -> list[ModelRef]:
+    return [] if spec.model == "target" else [ModelRef(spec.model, spec.gguf_file, f"drafts.{name}.model")]
+
+
+def _policy_problems(name: str, spec: ModelDraftSpec, target: Any) -> list[tuple[str, str]]:
+    if spec.model == "target" and spec.dtype in (None, target.dtype) and spec.quantization == "none":
+        return [(f"drafts.{name}", "this draft is the target itself (same weights, dtype, quantization)")]
+    return []
+
+
+KIND = DraftKind(
+    name="model",
+    spec=ModelDraftSpec,
+    probability_info="distribution",
+    build=_build,
+    model_config=_model_config,
+    tokenizer_sources=_tokenizer_sources,
+    policy_problems=_policy_problems,
+)

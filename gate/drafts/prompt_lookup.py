@@ -8,9 +8,12 @@ Matching follows transformers' PromptLookupCandidateGenerator: the longest suffi
 
 from __future__ import annotations
 
-import torch
+from typing import Literal
 
-from gate.drafts.interface import Draft, Proposal
+import torch
+from pydantic import ConfigDict, Field
+
+from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal
 from gate.law import Law
 
 
@@ -53,3 +56,21 @@ class PromptLookupDraft(Draft):
             if follow:
                 q[row, follow[0]] = 1.0
         return q
+
+
+class PromptLookupDraftSpec(DraftSpecBase):
+    """Prompt lookup (n-gram) proposals: a point mass q, accepted with probability p(token)."""
+
+    model_config = ConfigDict(title="PromptLookupDraft")
+
+    kind: Literal["prompt_lookup"]
+    max_ngram_size: int = Field(3, ge=1, le=16, description="Longest suffix n-gram searched for in the context.")
+
+
+def _build(name: str, spec: PromptLookupDraftSpec, ctx: BuildContext) -> BuiltDraft:
+    """No model to load: proposals come from the request's own context."""
+    return BuiltDraft(PromptLookupDraft(name, spec.max_ngram_size, spec.num_draft_tokens, ctx.vocab_size, ctx.device))
+
+
+# No model, no cache, no draft step: the defaults for bill, roofline and checks.
+KIND = DraftKind(name="prompt_lookup", spec=PromptLookupDraftSpec, probability_info="point_mass", build=_build)

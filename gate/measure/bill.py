@@ -14,9 +14,10 @@ Known values at 16 bits: Llama-2-7B 512 KiB per token, Llama-3-8B 128 KiB per to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from gate.measure.kv import CacheModel
-from gate.records import BillLine, BillRecord, Budget
+from gate.measure.kv import CacheModel, ConfigError, KVFormat
+from gate.records import FALLBACK, BillLine, BillRecord, Budget
 
 SAMPLING_DTYPE_BYTES = 4  # gate (and most samplers) apply the law in float32
 
@@ -108,3 +109,84 @@ def _total(b: BillInputs, **change: int) -> int:
     from dataclasses import replace
 
     return sum(line.bytes for line in bill_lines(replace(b, **change)) if line.coexists_at_peak)
+
+
+# ---------------------------------------------------------------------------------------
+# Assembling the bills of a policy's fallback and drafts (gate check, gate bill).
+
+
+@dataclass(frozen=True)
+class DraftBill:
+    """What the bill needs of one draft: its cache (None: no cache) and the weight bytes it
+    adds beyond the target's."""
+
+    name: str
+    num_draft_tokens: int
+    cache: CacheModel | None
+    own_weight_bytes: int
+    has_distribution: bool
+
+
+def kv_format(resources: Any, model_dtype: str) -> KVFormat:
+    """The cache format the policy declares (auto: the model's own dtype)."""
+    dtype = model_dtype if resources.kv_dtype == "auto" else resources.kv_dtype
+    return KVFormat(dtype, resources.kv_scale_group)
+
+
+def bills_for(resources: Any, context_tokens: int, vocab_size: int, target_cache: CacheModel, target_weight_bytes: int,
+              drafts: list[DraftBill]) -> list[BillRecord]:
+    """The fallback's bill and every draft's, with the budget statement when the policy
+    declares a capacity. `resources`: the policy's ResourcesSpec; bytes and tokens throughout."""
+    capacity = resources.bytes_of("capacity") if resources.capacity else None
+    common = dict(target_cache=target_cache, target_weight_bytes=target_weight_bytes, vocab_size=vocab_size,
+                  context_tokens=context_tokens, sequences=resources.sequences, tree_branches=resources.tree_branches,
+                  workspace_bytes=resources.bytes_of("workspace"), graph_capture_bytes=resources.bytes_of("graph_captures"),
+                  communication_bytes=resources.bytes_of("communication_buffers"), fragmentation=resources.fragmentation)
+    out = [build_bill(BillInputs(FALLBACK, **common), capacity)]
+    for d in drafts:
+        out.append(build_bill(BillInputs(d.name, num_draft_tokens=d.num_draft_tokens, draft_cache=d.cache,
+                                         draft_weight_bytes=d.own_weight_bytes, draft_has_distribution=d.has_distribution,
+                                         **common), capacity))
+    return out
+
+
+def meta_model(config: Any) -> Any:
+    """The causal LM (torch.nn.Module) of `config` built on the meta device (no memory).
+    Raises ConfigError for a config transformers cannot build as a causal LM."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - any failure means: not a causal LM gate can bill
+        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): {type(e).__name__}: {e}") from None
+
+
+def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -> int:
+    """Weight bytes of a causal LM built from `config` on the meta device (tied tensors once).
+
+    int8_dynamic: every nn.Linear weight at 1 byte plus a per-tensor scale and zero point
+    (16 bytes), biases and every other tensor at float32, as torch dynamic quantization keeps them.
+    Raises ConfigError for a config that is not a causal LM."""
+    import torch
+
+    from gate.models.load import DTYPES
+
+    model = meta_model(config)
+    size = torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # e.g. rotary inv_freq, kept float32
+    if quantization != "int8_dynamic":
+        return sum(p.numel() for p in model.parameters()) * size + buffers
+    # int8 Linear weights (a tied head gets its own int8 copy; the embedding stays float32)
+    total = 0
+    counted: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            total += m.weight.numel() + 16 + (m.bias.numel() * 4 if m.bias is not None else 0)
+            continue
+        for p in m.parameters(recurse=False):
+            if id(p) not in counted:
+                counted.add(id(p))
+                total += p.numel() * 4
+    return total + buffers

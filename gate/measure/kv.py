@@ -189,3 +189,15 @@ def cache_model(config: Any, fmt: KVFormat | str = "bfloat16") -> CacheModel:
         else:
             raise ConfigError(f"unknown layer type {t!r} in layer_types")
     return CacheModel(tuple(out), fmt, int(kv_heads), int(head_dim))
+
+
+def sliding_window(config: Any) -> int | None:
+    """The smallest sliding window among a model's layers (tokens); None without one, or
+    for a layout gate cannot read (the bill reports that). gate's in-process loop rolls the
+    target's cache back after rejected proposals, which transformers' sliding-window cache
+    cannot do once its window is full: a workload must stay below it."""
+    try:
+        windows = [layer.window for layer in cache_model(config).layers if layer.window]
+    except ConfigError:
+        return None
+    return min(windows) if windows else None

@@ -82,6 +82,17 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
     raise PolicyValueError(yaml_path, f"model not found: {path}{hint}")
 
 
+def config_path(given: Path, yaml_path: str) -> Path:
+    """A model config argument (gate bill --target/--draft: a config.json, a model folder or
+    a .gguf file): `given` itself, or, when it names a packaged model and no such file or
+    folder exists, that model's GGUF file. Raises PolicyValueError (at `yaml_path`) when the
+    packaged model is not installed."""
+    if given.exists() or str(given) not in PACKAGED:
+        return given
+    source = resolve_source(str(given), None, Path.cwd(), yaml_path)
+    return Path(source.location) / str(source.gguf_file)
+
+
 def dtype_name(model: torch.nn.Module) -> str:
     """The policy name of the floating dtype a model computes (and caches) in; int8 dynamic
     quantization keeps float32 activations."""
@@ -251,3 +262,13 @@ class _quiet:
 
             hf_logging.enable_progress_bar()
         self._warnings.__exit__(*exc)
+def load_config(source: Any) -> Any:
+    """The transformers config of a resolved model source (GGUF metadata included)."""
+    from transformers import AutoConfig
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    return AutoConfig.from_pretrained(source.location, **kwargs)
+
+

@@ -15,8 +15,9 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gate.drafts import registry as draft_kinds
 from gate.errors import InputError, PolicyValueError, Problem
-from gate.policy import model as policy_model
+import gate.policy.model as policy_model  # the module, not the package (whose __init__ imports this one)
 from gate.policy.model import Policy
 
 
@@ -256,10 +257,12 @@ def _message(error: dict[str, Any]) -> str:
         return "required key is missing"
     if kind == "union_tag_invalid":
         tag = error["input"].get("kind")
-        guess = _close(str(tag), ["model", "prompt_lookup", "early_exit"])
-        return f"unknown kind {tag!r}; expected one of: model, prompt_lookup, early_exit" + (f" (did you mean {guess!r}?)" if guess else "")
+        kinds = draft_kinds.names()
+        guess = _close(str(tag), kinds)
+        return f"unknown kind {tag!r}; expected one of: {', '.join(kinds)}" + (f" (did you mean {guess!r}?)" if guess else "")
     if kind == "union_tag_not_found":
-        msg = "a draft needs a 'kind': model, prompt_lookup or early_exit"
+        kinds = draft_kinds.names()
+        msg = f"a draft needs a 'kind': {' or '.join([', '.join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)}"
         typo = _close("kind", [str(k) for k in error["input"]]) if isinstance(error["input"], dict) else None
         return msg + (f" (is {typo!r} a misspelt 'kind'?)" if typo else "")
     if kind in ("model_type", "model_attributes_type", "dict_type"):

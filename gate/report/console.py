@@ -10,10 +10,13 @@ from rich.table import Table
 
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
+from gate.report.registry import register
+from gate.rules.status import Change, Status
 from gate.units import Dimension, format_value
 
-_STYLE = {"pass": "green", "fail": "bold red", "error": "bold magenta", "warn": "yellow", "skipped": "dim", "inconclusive": "bold yellow",
-          "waived": "cyan", "regressed": "bold red", "improved": "green", "unchanged": "default", "missing": "bold magenta"}
+_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold magenta", Status.WARN: "yellow",
+          Status.SKIPPED: "dim", Status.INCONCLUSIVE: "bold yellow", Status.WAIVED: "cyan", Change.REGRESSED: "bold red",
+          Change.IMPROVED: "green", Change.UNCHANGED: "default", Change.MISSING: "bold magenta"}
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -179,3 +182,6 @@ def comparison_table(result) -> Table:  # type: ignore[no-untyped-def]
                   escape(c.law), escape(c.figure), shown(c.baseline, c.figure), shown(c.candidate, c.figure),
                   "-" if c.ratio is None else f"{c.ratio:.3f}x", interval, escape(c.note))
     return t
+
+
+register(ConsoleReport, "tables on the terminal: one row per draft and law, then every outcome")

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gate.records import Measurements
-from gate.rules.evaluate import Outcome
+from gate.rules.outcome import Outcome
 from gate.rules.summary import SummaryRow
 
 FORMAT = "gate-report/1"

@@ -14,6 +14,7 @@ from gate.metrics import METRICS, TIMED
 from gate.report.document import ADAPTER, FORMAT, Report
 from gate.rules.evaluate import parse_scope
 from gate.rules.samples import FALLBACK, samples
+from gate.rules.status import Status
 from gate.units import Dimension, format_value
 
 
@@ -90,9 +91,9 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
             lines.append(f"  decided by counting: {e.count} of {e.n} samples beyond the threshold ({e.share:.3%}); design effect "
                          f"{e.design_effect:.2f} over {e.units} requests -> effective n {e.n / e.design_effect:.0f}; Clopper-Pearson "
                          f"{e.level:.0%} CI of the share {e.low:.3%} to {e.high:.3%} vs at most {e.allowed:.0%} allowed")
-        rule_text = {"pass": "the whole interval satisfies the rule", "fail": "the whole interval violates the rule",
-                     "warn": "the whole interval violates the rule (level warn)",
-                     "inconclusive": f"the interval straddles the threshold (counts as {o.inconclusive_as})"}
+        rule_text = {Status.PASS: "the whole interval satisfies the rule", Status.FAIL: "the whole interval violates the rule",
+                     Status.WARN: "the whole interval violates the rule (level warn)",
+                     Status.INCONCLUSIVE: f"the interval straddles the threshold (counts as {o.inconclusive_as})"}
         if o.status in rule_text and (o.interval is not None or o.exceedance is not None):
             lines.append(f"  decision: {o.status}: {rule_text[o.status]}")
         if o.waiver:

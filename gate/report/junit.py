@@ -33,6 +33,8 @@ from junit_xml import TestCase, TestSuite
 
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
+from gate.report.registry import register
+from gate.rules.status import Status
 
 
 def _properties(report: Report) -> dict[str, str]:
@@ -78,15 +80,15 @@ class JunitReport(ReportFormat):
         for o in report.outcomes:
             case = TestCase(o.name, classname=f"gate.{o.rule_id}", stdout=o.message, elapsed_sec=_seconds(report, o))
             message = o.message or f"{o.rule_id}: {o.status}"
-            if o.status == "fail":
+            if o.status == Status.FAIL:
                 _mark(case, "failure", message, "gate.rule_failed")
-            elif o.status == "error":
+            elif o.status == Status.ERROR:
                 _mark(case, "error", message, "gate.measurement_missing")
-            elif o.status == "warn":
+            elif o.status == Status.WARN:
                 _mark(case, self.warn_as, f"warning: {message}", "gate.rule_warning")
-            elif o.status == "inconclusive":
+            elif o.status == Status.INCONCLUSIVE:
                 _mark(case, self._inconclusive(o.inconclusive_as), f"inconclusive: {message}", "gate.inconclusive")
-            elif o.status in ("waived", "skipped"):
+            elif o.status in (Status.WAIVED, Status.SKIPPED):
                 _mark(case, "skipped", message, "gate.skipped")
             cases.append(case)
         for f in report.measurements.failures:
@@ -138,3 +140,6 @@ def _document(suites: list[TestSuite], seconds: float) -> str:
     root.set("time", f"{seconds:.6f}")
     text = _ILLEGAL.sub("", ET.tostring(root, encoding="unicode"))
     return xml.dom.minidom.parseString(text.encode("utf-8")).toprettyxml(indent="    ", encoding="utf-8").decode("utf-8")
+
+
+register(JunitReport, "JUnit XML: one test case per rule and scope, for CI test views")

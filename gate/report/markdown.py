@@ -6,10 +6,12 @@ from __future__ import annotations
 from gate.report.document import Report
 from gate.report.console import BREAKDOWN_COLUMNS, breakdown_rows
 from gate.report.interface import ReportFormat
+from gate.report.registry import register
+from gate.rules.status import Status
 from gate.units import Dimension, format_value
 
-_MARK = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "warn": "warn", "skipped": "skipped",
-         "inconclusive": "**INCONCLUSIVE**", "waived": "waived"}
+_MARK = {Status.PASS: "pass", Status.FAIL: "**FAIL**", Status.ERROR: "**ERROR**", Status.WARN: "warn", Status.SKIPPED: "skipped",
+         Status.INCONCLUSIVE: "**INCONCLUSIVE**", Status.WAIVED: "waived"}
 
 
 def _cell(text: str) -> str:
@@ -24,6 +26,7 @@ class MarkdownReport(ReportFormat):
     """GitHub-flavoured Markdown."""
 
     name = "markdown"
+    appends = True  # step summaries accumulate
 
     def render(self, report: Report) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
@@ -51,15 +54,18 @@ class MarkdownReport(ReportFormat):
                         "|---|---|---|" + "---:|" * (len(BREAKDOWN_COLUMNS) - 3)]
                 out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
                 out += ["", "</details>", ""]
-        shown = [o for o in report.outcomes if o.status != "pass"]
+        shown = [o for o in report.outcomes if o.status != Status.PASS]
         if shown:
             out += ["| status | rule | level | message |", "|---|---|---|---|"]
             out += [f"| {_MARK.get(o.status, o.status)} | `{_cell(o.name)}` | {o.level} | {_cell(o.message)} |" for o in shown]
             out.append("")
-        passed = sum(o.status == "pass" for o in report.outcomes)
+        passed = sum(o.status == Status.PASS for o in report.outcomes)
         out.append(f"{passed} rule outcome(s) passed." if passed else "No rule outcome passed.")
         for f in report.measurements.failures:
             out.append(f"- measurement failed: {f.stage} {f.draft}/{f.law} {f.what}: {_cell(f.message)}")
         for note in report.notes:
             out.append(f"- note: {_cell(note.splitlines()[0] if note else note)}")
         return "\n".join(out) + "\n"
+
+
+register(MarkdownReport, "a Markdown summary (GitHub step summary or pull-request comment); appends")

@@ -1,1 +1,10 @@
-"""Rule evaluation over measurement records: samples, aggregation, comparison, outcomes."""
+"""Rule evaluation over measurement records: samples, aggregation, comparison, outcomes.
+Every pass/fail decision of gate is made here; nothing here runs a model.
+
+Modules, lowest first (each imports only those before it; tests/test_layers.py checks there
+is no import cycle): status (Status, TestVerdict, Role, Change), selection (Selection,
+aggregate), samples (how each metric of gate.metrics is sampled: SAMPLES, checked against
+METRICS at import), units (resampling units), confidence (intervals and their decision),
+outcome (Outcome), exactness_tests (exactness tests, Holm, verdicts), exactness (exactness
+rules), evaluate (every rule, waivers, exit code); power and summary beside them.
+"""

@@ -25,10 +25,11 @@ import numpy as np
 from scipy import stats
 
 from gate.records import FALLBACK, Measurements
-from gate.rules.samples import Selection
+from gate.rules.selection import Selection
+from gate.rules.status import Status
 from gate.rules.units import UnitSet, units
 
-PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+PASS, FAIL, INCONCLUSIVE = Status.PASS, Status.FAIL, Status.INCONCLUSIVE
 # Fewer resampling units than this give no interval: with 2-4 units the bootstrap has a
 # handful of distinct resamples and its interval collapses (e.g. two equal continuations
 # give [x, x]); such verdicts are inconclusive.
@@ -185,7 +186,7 @@ def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, l
     return Exceedance(int(k), int(n), m, deff, share, low, high, allowed, level)
 
 
-def decide_exceedance(e: Exceedance) -> str:
+def decide_exceedance(e: Exceedance) -> Status:
     """pass when the share's whole interval is within the allowed share, fail when it is all beyond."""
     if e.n == 0:
         return INCONCLUSIVE
@@ -196,7 +197,7 @@ def decide_exceedance(e: Exceedance) -> str:
     return INCONCLUSIVE
 
 
-def decide(interval: Interval, comparison: str, threshold: float) -> str:
+def decide(interval: Interval, comparison: str, threshold: float) -> Status:
     """pass / fail / inconclusive for `value <comparison> threshold` over the interval."""
     ops: dict[str, Callable[[float, float], bool]] = {
         ">=": lambda x, t: x >= t, ">": lambda x, t: x > t, "<=": lambda x, t: x <= t, "<": lambda x, t: x < t}

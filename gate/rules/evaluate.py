@@ -16,52 +16,25 @@ import fnmatch
 import math
 import operator
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from gate.measure.contention import (DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL, describe, is_contended,
                                     pooled_stall_share)
 from gate.metrics import METRICS, TIMED
-from gate.records import FALLBACK, Measurements
-from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Exceedance, Interval, bootstrap_interval, decide, estimand,
+from gate.records import FALLBACK, Failure, Measurements, RequestRecord
+from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, bootstrap_interval, decide, estimand,
                                    decide_exceedance, exceedance, ratio)
+from gate.rules.exactness import evaluate_exactness
+from gate.rules.outcome import Outcome
 from gate.rules.samples import Selection, value
+from gate.rules.status import Status
 from gate.rules.units import RESAMPLED, UnitSet
 from gate.units import Dimension, format_value
 
-_STAGE = {"overlap": "overlap", "top1_agreement": "overlap", "memory_bill_bytes": "bill", "memory_line_bytes": "bill",
-          "memory_headroom_bytes": "bill", "extra_sequences": "bill", "process_peak_rss_bytes": "run"}
+if TYPE_CHECKING:
+    from gate.policy.model import Policy, RuleSpec, WaiverSpec
+
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-
-
-@dataclass
-class Outcome:
-    """The verdict of one rule for one scope (draft / law [/ categories])."""
-
-    rule_id: str
-    scope: str  # "draft/law" or "draft/law/cat1,cat2"
-    draft: str
-    law: str
-    metric: str
-    aggregation: str
-    comparison: str
-    threshold: float  # base units (bytes, ms, tokens/s, tokens, 1)
-    relative_to: str | None
-    level: str
-    status: str
-    measured: float | None
-    samples: int  # raw samples behind the value (requests for pooled values); interval.units counts resampling units
-    fallback_value: float | None
-    message: str
-    details: list[dict[str, Any]] = field(default_factory=list)  # e.g. exactness tests, divergences
-    interval: Interval | None = None  # the value's confidence interval (performance rules)
-    exceedance: Exceedance | None = None  # percentile rules: samples beyond the threshold and their bound
-    inconclusive_as: str = "warn"  # what an inconclusive status does: error (exit 3), fail (exit 1) or warn
-    waived_status: str | None = None  # the status a waiver replaced
-    waiver: str | None = None  # "waived by OWNER until DATE: REASON", or an expired waiver's note
-
-    @property
-    def name(self) -> str:
-        return f"{self.rule_id}[{self.scope}]"
 
 
 @dataclass
@@ -79,13 +52,13 @@ class Settings:
     baseline: Measurements | None = None
     baseline_drafts: dict[str, str] = field(default_factory=dict)
     baseline_mismatch: str | None = None
-    waivers: list[Any] = field(default_factory=list)  # gate.policy.model.WaiverSpec
+    waivers: list[WaiverSpec] = field(default_factory=list)
     today: dt.date = field(default_factory=dt.date.today)
     max_cpu_stall: float | None = DEFAULT_MAX_CPU_STALL  # a request is contended above this stalled share (None: never)
     max_contended: float = DEFAULT_MAX_CONTENDED  # largest share of a timing rule's units that may be left out as contended
 
 
-def settings_for(policy: Any, baseline: Measurements | None = None, baseline_mismatch: str | None = None,
+def settings_for(policy: Policy, baseline: Measurements | None = None, baseline_mismatch: str | None = None,
                  waivers: bool = True, today: dt.date | None = None) -> Settings:
     """Settings from a validated policy (waivers=False: --no-waivers)."""
     ms = policy.measurement
@@ -94,16 +67,14 @@ def settings_for(policy: Any, baseline: Measurements | None = None, baseline_mis
                     list(policy.waivers) if waivers else [], today or dt.date.today(), ms.max_cpu_stall, ms.max_contended)
 
 
-def evaluate(rules: Iterable[Any], m: Measurements, settings: Settings | None = None) -> list[Outcome]:
+def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | None = None) -> list[Outcome]:
     """Outcomes for every rule (gate.policy.model.RuleSpec) over the drafts and laws in its scope."""
-    from gate.rules.exactness import evaluate_exactness
-
     s = settings or Settings()
     out: list[Outcome] = []
     for rule in rules:
         drafts = rule.scope.drafts or list(m.drafts)
         laws = rule.scope.laws or m.laws
-        if getattr(rule, "kind", "metric") == "exactness":
+        if rule.kind == "exactness":
             out += evaluate_exactness(rule, m, drafts, laws)
             continue
         for draft in drafts:
@@ -118,10 +89,10 @@ def evaluate(rules: Iterable[Any], m: Measurements, settings: Settings | None = 
 def _apply_waivers(o: Outcome, s: Settings) -> None:
     """A live waiver turns a non-passing outcome into "waived"; an expired one only adds a note (fails closed)."""
     for w in s.waivers:
-        if w.rule != o.rule_id or not fnmatch.fnmatchcase(o.scope, w.scope) or o.status in ("pass", "skipped"):
+        if w.rule != o.rule_id or not fnmatch.fnmatchcase(o.scope, w.scope) or o.status in (Status.PASS, Status.SKIPPED):
             continue
         if w.expires >= s.today:
-            o.waived_status, o.status = o.status, "waived"
+            o.waived_status, o.status = o.status, Status.WAIVED
             o.waiver = f"waived by {w.owner} until {w.expires.isoformat()}: {w.reason}"
             o.message = f"{o.waiver} (status {o.waived_status}: {o.message})"
         else:
@@ -130,11 +101,11 @@ def _apply_waivers(o: Outcome, s: Settings) -> None:
         return
 
 
-def _cells(rule: Any, m: Measurements, draft: str, law: str) -> list[Selection]:
+def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Selection]:
     """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
     cats = tuple(rule.scope.categories) if rule.scope.categories else None
     base = Selection(draft, law, cats)
-    if not getattr(rule, "per", None):
+    if not rule.per:
         return [base]
     records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
     values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=str)
@@ -172,10 +143,10 @@ def parse_scope(scope: str) -> Selection:
     return where
 
 
-def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
+def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outcome:
     metric = METRICS[rule.metric]
     draft, law = where.runner, where.law
-    scope = scope_key(where, getattr(rule, "per", None))
+    scope = scope_key(where, rule.per)
     threshold = rule.threshold_value
     base = dict(rule_id=rule.id, scope=scope, draft=draft, law=law, metric=rule.metric, aggregation=rule.aggregation,
                 comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
@@ -185,14 +156,14 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
     what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
         f", relative to {rule.relative_to})" if rule.relative_to else ")")
     if rule.level == "off":
-        return Outcome(**base, status="skipped", measured=None, samples=0, fallback_value=None,
+        return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
                        message=f"{what}: level off, not evaluated")
     other = s.baseline_drafts.get(draft, draft)
     failed = _failures(rule, m, draft, law)
     if rule.relative_to == "baseline" and s.baseline is not None:
         failed += _failures(rule, s.baseline, other, law)
     if rule.relative_to == "baseline" and s.baseline is None:
-        return Outcome(**base, status="error", measured=None, samples=0, fallback_value=None,
+        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None,
                        message=f"{what}: no baseline report was loaded vs threshold {bound}")
     if rule.metric not in RESAMPLED:
         return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
@@ -202,7 +173,7 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
         # Contention only slows: a latency ceiling (or throughput floor) met with the contended
         # requests in is met without them. Anything else is decided on the clean requests.
         everything = _one(rule, m, where, replace(s, max_cpu_stall=None))
-        if everything.status == "pass":
+        if everything.status == Status.PASS:
             everything.message += f" ({busy.describe(_unit_word(busy.all, rule))}: slowed, and passed nonetheless)"
             return everything
     if busy is not None:  # decided on the clean requests only
@@ -210,13 +181,13 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
     n = est.units if est is not None and all(g for g in est.groups) else 0
     point = est.point() if n else float("nan")
     if busy is not None and busy.too_many and not failed:
-        return Outcome(**base, status="inconclusive", measured=None if math.isnan(point) else point, samples=n,
+        return Outcome(**base, status=Status.INCONCLUSIVE, measured=None if math.isnan(point) else point, samples=n,
                        fallback_value=None, message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
                        + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS else
                           f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
     if failed or n == 0 or math.isnan(point):
         why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
-        return Outcome(**base, status="error", measured=None if math.isnan(point) else point, samples=n,
+        return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(point) else point, samples=n,
                        fallback_value=None, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
     level = rule.confidence or s.confidence
     ref_value = reference.point() if reference is not None else None
@@ -235,12 +206,12 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
                   + (f", design effect {exc.design_effect:.2f}" if exc.design_effect > 1 else "")
                   + f"; at most {exc.allowed:.0%} allowed)")
     elif rule.aggregation in ("min", "max"):
-        status = "pass" if _OPS[rule.comparison](point, threshold) else "fail"
+        status = Status.PASS if _OPS[rule.comparison](point, threshold) else Status.FAIL
         detail = f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, no interval)"
     else:
         interval = bootstrap_interval(est, level, s.resamples, s.seed)
         if interval is None:
-            status = "inconclusive"
+            status = Status.INCONCLUSIVE
             detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS})"
         else:
             status = decide(interval, rule.comparison, threshold)
@@ -248,18 +219,18 @@ def _one(rule: Any, m: Measurements, where: Selection, s: Settings) -> Outcome:
                       f"{format_value(interval.high, dim)}{x})")
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
-        status, note = "inconclusive", f"; the baseline cannot be compared: {s.baseline_mismatch}"
+        status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
     elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
         note = "; a large improvement over the baseline: consider refreshing it"
     if busy is not None:
         note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
-    if status == "fail" and rule.level == "warn":
-        status = "warn"
+    if status == Status.FAIL and rule.level == "warn":
+        status = Status.WARN
     return Outcome(**base, status=status, measured=point, samples=est.groups[0][0].samples, fallback_value=ref_value,
                    message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}", interval=interval, exceedance=exc)
 
 
-def _estimands(rule: Any, m: Measurements, baseline: Measurements | None, where: Selection,
+def _estimands(rule: RuleSpec, m: Measurements, baseline: Measurements | None, where: Selection,
                other: str) -> tuple[Estimand | None, Estimand | None]:
     """The rule's value as an estimand (divided by its reference when relative) and the reference."""
     est = estimand(rule.metric, rule.aggregation, m, where)
@@ -291,7 +262,7 @@ class _Busy:
         return describe(self.share, self.total - self.kept, self.total, unit)
 
 
-def _only_slower_fails(rule: Any) -> bool:
+def _only_slower_fails(rule: RuleSpec) -> bool:
     """An absolute rule that a slower machine can only push towards failing: a ceiling on a
     latency or a floor on tokens/s (not a ratio: contention may slow either side of it)."""
     if rule.relative_to or rule.metric not in TIMED or rule.metric in ("speedup", "request_speedup"):
@@ -303,10 +274,10 @@ def _units(est: Estimand | None) -> int:
     return est.units if est is not None and all(g for g in est.groups) else 0
 
 
-def _contention(rule: Any, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
+def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
     """The rule decided without contended requests (a paired unit goes when either side of it
     is contended); None when none of its requests was contended."""
-    def clean(x: Measurements | None) -> tuple[Measurements | None, list[Any]]:
+    def clean(x: Measurements | None) -> tuple[Measurements | None, list[RequestRecord]]:
         if x is None:
             return None, []
         cpus = x.environment.cpu_count
@@ -330,9 +301,9 @@ def _contention(rule: Any, m: Measurements, where: Selection, s: Settings, other
                  kept < MIN_UNITS or (total - kept) / total > s.max_contended)
 
 
-def _failures(rule: Any, m: Measurements, draft: str, law: str) -> list[Any]:
+def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Failure]:
     runners = {draft, "*"} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric == "speedup" else set())
-    stage = _STAGE.get(rule.metric, "request")
+    stage = METRICS[rule.metric].failure_stage
     # Overlap is measured along the fallback's continuations: a failed fallback request
     # leaves a hole in it too.
     return [f for f in m.failures if f.law in (law, "*") and (
@@ -350,7 +321,7 @@ def _improved(interval: Interval, comparison: str, threshold: float) -> bool:
     return interval.low > threshold * 1.1 if comparison in (">=", ">") else interval.high < threshold / 1.1
 
 
-def _unit_word(est: Estimand, rule: Any) -> str:
+def _unit_word(est: Estimand, rule: RuleSpec) -> str:
     u: UnitSet = est.groups[0][0]
     if rule.relative_to == "fallback" or rule.metric == "speedup":
         return f"paired {u.unit}s"
@@ -359,8 +330,8 @@ def _unit_word(est: Estimand, rule: Any) -> str:
     return f"{u.unit}s" + (" pooled" if rule.aggregation == "pooled" else "")
 
 
-def _computed(rule: Any, m: Measurements, where: Selection, s: Settings, base: dict[str, Any], what: str, bound: str,
-              dim: Dimension, failed: list[Any], other: str) -> Outcome:
+def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, base: dict[str, Any], what: str, bound: str,
+              dim: Dimension, failed: list[Failure], other: str) -> Outcome:
     """Bills and process peaks: computed or measured once, decided on the value itself."""
     metric = METRICS[rule.metric]
     draft = where.runner
@@ -373,20 +344,21 @@ def _computed(rule: Any, m: Measurements, where: Selection, s: Settings, base: d
         n = min(n, ref_n)
     if failed or n == 0 or math.isnan(measured):
         why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
-        return Outcome(**base, status="error", measured=None if math.isnan(measured) else measured, samples=n,
+        return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(measured) else measured, samples=n,
                        fallback_value=reference, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
     if rule.relative_to:
         shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {format_value(reference, metric.dimension)})"
-    status = "pass" if _OPS[rule.comparison](measured, rule.threshold_value) else ("warn" if rule.level == "warn" else "fail")
+    status = (Status.PASS if _OPS[rule.comparison](measured, rule.threshold_value)
+              else Status.WARN if rule.level == "warn" else Status.FAIL)
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
-        status, note = "inconclusive", f"; the baseline cannot be compared: {s.baseline_mismatch}"
+        status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
     return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=reference,
                    message=f"{what}: measured {shown} (computed once, no sampling interval) vs threshold {bound}: {status}{note}")
 
 
-def _no_sample(rule: Any, m: Measurements, draft: str) -> str:
+def _no_sample(rule: RuleSpec, m: Measurements, draft: str) -> str:
     """Why a scope has no sample, as precisely as the records tell."""
     bills = [b for b in m.bills if b.draft == draft]
     if rule.metric in ("memory_headroom_bytes", "extra_sequences") and bills and all(b.budget is None for b in bills):
@@ -403,10 +375,10 @@ def exit_code(outcomes: list[Outcome], m: Measurements, fail_on_warn: bool = Fal
     measurement is missing, any measurement failed, or an error-level verdict is
     inconclusive with measurement.inconclusive: error (the default). A definite failure
     outranks a missing measurement. Waived and skipped outcomes never change it."""
-    inconclusive = [o for o in outcomes if o.status == "inconclusive"]
-    if any(o.status == "fail" or (fail_on_warn and o.status == "warn") for o in outcomes) or any(
+    inconclusive = [o for o in outcomes if o.status == Status.INCONCLUSIVE]
+    if any(o.status == Status.FAIL or (fail_on_warn and o.status == Status.WARN) for o in outcomes) or any(
             o.inconclusive_as == "fail" or fail_on_inconclusive for o in inconclusive):
         return 1
-    if m.failures or any(o.status == "error" for o in outcomes) or any(o.inconclusive_as == "error" for o in inconclusive):
+    if m.failures or any(o.status == Status.ERROR for o in outcomes) or any(o.inconclusive_as == "error" for o in inconclusive):
         return 3
     return 0

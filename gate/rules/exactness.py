@@ -6,7 +6,7 @@ numerical near-tie (reported, not failed). Sampling laws: a next-token G-test at
 output position of every prompt sampled often enough (the *claim* tests), next-token tests
 after output prefixes many samples share and the PIT Kolmogorov-Smirnov test over every
 generated token (*evidence* tests), Holm-corrected together across every draft and law the
-rule covers (gate.measure.exactness). Any rejection fails. A sampling verdict passes only
+rule covers (gate.rules.exactness_tests). Any rejection fails. A sampling verdict passes only
 when there is a claim test and every claim test could detect the rule's detect_tv (the TV
 distance of the next-token law at that context) with the rule's power at its Holm level;
 otherwise it is inconclusive and says how many samples it needs.
@@ -15,16 +15,21 @@ otherwise it is inconclusive and says how many samples it needs.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate.measure.exactness import (CLAIM, EVIDENCE, FAIL, ExactnessTest, decide, gtest_samples_needed, next_token_test,
-                                    overall, pit_test)
-from gate.records import ExactnessRecord, Measurements, NextTokenCounts
-from gate.rules.evaluate import Outcome
+from gate.records import RECORDED_SAMPLES, ExactnessRecord, Measurements, NextTokenCounts
+from gate.rules.exactness_tests import (CLAIM, EVIDENCE, ExactnessTest, decide, gtest_samples_needed, next_token_test,
+                                        overall, pit_test)
+from gate.rules.outcome import Outcome
+from gate.rules.status import Status
 
-def context_test(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
+if TYPE_CHECKING:
+    from gate.policy.model import RuleSpec
+
+
+def context_test(nt: NextTokenCounts, rule: RuleSpec) -> ExactnessTest:
     """The G-test at one context (`rule`: significance, power, detect_tv): a claim at a
     prompt's first output position, evidence after a prefix."""
     counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
@@ -35,7 +40,7 @@ def context_test(nt: NextTokenCounts, rule: Any) -> ExactnessTest:
     return test
 
 
-def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
+def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
     """One outcome per (draft, law) in scope; sampling tests share one Holm family."""
     base = dict(rule_id=rule.id, metric="exactness", aggregation="-", comparison="", threshold=rule.detect_tv,
                 relative_to=None, level=rule.level, fallback_value=None)
@@ -44,7 +49,7 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
     outcomes: dict[tuple[str, str], Outcome] = {}
     # Recorded samples (gate exactness) name their own sources: only the laws they were sampled under.
     pairs = [(d, law) for d in drafts for law in laws
-             if (d, law) in records or m.drafts.get(d, {}).get("kind") != "recorded samples"]
+             if (d, law) in records or m.drafts.get(d, {}).get("kind") != RECORDED_SAMPLES]
     for d, law in pairs:
         key = (d, law)
         scope = f"{d}/{law}"
@@ -53,11 +58,11 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
                   and f.stage in ("exactness", "run", "request")]
         rec = records.get(key)
         if rule.level == "off":
-            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="skipped", measured=None, samples=0,
+            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.SKIPPED, measured=None, samples=0,
                                     message="exactness: level off, not evaluated")
         elif failed or rec is None:
             why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or "no exactness measurement for this scope"
-            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
+            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None, samples=0,
                                     message=f"exactness: measurement missing ({why})")
         elif rec.greedy:
             outcomes[key] = _greedy(rule, rec, base, scope)
@@ -69,7 +74,7 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
             tests += [context_test(nt, rule) for nt in rec.next_token]
             sampling[key] = tests
     if not pairs:
-        return [Outcome(**base, scope="*", draft="*", law="*", status="error", measured=None, samples=0,
+        return [Outcome(**base, scope="*", draft="*", law="*", status=Status.ERROR, measured=None, samples=0,
                         message=f"exactness: nothing recorded matches this rule's scope (laws: {', '.join(rule.scope.laws or laws)}; "
                                 f"recorded: {', '.join(sorted(f'{d}/{law}' for d, law in records)) or 'none'})")]
     decide([t for tests in sampling.values() for t in tests], rule.significance)
@@ -78,16 +83,16 @@ def evaluate_exactness(rule: Any, m: Measurements, drafts: list[str], laws: list
     return [outcomes[key] for key in pairs]
 
 
-def _greedy(rule: Any, rec: ExactnessRecord, base: dict[str, Any], scope: str) -> Outcome:
+def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: str) -> Outcome:
     faults = [d for d in rec.divergences if d.gap_logits > rule.tie_tolerance]
     ties = len(rec.divergences) - len(faults)
     details = [asdict(d) | {"near_tie": d.gap_logits <= rule.tie_tolerance} for d in rec.divergences]
     if rec.compared == 0:
-        return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status="error", measured=None, samples=0,
+        return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=Status.ERROR, measured=None, samples=0,
                        message="exactness (greedy): no speculative request could be compared with the fallback", details=details)
-    status = "fail" if faults else "pass"
-    if status == "fail" and rule.level == "warn":
-        status = "warn"
+    status = Status.FAIL if faults else Status.PASS
+    if status == Status.FAIL and rule.level == "warn":
+        status = Status.WARN
     worst = max(faults, key=lambda d: d.gap_logits) if faults else None
     text = (f"exactness (greedy): {len(faults)} committed tokens in {rec.compared} requests are not the target's argmax "
             f"beyond the {rule.tie_tolerance:g}-logit tie tolerance")
@@ -101,15 +106,15 @@ def _greedy(rule: Any, rec: ExactnessRecord, base: dict[str, Any], scope: str) -
                    message=f"{text}: {status}", details=details)
 
 
-def _sampling(rule: Any, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any]) -> Outcome:
+def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any]) -> Outcome:
     d, law = key
     scope = f"{d}/{law}"
     details = [asdict(t) for t in tests]
     if not tests:
-        return Outcome(**base, scope=scope, draft=d, law=law, status="error", measured=None, samples=0,
+        return Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None, samples=0,
                        message="exactness (sampling): no sampled token to test", details=details)
     verdict = overall(tests)
-    status = verdict if verdict != FAIL or rule.level == "error" else "warn"
+    status = verdict if verdict != Status.FAIL or rule.level == "error" else Status.WARN
     parts = []
     for t in tests:
         effect = "PIT CDF distance" if t.kind == "ks" else "TV"
@@ -119,7 +124,7 @@ def _sampling(rule: Any, key: tuple[str, str], tests: list[ExactnessTest], base:
         if t.note:
             part += f" ({t.note})"
         parts.append(part)
-    if not any(t.role == CLAIM for t in tests) and verdict != FAIL:
+    if not any(t.role == CLAIM for t in tests) and verdict != Status.FAIL:
         parts.append(_no_claim(rule, tests))
     worst = min(t.adjusted_pvalue for t in tests if t.adjusted_pvalue is not None)
     return Outcome(**base, scope=scope, draft=d, law=law, status=status, measured=worst, samples=sum(t.n for t in tests),
@@ -127,7 +132,7 @@ def _sampling(rule: Any, key: tuple[str, str], tests: list[ExactnessTest], base:
                            + "; ".join(parts) + f": {status}", details=details)
 
 
-def _no_claim(rule: Any, tests: list[ExactnessTest]) -> str:
+def _no_claim(rule: RuleSpec, tests: list[ExactnessTest]) -> str:
     """Why a sampling verdict without a first-position next-token test cannot pass."""
     m = len(tests) + 1
     needed = gtest_samples_needed(rule.detect_tv, 20, rule.significance / m, rule.power)

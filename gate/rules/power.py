@@ -10,19 +10,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from gate.metrics import METRICS
+from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
+from gate.rules.units import RESAMPLED
 
-# metrics with one sample per request; the rest sample every token or step (at most max_new_tokens per request)
-PER_REQUEST = {"committed_tokens_per_s", "ttft_ms", "tpot_ms", "e2el_ms", "kv_cache_bytes", "request_speedup",
-               "request_acceptance_rate"}
-PER_TOKEN = {"itl_ms", "itl_chunk_ms"}
+if TYPE_CHECKING:
+    from gate.policy.model import Policy
+
+# PER_REQUEST: metrics with one sample per request; PER_TOKEN: one per token or step (at most
+# max_new_tokens per request); both derived from the declarations in gate.metrics.
 RELIABLE_UNITS = 10
 
 
-def underpowered(policy: Any, categories: list[str]) -> list[tuple[str, str]]:
+def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]:
     """(YAML path, warning) for every metric rule the planned run cannot decide with the
     requested confidence. `categories`: the category of every prompt the workload selects.
     Counts the cells of the rule's own scope (its categories; one value of `per`), at
@@ -40,7 +42,7 @@ def underpowered(policy: Any, categories: list[str]) -> list[tuple[str, str]]:
             prompts = len(scoped)
         cells = (prompts * (1 if rule.per == "context_length" else lengths) * ms.repetitions
                  * (1 if rule.per == "max_new_tokens" else len(w.max_new_tokens_list)))
-        if rule.metric in ("overlap", "top1_agreement"):  # one continuation per prompt, measured once
+        if METRICS[rule.metric].sampling == "position":  # one continuation per prompt, measured once
             cells = prompts * (1 if rule.per == "context_length" else lengths)
         where = f" in its {'smallest category' if rule.per == 'category' else 'scope'}" if rule.per or rule.scope.categories else ""
         level = rule.confidence or ms.confidence
@@ -52,9 +54,7 @@ def underpowered(policy: Any, categories: list[str]) -> list[tuple[str, str]]:
                 out.append((f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at {level:.0%} "
                             f"confidence: even with no sample beyond the threshold it needs at least {need} samples, and the "
                             f"plan has at most {most} {what} per draft and law{where} (add prompts or measurement.repetitions)"))
-        elif rule.metric in PER_REQUEST | PER_TOKEN | {"speedup", "acceptance_rate", "mean_acceptance_length", "overlap",
-                                                       "top1_agreement"} \
-                and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
+        elif rule.metric in RESAMPLED and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
             out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law{where}; a bootstrap "
                         f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} "
                         "not formed: the verdict is then inconclusive (add prompts or measurement.repetitions)"))

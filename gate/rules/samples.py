@@ -1,121 +1,153 @@
 """Samples of a metric for one runner (draft or fallback), law and category set, taken from
 raw records, and their aggregation. Never runs a model.
 
-Pooled aggregations pool counters (vLLM) or totals (all tokens / all seconds); they never
-average per-request ratios.
+How a metric's samples are taken is registered here once, next to nothing else: SAMPLES maps
+every metric of gate.metrics.METRICS to its extractor (a check at import fails when a
+metric has none), REQUEST_SAMPLES gives a request's own samples and POOLED a request's
+counters or totals for pooled aggregations (gate.rules.units groups both into resampling
+units). Pooled aggregations pool counters (vLLM) or totals (all tokens / all seconds); they
+never average per-request ratios.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import Callable
 
-import numpy as np
+from gate.metrics import METRICS
+from gate.records import FALLBACK, Measurements, OverlapRecord, RequestRecord, SpecDecodeCounters
+from gate.rules.selection import Selection, aggregate
 
-from gate.records import FALLBACK, Measurements, RequestRecord, SpecDecodeCounters
+# A metric's raw samples for one selection: (measurements, selection, bill line) -> values (NaNs allowed).
+Extractor = Callable[[Measurements, Selection, "str | None"], list[float]]
 
-
-@dataclass(frozen=True)
-class Selection:
-    """Which records a value is computed from. None: every value of that field.
-    `max_new_tokens` does not filter overlap records (overlap does not depend on it)."""
-
-    runner: str  # a draft name or "fallback"
-    law: str
-    categories: tuple[str, ...] | None  # None: all
-    context_length: int | None = None  # a context-sweep length (tokens)
-    max_new_tokens: int | None = None
-
-    def takes(self, record: Any) -> bool:
-        """Whether a request or overlap record belongs to this selection."""
-        return (record.draft == self.runner and record.law == self.law
-                and (self.categories is None or record.category in self.categories)
-                and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
-                and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens))
-
-    def of(self, runner: str) -> "Selection":
-        """The same cells for another runner (the fallback, or a baseline's draft)."""
-        return replace(self, runner=runner)
+# metric -> one request's samples (ms, tokens/s, bytes, ratio; NaNs are dropped by the callers)
+REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
+    "committed_tokens_per_s": lambda r: [r.committed_tokens_per_s],
+    "ttft_ms": lambda r: [r.ttft_ms],
+    "itl_ms": lambda r: r.itl_ms,
+    "itl_chunk_ms": lambda r: r.itl_chunk_ms,
+    "tpot_ms": lambda r: [r.tpot_ms],
+    "e2el_ms": lambda r: [r.e2el_ms],
+    "kv_cache_bytes": lambda r: ([] if r.kv_cache_bytes is None or r.draft_kv_cache_bytes is None  # not measured
+                                 else [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)]),
+    "request_acceptance_rate": lambda r: [r.counters.acceptance_rate],
+}
+# pooled metric -> (numerator, denominator, offset) per request: value = offset + sum(num) / sum(den)
+POOLED: dict[str, tuple[Callable[[RequestRecord], float], Callable[[RequestRecord], float], float]] = {
+    "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
+    "acceptance_rate": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_draft_tokens, 0.0),
+    "mean_acceptance_length": (lambda r: r.counters.num_committed_tokens, lambda r: r.counters.num_drafts, 0.0),
+}
+# metric -> one overlap record's per-position samples (None: a position not measured)
+CONTINUATION_SAMPLES: dict[str, Callable[[OverlapRecord], list[float | None]]] = {
+    "overlap": lambda o: o.overlap,
+    "top1_agreement": lambda o: o.top1,
+}
 
 
 def _requests(m: Measurements, sel: Selection) -> list[RequestRecord]:
     return [r for r in m.requests if sel.takes(r)]
 
 
-def samples(metric: str, m: Measurements, sel: Selection, line: str | None = None) -> list[float]:
-    """Raw samples of `metric` (see gate.metrics for what one sample is). NaNs are dropped."""
-    reqs = _requests(m, sel)
-    values: list[float]
-    if metric in ("overlap", "top1_agreement"):
-        values = []
-        for o in m.overlaps:
-            if sel.takes(o):
-                seq = o.overlap if metric == "overlap" else o.top1
-                values += [float(v) for v in seq if v is not None]
-    elif metric == "committed_tokens_per_s":
-        values = [r.committed_tokens_per_s for r in reqs]
-    elif metric == "ttft_ms":
-        values = [r.ttft_ms for r in reqs]
-    elif metric == "itl_ms":
-        values = [x for r in reqs for x in r.itl_ms]
-    elif metric == "itl_chunk_ms":
-        values = [x for r in reqs for x in r.itl_chunk_ms]
-    elif metric == "tpot_ms":
-        values = [r.tpot_ms for r in reqs]
-    elif metric == "e2el_ms":
-        values = [r.e2el_ms for r in reqs]
-    elif metric == "kv_cache_bytes":
-        values = [float(r.kv_cache_bytes + r.draft_kv_cache_bytes) for r in reqs]
-    elif metric == "memory_bill_bytes":
-        values = [float(b.total_bytes) for b in m.bills if b.draft == sel.runner]
-    elif metric == "memory_line_bytes":
-        values = [float(x.bytes) for b in m.bills if b.draft == sel.runner for x in b.lines if x.name == line]
-    elif metric in ("memory_headroom_bytes", "extra_sequences"):
-        budgets = [b.budget for b in m.bills if b.draft == sel.runner and b.budget is not None]
-        values = [float(x.headroom_bytes if metric == "memory_headroom_bytes" else x.extra_sequences) for x in budgets]
-    elif metric in ("request_speedup", "request_acceptance_rate"):
-        from gate.rules.units import units  # per-request values built in one place (units imports this module)
+def request_key(r: RequestRecord) -> tuple:
+    """The cell a request belongs to: the fallback and every draft share it."""
+    return (r.prompt_id, r.max_new_tokens, r.repetition)
 
-        u = units(metric, "mean", m, sel)
-        values = [float(v) for a in (u.values if u else []) for v in a]
-    elif metric == "process_peak_rss_bytes":
-        values = [float(m.process_peak_rss_bytes)] if m.process_peak_rss_bytes is not None else []
-    else:
+
+def paired_speedups(m: Measurements, sel: Selection) -> list[tuple[tuple, float]]:
+    """(cell key, the request's committed tokens/s over its paired fallback request's) for every
+    request of the selection whose fallback request on the same cell was measured (> 0 tokens/s)."""
+    fallback = {request_key(r): r for r in m.requests if sel.of(FALLBACK).takes(r)}
+    out = []
+    for r in _requests(m, sel):
+        f = fallback.get(request_key(r))
+        if f is not None and f.committed_tokens_per_s > 0 and r.committed_tokens_per_s == r.committed_tokens_per_s:
+            out.append((request_key(r), r.committed_tokens_per_s / f.committed_tokens_per_s))
+    return out
+
+
+def _per_request(get: Callable[[RequestRecord], list[float]]) -> Extractor:
+    return lambda m, sel, line: [v for r in _requests(m, sel) for v in get(r)]
+
+
+def _per_position(get: Callable[[OverlapRecord], list[float | None]]) -> Extractor:
+    return lambda m, sel, line: [float(v) for o in m.overlaps if sel.takes(o) for v in get(o) if v is not None]
+
+
+def _budgets(m: Measurements, sel: Selection) -> list:
+    return [b.budget for b in m.bills if b.draft == sel.runner and b.budget is not None]
+
+
+# metric -> its raw samples; None: no raw samples (pooled counters or a ratio of pooled values,
+# see pooled() and gate.rules.confidence.estimand). Every metric of gate.metrics has an entry.
+SAMPLES: dict[str, Extractor | None] = {
+    **{name: _per_position(get) for name, get in CONTINUATION_SAMPLES.items()},
+    "acceptance_rate": None,
+    "mean_acceptance_length": None,
+    "speedup": None,
+    "request_speedup": lambda m, sel, line: [v for _, v in paired_speedups(m, sel)],
+    **{name: _per_request(get) for name, get in REQUEST_SAMPLES.items()},
+    "memory_bill_bytes": lambda m, sel, line: [float(b.total_bytes) for b in m.bills if b.draft == sel.runner],
+    "memory_line_bytes": lambda m, sel, line: [float(x.bytes) for b in m.bills if b.draft == sel.runner
+                                               for x in b.lines if x.name == line],
+    "memory_headroom_bytes": lambda m, sel, line: [float(x.headroom_bytes) for x in _budgets(m, sel)],
+    "extra_sequences": lambda m, sel, line: [float(x.extra_sequences) for x in _budgets(m, sel)],
+    "process_peak_rss_bytes": lambda m, sel, line: ([float(m.process_peak_rss_bytes)]
+                                                    if m.process_peak_rss_bytes is not None else []),
+}
+
+
+def _check_registry() -> None:
+    """Every metric of the catalogue says how its samples are taken (and nothing else does)."""
+    missing, unknown = set(METRICS) - set(SAMPLES), (set(SAMPLES) | set(POOLED) | set(REQUEST_SAMPLES)) - set(METRICS)
+    if missing or unknown:
+        raise RuntimeError(f"gate.rules.samples.SAMPLES does not match gate.metrics.METRICS: no extractor for "
+                           f"{sorted(missing)}; not a metric: {sorted(unknown)}")
+
+
+_check_registry()
+
+
+def samples(metric: str, m: Measurements, sel: Selection, line: str | None = None) -> list[float]:
+    """Raw samples of `metric` (see gate.metrics for what one sample is). NaNs are dropped.
+    Raises KeyError for a metric without raw samples (pooled only) or not in the catalogue."""
+    extract = SAMPLES.get(metric)
+    if extract is None:
         raise KeyError(f"no sample extraction for metric {metric!r}")
-    return [v for v in values if not math.isnan(v)]
+    return [v for v in extract(m, sel, line) if not math.isnan(v)]
 
 
 def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
-    """A pooled value and the number of requests it pools (NaN when there is nothing)."""
+    """A pooled value and the number of requests it pools (NaN when there is nothing).
+
+    committed_tokens_per_s is the throughput of the measured windows (gate.records.RunRecord):
+    committed tokens over the time the runner was busy. Where every window of the selection's
+    runner and law was run one request at a time (sequential load, concurrency 1) its busy
+    time is the sum of its requests' E2E latencies, so the value is computed from the
+    requests (any subset a rule selects); a window with more requests in flight counts its
+    own busy time, and then only a selection of whole windows (no category, length or
+    context filter) has a value. Acceptance metrics pool per-step counters; NaN when a
+    request has none (a runner without step counters)."""
     reqs = _requests(m, sel)
     if metric == "committed_tokens_per_s":
+        windows = [w for w in getattr(m, "runs", []) if w.runner == sel.runner and w.law == sel.law]
+        if any(w.load.concurrency != 1 for w in windows):
+            whole = sel.categories is None and sel.context_length is None and sel.max_new_tokens is None
+            busy = sum(w.busy_s for w in windows)
+            rate = sum(w.committed_tokens for w in windows) / busy if whole and busy > 0 else float("nan")
+            return rate, sum(w.requests for w in windows)
         seconds = sum(r.e2el_ms for r in reqs) / 1e3
         return (sum(r.output_tokens for r in reqs) / seconds if seconds > 0 else float("nan")), len(reqs)
-    counters = sum((r.counters for r in reqs), SpecDecodeCounters())
+    counts = [r.counters for r in reqs]
+    if any(c is None for c in counts):
+        return float("nan"), len(reqs)
+    counters = sum(counts, SpecDecodeCounters())
     if metric == "acceptance_rate":
         return counters.acceptance_rate, len(reqs)
     if metric == "mean_acceptance_length":
         return counters.mean_acceptance_length, len(reqs)
     raise KeyError(f"metric {metric!r} has no pooled aggregation")
-
-
-def aggregate(values: list[float], aggregation: str) -> float:
-    """mean, median, p10, p90, p95, p99 (linear interpolation between order statistics), min, max."""
-    if not values:
-        return float("nan")
-    arr = np.asarray(values, dtype=float)
-    if aggregation == "mean":
-        return float(arr.mean())
-    if aggregation == "median":
-        return float(np.median(arr))
-    if aggregation in ("p10", "p90", "p95", "p99"):
-        return float(np.percentile(arr, float(aggregation[1:])))
-    if aggregation == "min":
-        return float(arr.min())
-    if aggregation == "max":
-        return float(arr.max())
-    raise KeyError(f"unknown aggregation {aggregation!r}")
 
 
 def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: str | None = None) -> tuple[float, int]:
@@ -126,4 +158,5 @@ def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: 
     return aggregate(xs, aggregation), len(xs)
 
 
-__all__ = ["FALLBACK", "Selection", "aggregate", "pooled", "samples", "value"]
+__all__ = ["CONTINUATION_SAMPLES", "FALLBACK", "POOLED", "REQUEST_SAMPLES", "SAMPLES", "Selection", "aggregate",
+           "paired_speedups", "pooled", "request_key", "samples", "value"]

@@ -16,26 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gate.records import FALLBACK, Measurements, RequestRecord
-from gate.rules.samples import Selection, aggregate
+from gate.metrics import METRICS
+from gate.records import Measurements
+from gate.rules.samples import (CONTINUATION_SAMPLES, POOLED, REQUEST_SAMPLES, Selection, aggregate, paired_speedups,
+                                request_key)
 
-_REQUEST_SAMPLES = {
-    "committed_tokens_per_s": lambda r: [r.committed_tokens_per_s],
-    "ttft_ms": lambda r: [r.ttft_ms],
-    "itl_ms": lambda r: r.itl_ms,
-    "itl_chunk_ms": lambda r: r.itl_chunk_ms,
-    "tpot_ms": lambda r: [r.tpot_ms],
-    "e2el_ms": lambda r: [r.e2el_ms],
-    "kv_cache_bytes": lambda r: [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)],
-    "request_acceptance_rate": lambda r: [r.counters.acceptance_rate],
-}
-# pooled metric -> (numerator, denominator, offset) per request: value = offset + sum(num) / sum(den)
-_POOLED = {
-    "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
-    "acceptance_rate": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_draft_tokens, 0.0),
-    "mean_acceptance_length": (lambda r: r.counters.num_committed_tokens, lambda r: r.counters.num_drafts, 0.0),
-}
-RESAMPLED = set(_REQUEST_SAMPLES) | set(_POOLED) | {"overlap", "top1_agreement", "speedup", "request_speedup"}
+# every metric with a sampling distribution: all but those computed or measured once (bills, process peaks)
+RESAMPLED = {name for name, metric in METRICS.items() if not metric.computed_once}
 
 
 @dataclass
@@ -96,20 +83,15 @@ def _aggregate_last(x: np.ndarray, aggregation: str) -> np.ndarray:
     return {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}[aggregation](x, axis=-1)
 
 
-def request_key(r: RequestRecord) -> tuple:
-    """The cell a request belongs to: the fallback and every draft share it."""
-    return (r.prompt_id, r.max_new_tokens, r.repetition)
-
-
 def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> UnitSet | None:
     """The metric's units for a selection, or None when the metric is not resampled
     (bills and process peaks: computed once, no sampling distribution)."""
-    if metric in ("overlap", "top1_agreement"):
+    if metric in CONTINUATION_SAMPLES:
         out = UnitSet(aggregation, "continuation")
         seen: dict[str, int] = {}
         for o in m.overlaps:
             if sel.takes(o):
-                seq = o.overlap if metric == "overlap" else o.top1
+                seq = CONTINUATION_SAMPLES[metric](o)
                 vals = np.array([float(v) for v in seq if v is not None], dtype=float)
                 if len(vals):
                     seen[o.prompt_id] = seen.get(o.prompt_id, -1) + 1
@@ -118,23 +100,20 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
         return out
     reqs = [r for r in m.requests if sel.takes(r)]
     if metric == "request_speedup":  # one paired request: draft tokens/s over the fallback's on the same cell
-        fallback = {request_key(r): r for r in m.requests if sel.of(FALLBACK).takes(r)}
         out = UnitSet(aggregation, "request")
-        for r in reqs:
-            f = fallback.get(request_key(r))
-            if f is not None and f.committed_tokens_per_s > 0 and r.committed_tokens_per_s == r.committed_tokens_per_s:
-                out.keys.append(request_key(r))
-                out.values.append(np.array([r.committed_tokens_per_s / f.committed_tokens_per_s]))
+        for key, x in paired_speedups(m, sel):
+            out.keys.append(key)
+            out.values.append(np.array([x]))
         return out
-    if aggregation == "pooled" and metric in _POOLED:
-        num, den, offset = _POOLED[metric]
+    if aggregation == "pooled" and metric in POOLED:
+        num, den, offset = POOLED[metric]
         reqs = [r for r in reqs if den(r) > 0]  # e.g. no proposal made: nothing to pool, and no key to pair
         return UnitSet("pooled", "request", [request_key(r) for r in reqs], [], np.array([float(num(r)) for r in reqs]),
                        np.array([float(den(r)) for r in reqs]), offset)
-    if metric in _REQUEST_SAMPLES:
+    if metric in REQUEST_SAMPLES:
         out = UnitSet(aggregation, "request")
         for r in reqs:
-            vals = np.array([v for v in _REQUEST_SAMPLES[metric](r) if v == v], dtype=float)
+            vals = np.array([v for v in REQUEST_SAMPLES[metric](r) if v == v], dtype=float)
             if len(vals):
                 out.keys.append(request_key(r))
                 out.values.append(vals)

@@ -191,13 +191,10 @@ def check_fits(lengths: list[int], max_new_tokens: int, num_draft_tokens: int, c
     positions (config.max_position_embeddings) and, with sliding-window layers, stay below
     the window with num_draft_tokens of verification room (gate's loop cannot roll back a
     full sliding-window cache). Raises PolicyValueError at workload.context_lengths[i]."""
-    from gate.measure.kv import ConfigError, cache_model
+    from gate.measure.kv import sliding_window
 
     limit = getattr(config, "max_position_embeddings", None)
-    try:
-        windows = [layer.window for layer in cache_model(config).layers if layer.window]
-    except ConfigError:
-        windows = []
+    window = sliding_window(config)
     for i, length in enumerate(lengths):
         need = length + max_new_tokens
         where = f"workload.context_lengths[{i}]"
@@ -205,8 +202,8 @@ def check_fits(lengths: list[int], max_new_tokens: int, num_draft_tokens: int, c
             raise PolicyValueError(where, f"context length {length} does not fit the target: with max_new_tokens {max_new_tokens} "
                                    f"it needs {need} positions and the target has {limit} (max_position_embeddings); "
                                    f"the longest context that fits is {limit - max_new_tokens} tokens")
-        if windows and need + num_draft_tokens >= min(windows) - 1:
-            raise PolicyValueError(where, f"context length {length} does not fit the target's sliding window ({min(windows)}): "
+        if window is not None and need + num_draft_tokens >= window - 1:
+            raise PolicyValueError(where, f"context length {length} does not fit the target's sliding window ({window}): "
                                    f"with max_new_tokens {max_new_tokens} and num_draft_tokens {num_draft_tokens} it needs "
                                    f"{need + num_draft_tokens} positions, and gate's speculative loop cannot roll back a full "
                                    "sliding-window cache yet")

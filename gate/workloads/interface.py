@@ -41,7 +41,12 @@ def packaged_file(module: str, relative: Path) -> Path | None:
 
 class WorkloadSource(ABC):
     """A prompt source. Raises PolicyValueError (at the policy's workload path) for missing
-    packages or files, naming the install command or the file and line."""
+    packages or files, naming the install command or the file and line.
+
+    `length_filtered`: True when the source supports workload.length_filter (vLLM's pruning
+    of prompt and reference-output lengths, gate.workloads.sharegpt.length_filter)."""
+
+    length_filtered: bool = False
 
     @abstractmethod
     def load(self) -> list[Prompt]:

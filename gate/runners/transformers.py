@@ -1,4 +1,5 @@
-"""gate's own speculative-decoding loop on a transformers causal LM, in-process.
+"""The in-process transformers runner: gate's own speculative-decoding loop on a
+transformers causal LM, private to this module.
 
 One request at a time (concurrency 1). Each step: the draft proposes up to
 num_draft_tokens tokens, the target scores the last committed token plus the proposals in
@@ -8,41 +9,91 @@ the committed prefix after every step. The fallback is the same loop with no dra
 target forward per token, under the same law, the same target and the same code path.
 
 Stop handling cuts a step's tokens before they are committed: an EOS, the token that
-completes a stop string (gate.engines.stop) or max_new_tokens ends the output there.
+completes a stop string (gate.runners.stop) or max_new_tokens ends the output there.
 
 Timing: time.perf_counter after synchronising the device, at the end of every step; all
-tokens a step commits share that time.
+tokens a step commits share that time. Each request is also measured by a
+gate.measure.contention.Probe (process CPU time, machine CPU pressure): the
+cpu_accounting capability.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from typing import Sequence
 
 import torch
 
 from gate.drafts.interface import Draft
-from gate.engines.interface import Engine, Generation
-from gate.engines.stop import StopStrings
 from gate.law import Law, law_probs
+from gate.load.interface import LoadStrategy
+from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
+from gate.plan import Request
+from gate.records import FALLBACK
+from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.registry import register
+from gate.runners.stop import StopStrings
 from gate.speculative import Verdict, sample, verify
 
 
-class TransformersEngine(Engine):
-    """Speculative and fallback generation with a transformers model as the target.
+@register("transformers")
+class TransformersRunner(Runner):
+    """Speculative and fallback generation in this process with a transformers model as
+    the target, for the drafts named in `drafts` (a request's draft "fallback": none).
 
     `eos_token_ids`: ids that end a request; `stop`: stop strings matched on the decoded
     output (None: none). An EOS, or the token completing a stop string, inside an accepted
     block ends the output there: the tokens after it are neither committed nor counted as
     accepted (at one position EOS comes first, then a stop string, then the length)."""
 
+    capabilities = Capabilities(token_ids=True, step_counters=True, seeding=True, first_steps=True,
+                                cpu_accounting=True, max_concurrency=1, server_counters=False)
+
     def __init__(self, model: torch.nn.Module, eos_token_ids: set[int], device: torch.device,
-                 stop: StopStrings | None = None):
+                 stop: StopStrings | None = None, drafts: dict[str, Draft] | None = None):
         self.model = model
         self.eos_token_ids = set(eos_token_ids)
         self.device = device
         self.stop = stop
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else int(model.config.vocab_size)
+        self.drafts: dict[str, Draft] = dict(drafts or {})
+        self._probe: Probe | None = None
+
+    def open(self) -> None:
+        """Set up the CPU accounting probe (reads whether /proc/pressure/cpu exists)."""
+        if self._probe is None:
+            self._probe = Probe()
+
+    def close(self) -> None:
+        self._probe = None
+
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+        """Every request in the order given, one at a time (sequential load only)."""
+        self.check_load(load)
+        self.open()
+        out: list[RequestResult] = []
+        for i, req in enumerate(requests):
+            try:
+                result: RequestResult = self._request(req)
+            except Exception as e:  # noqa: BLE001 - returned: the caller records it, the others run
+                result = e
+            out.append(result)
+            if done is not None:
+                done(i, result)
+        return out
+
+    def _request(self, req: Request) -> StreamResult:
+        draft = None if req.draft == FALLBACK else self.drafts[req.draft]
+        probe = self._probe or Probe()
+        started = probe.start()
+        g = self._generate(list(req.prompt.token_ids), draft, req.law, req.max_new_tokens, self._generator(req.seed))
+        load = probe.stop(started)
+        return replace(g, cpu_time_ms=load.cpu_time_ms, cpu_stall_ms=load.cpu_stall_ms, load_avg_1m=load.load_avg_1m,
+                       threads=torch.get_num_threads())
+
+    def _generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -53,8 +104,11 @@ class TransformersEngine(Engine):
         return forward(self.model, torch.tensor([tokens], device=self.device), cache, keep)[0, -keep:]
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], draft: Draft | None, law: Law, max_new_tokens: int,
-                 generator: torch.Generator | None) -> Generation:
+    def _generate(self, prompt_ids: list[int], draft: Draft | None, law: Law, max_new_tokens: int,
+                  generator: torch.Generator | None) -> StreamResult:
+        """One request: `prompt_ids` -> up to `max_new_tokens` committed tokens under `law`
+        (draft None: the fallback). gate's speculative loop; no CPU accounting."""
+        started_s = time.time()
         t0 = self._now()
         cache = new_cache(self.model.config)
         if draft is not None:
@@ -100,18 +154,19 @@ class TransformersEngine(Engine):
         # An output that ends inside an accepted block leaves the cache holding proposals past
         # its end: the resident cache of a finished request is its prompt and output at most.
         crop_to(cache, len(context))
-        return Generation(
+        return StreamResult(
             output_ids=out,
             token_times_ms=times,
+            stop_reason=stop,
+            e2el_ms=e2el_ms,
+            started_s=started_s,
+            stop_string=stop_string,
             step_committed=committed,
             step_proposed=proposed,
             step_accepted=accepted,
-            stop_reason=stop,
-            e2el_ms=e2el_ms,
             kv_cache_tokens=int(cache.get_seq_length()),
             kv_cache_bytes=cache_tensor_bytes(cache),
             draft_kv_cache_bytes=draft.cache_bytes() if draft is not None else 0,
-            stop_string=stop_string,
         )
 
     def _cut(self, out: list[int], tokens: list[int], max_new_tokens: int) -> tuple[int, str, str | None]:
@@ -131,12 +186,17 @@ class TransformersEngine(Engine):
                 return hit[0], "stop", hit[1]
         return count, reason, None
 
+    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int) -> list[list[int]]:
+        """`n` independent speculative first steps of the draft named `draft` after
+        `prompt_ids`, drawn with a generator seeded by `seed` on the runner's device: the
+        tokens each commits (its accepted proposals, then the correction or bonus token;
+        1..num_draft_tokens + 1 tokens). Raises KeyError for an unknown draft."""
+        return self._first_steps(prompt_ids, self.drafts[draft], law, n, self._generator(seed))
+
     @torch.inference_mode()
-    def first_steps(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
-                    generator: torch.Generator | None) -> list[list[int]]:
-        """`n` independent speculative first steps after `prompt_ids`: the tokens each commits
-        (its accepted proposals, then the correction or bonus token; 1..num_draft_tokens + 1
-        tokens). Each sample is one full speculative step from the prompt's last token (draft
+    def _first_steps(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
+                     generator: torch.Generator | None) -> list[list[int]]:
+        """Each sample is one full speculative step from the prompt's last token (draft
         proposals, one verification forward, acceptance, residual or bonus); the prompt's
         prefill is computed once and the caches are rolled back in between. Stop handling does
         not apply: these samples test the law, they are not requests."""
@@ -155,11 +215,3 @@ class TransformersEngine(Engine):
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
             steps.append(proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token])
         return steps
-
-    @torch.inference_mode()
-    def target_logits(self, ids: list[int], start: int) -> torch.Tensor:
-        """Teacher-forced raw target logits at positions start..len(ids)-1: [len(ids) - start, V]."""
-        if start < 1:
-            raise ValueError("teacher forcing needs at least one token of prefix (start >= 1)")
-        return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1:]
-

@@ -1,0 +1,136 @@
+"""Draft kinds by name: the one list the policy union, its kind messages, the bill, the
+roofline and validation are assembled from.
+
+A new draft kind is one module under gate/drafts that declares `KIND = DraftKind(...)`
+(spec class, build, costs, checks: see gate.drafts.interface.DraftKind) plus its line in
+BUILTIN below. `register`/`unregister` add or remove a kind at run time (plugins, tests);
+the policy's pydantic union is built once, when gate.policy.model is imported, so a kind
+registered later is listed in messages but parsed only by a union built after it
+(`draft_spec_union()`).
+
+This module imports no gate.policy: the policy imports drafts, never the other way.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any, Callable, Union
+
+import torch
+from pydantic import Field
+
+from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig, ModelRef,
+                                   bill_from_modules)
+from gate.measure.bill import DraftBill
+from gate.measure.kv import KVFormat
+
+# The registration lines: module paths whose `KIND` is registered, in this order (the order
+# of the policy union, of the JSON schema's oneOf and of "expected one of" messages).
+BUILTIN = (
+    "gate.drafts.model",
+    "gate.drafts.prompt_lookup",
+    "gate.drafts.early_exit",
+)
+
+_KINDS: dict[str, DraftKind] = {}
+_loaded = False
+
+
+def _ensure_builtin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in BUILTIN:
+        kind = importlib.import_module(module).KIND
+        _KINDS.setdefault(kind.name, kind)
+
+
+def register(kind: DraftKind) -> DraftKind:
+    """Add `kind` (after the built-in kinds). Raises ValueError when its name is taken or its
+    spec's `kind` field does not accept exactly its name."""
+    _ensure_builtin()
+    if kind.name in _KINDS:
+        raise ValueError(f"draft kind {kind.name!r} is already registered")
+    tag = kind.spec.model_fields.get("kind")
+    if tag is None or getattr(tag.annotation, "__args__", None) != (kind.name,):
+        raise ValueError(f"draft kind {kind.name!r}: its spec {kind.spec.__name__} needs `kind: Literal[{kind.name!r}]`")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    """Remove a kind registered with `register` (KeyError when none has that name)."""
+    _ensure_builtin()
+    del _KINDS[name]
+
+
+def kinds() -> list[DraftKind]:
+    """Every registered kind, built-in first, in registration order."""
+    _ensure_builtin()
+    return list(_KINDS.values())
+
+
+def names() -> list[str]:
+    """The registered kind names (the policy's `kind:` values), in registration order."""
+    return [k.name for k in kinds()]
+
+
+def get(name: str) -> DraftKind:
+    """The kind called `name`. Raises KeyError naming the known kinds."""
+    _ensure_builtin()
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise KeyError(f"unknown draft kind {name!r}; known: {', '.join(_KINDS)}") from None
+
+
+def draft_spec_union() -> Any:
+    """The policy's DraftSpec type: the registered kinds' spec classes as a pydantic union
+    discriminated by `kind` (a single kind: its spec class)."""
+    specs = tuple(k.spec for k in kinds())
+    if len(specs) == 1:
+        return specs[0]
+    return Annotated[Union[specs], Field(discriminator="kind")]
+
+
+# What callers use, one function per question, so that none of them branches on a kind.
+
+
+def build_draft(name: str, spec: Any, ctx: BuildContext) -> BuiltDraft:
+    """The in-process draft `name` of the policy (and its model info). Raises PolicyValueError."""
+    return get(spec.kind).build(name, spec, ctx)
+
+
+def model_config(name: str, spec: Any, ctx: ConfigContext) -> DraftModelConfig | None:
+    """The model draft `name` runs, from configs alone (None: none). Raises PolicyValueError."""
+    return get(spec.kind).model_config(name, spec, ctx)
+
+
+def has_distribution(spec: Any) -> bool:
+    """Whether the draft's kind gives a full distribution q (the bill's draft probabilities)."""
+    return get(spec.kind).probability_info == "distribution"
+
+
+def loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:
+    """Bill inputs of a loaded draft (gate check); a draft of an unregistered kind (one built
+    directly in a test) is billed from its modules."""
+    _ensure_builtin()
+    kind = _KINDS.get(draft.kind)
+    return (kind.loaded_bill if kind else bill_from_modules)(name, draft, target, kv_format_of)
+
+
+def check_target_config(name: str, spec: Any, config: Any) -> None:
+    """Validate draft `name` against the target's transformers config (no weights).
+    Raises PolicyValueError at the draft's YAML path."""
+    get(spec.kind).check_target_config(name, spec, config)
+
+
+def tokenizer_sources(name: str, spec: Any) -> list[ModelRef]:
+    """Separate models of draft `name` whose tokenizer must match the target's."""
+    return get(spec.kind).tokenizer_sources(name, spec)
+
+
+def policy_problems(name: str, spec: Any, target: Any) -> list[tuple[str, str]]:
+    """(YAML path, message) for draft `name` against the policy's target section."""
+    return get(spec.kind).policy_problems(name, spec, target)

@@ -1,1 +1,0 @@
-"""Engines: how tokens are produced and timed (transformers in-process today); stop strings."""

@@ -1,0 +1,117 @@
+"""What every runner (the system under test) gives: lifecycle, declared capabilities, and
+timed streams for planned requests under an offered load.
+
+A runner returns, per request, a StreamResult (transport independent: output ids,
+per-token times, stop reason, E2E latency, plus what only some runners can see, None
+elsewhere) or the exception that request raised: a failed request never stops the others,
+and the caller records it (gate.run turns it into a Failure of stage "request").
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Sequence, Union
+
+from gate.law import Law
+from gate.load.interface import LoadStrategy
+from gate.plan import Request
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a runner can give besides timed streams.
+
+    token_ids: its outputs are token ids of the target's tokenizer (not text only).
+    step_counters: per-step committed/proposed/accepted counts (spec-decode counters per request).
+    seeding: a request's seed (gate.plan.Request.seed) fixes its sampled output.
+    first_steps: it can draw many independent speculative first steps (Runner.first_steps),
+        the next-token exactness test's raw material.
+    cpu_accounting: per-request process CPU time and machine CPU pressure (gate.measure.contention),
+        so contended requests can be found and their cells rerun.
+    max_concurrency: most requests it can have in flight (LoadStrategy.concurrency above it is refused).
+    server_counters: counters scraped from a server over a window (RunRecord.server, counter deltas).
+    """
+
+    token_ids: bool = True
+    step_counters: bool = False
+    seeding: bool = False
+    first_steps: bool = False
+    cpu_accounting: bool = False
+    max_concurrency: int = 1
+    server_counters: bool = False
+
+
+@dataclass
+class StreamResult:
+    """What one request produced, before it is labelled with draft, law and prompt.
+
+    Times are ms from the request's start (see gate.records.RequestRecord); `started_s` is
+    the wall clock (s since the epoch) at that start, for the run's windows. stop_reason:
+    "eos", "stop" (a stop string, gate.runners.stop) or "length". The optional fields are
+    None where the runner cannot give them: per-step counts (step_counters), measured cache
+    sizes (in-process), CPU accounting (cpu_accounting)."""
+
+    output_ids: list[int]
+    token_times_ms: list[float]
+    stop_reason: str
+    e2el_ms: float
+    started_s: float = 0.0
+    stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
+    step_committed: list[int] | None = None
+    step_proposed: list[int] | None = None
+    step_accepted: list[int] | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_bytes: int | None = None
+    draft_kv_cache_bytes: int | None = None
+    cpu_time_ms: float | None = None
+    cpu_stall_ms: float | None = None
+    load_avg_1m: float | None = None
+    threads: int | None = None
+
+
+RequestResult = Union[StreamResult, Exception]
+"""A request's StreamResult, or the exception it raised."""
+
+Done = Callable[[int, RequestResult], None]
+"""Called as each request ends: (its index in the requests given, its result)."""
+
+
+class Runner(ABC):
+    """The system under test. Use as a context manager (open on entry, close on exit), or
+    call open()/close(); run() opens a runner that was not opened."""
+
+    kind: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+
+    def open(self) -> None:
+        """Acquire what requests need (a connection, a server process, probes). Idempotent."""
+
+    def close(self) -> None:
+        """Release what open() acquired. Idempotent."""
+
+    def __enter__(self) -> "Runner":
+        self.open()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def check_load(self, load: LoadStrategy) -> None:
+        """Raise ValueError when `load` asks for more than the runner can do."""
+        if load.concurrency is None or load.concurrency > self.capabilities.max_concurrency:
+            raise ValueError(f"runner {self.kind!r} serves at most {self.capabilities.max_concurrency} request(s) at once; "
+                             f"{load.kind} load asks for {load.concurrency or 'unbounded'}")
+
+    @abstractmethod
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+        """Send `requests` under `load`; per request, in the order given, its StreamResult
+        or the Exception it raised (the others still run). `done` is called as each ends
+        (so a caller interrupted by KeyboardInterrupt keeps what ended before). Raises
+        ValueError for a load beyond the capabilities (check_load)."""
+
+    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int) -> list[list[int]]:
+        """`n` independent speculative first steps of draft `draft` after `prompt_ids`
+        under `law`, seeded by `seed`: the tokens each commits. Only runners with the
+        first_steps capability; others raise NotImplementedError."""
+        raise NotImplementedError(f"runner {self.kind!r} cannot draw speculative first steps")

