@@ -116,6 +116,7 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     if interrupt.received() is not None or _stopped(m):
         return _interrupted(loaded, "during the extra repetitions", options, baseline, m=m, notes=notes)
     interrupt.stop_raising()  # only the verdicts and reports are left: a signal now is recorded, they are written whole
+    session.runner.close()  # nothing more is sent to the system under test
     return finish(loaded, m, options, notes, baseline=baseline)
 
 

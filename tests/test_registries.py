@@ -192,10 +192,9 @@ def test_the_cli_writes_and_prints_the_reports_through_the_registry(tmp_path, mo
     from gate import interrupt
     from gate.cli import _write_and_exit
 
-    formats.names()  # the built-in formats are registered before they are swapped
-    for name in ("json", "junit", "markdown", "console"):
-        toy = type(f"Toy{name}", (ToyReport,), {"name": name, "appends": name == "markdown"})
-        monkeypatch.setitem(formats._FORMATS, name, (toy, "a stand-in"))
+    stand_ins = {name: type(f"Toy{name}", (ToyReport,), {"name": name, "appends": name == "markdown"})
+                 for name in ("json", "junit", "markdown", "console")}
+    monkeypatch.setattr(formats, "get", lambda name: stand_ins[name])  # every format the CLI looks up
     interrupt.reset()
     result = SimpleNamespace(report=SimpleNamespace(exit_code=1, notes=["n"]), exit_code=1)
     (tmp_path / "summary.md").write_text("before\n", encoding="utf-8")

@@ -13,7 +13,6 @@ This module imports no gate.policy: the policy imports drafts, never the other w
 
 from __future__ import annotations
 
-import importlib
 from typing import Annotated, Any, Callable, Union
 
 import torch
@@ -23,6 +22,7 @@ from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draf
                                    bill_from_modules)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
+from gate.registry import Registry
 
 # The registration lines: module paths whose `KIND` is registered, in this order (the order
 # of the policy union, of the JSON schema's oneOf and of "expected one of" messages).
@@ -32,57 +32,39 @@ BUILTIN = (
     "gate.drafts.early_exit",
 )
 
-_KINDS: dict[str, DraftKind] = {}
-_loaded = False
-
-
-def _ensure_builtin() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for module in BUILTIN:
-        kind = importlib.import_module(module).KIND
-        _KINDS.setdefault(kind.name, kind)
+_KINDS: Registry[DraftKind] = Registry("draft kind", lambda: BUILTIN, name_of=lambda kind: kind.name,
+                                      module_of=lambda kind: kind.spec.__module__, attribute="KIND")
 
 
 def register(kind: DraftKind) -> DraftKind:
     """Add `kind` (after the built-in kinds). Raises ValueError when its name is taken or its
     spec's `kind` field does not accept exactly its name."""
-    _ensure_builtin()
     if kind.name in _KINDS:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
     tag = kind.spec.model_fields.get("kind")
     if tag is None or getattr(tag.annotation, "__args__", None) != (kind.name,):
         raise ValueError(f"draft kind {kind.name!r}: its spec {kind.spec.__name__} needs `kind: Literal[{kind.name!r}]`")
-    _KINDS[kind.name] = kind
-    return kind
+    return _KINDS.add(kind)
 
 
 def unregister(name: str) -> None:
     """Remove a kind registered with `register` (KeyError when none has that name)."""
-    _ensure_builtin()
-    del _KINDS[name]
+    _KINDS.remove(name)
 
 
 def kinds() -> list[DraftKind]:
     """Every registered kind, built-in first, in registration order."""
-    _ensure_builtin()
-    return list(_KINDS.values())
+    return list(_KINDS)
 
 
 def names() -> list[str]:
     """The registered kind names (the policy's `kind:` values), in registration order."""
-    return [k.name for k in kinds()]
+    return _KINDS.names()
 
 
 def get(name: str) -> DraftKind:
     """The kind called `name`. Raises KeyError naming the known kinds."""
-    _ensure_builtin()
-    try:
-        return _KINDS[name]
-    except KeyError:
-        raise KeyError(f"unknown draft kind {name!r}; known: {', '.join(_KINDS)}") from None
+    return _KINDS.get(name)
 
 
 def draft_spec_union() -> Any:
@@ -115,8 +97,7 @@ def has_distribution(spec: Any) -> bool:
 def loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:
     """Bill inputs of a loaded draft (gate check); a draft of an unregistered kind (one built
     directly in a test) is billed from its modules."""
-    _ensure_builtin()
-    kind = _KINDS.get(draft.kind)
+    kind = _KINDS.get(draft.kind) if draft.kind in _KINDS else None
     return (kind.loaded_bill if kind else bill_from_modules)(name, draft, target, kv_format_of)
 
 

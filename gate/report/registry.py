@@ -10,16 +10,16 @@ module under gate/report plus its name in BUILTIN."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from gate.registry import Registry
 from gate.report.interface import ReportFormat
 
 # The built-in formats, in the order they are listed.
 BUILTIN = ("gate.report.json", "gate.report.junit", "gate.report.markdown", "gate.report.console")
 
-_FORMATS: dict[str, tuple[type[ReportFormat], str]] = {}
-_loaded = False
+_FORMATS: Registry[tuple[type[ReportFormat], str]] = Registry(
+    "report format", lambda: BUILTIN, name_of=lambda entry: entry[0].name, module_of=lambda entry: entry[0].__module__)
 
 
 def register(cls: type[ReportFormat], description: str) -> type[ReportFormat]:
@@ -28,52 +28,34 @@ def register(cls: type[ReportFormat], description: str) -> type[ReportFormat]:
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
         raise ValueError(f"report format {cls.__qualname__} has no name")
-    known = _FORMATS.get(name)
-    if known is not None and known[0] is not cls:
-        raise ValueError(f"report format {name!r} is registered twice ({known[0].__qualname__}, {cls.__qualname__})")
-    _FORMATS[name] = (cls, description)
+    _FORMATS.add((cls, description))
     return cls
 
 
 def unregister(name: str) -> None:
     """Remove a format (tests that register a toy one). Raises KeyError for an unknown name."""
-    _ensure()
-    del _FORMATS[name]
-
-
-def _ensure() -> None:
-    global _loaded
-    if not _loaded:
-        for module in BUILTIN:
-            importlib.import_module(module)
-        _loaded = True
+    _FORMATS.remove(name)
 
 
 def formats() -> dict[str, type[ReportFormat]]:
     """Every registered format class by name: built-in ones in BUILTIN order, then the
     others in registration order."""
-    _ensure()
-    rank = {module: i for i, module in enumerate(BUILTIN)}
-    ordered = sorted(_FORMATS.items(), key=lambda item: rank.get(item[1][0].__module__, len(BUILTIN)))  # stable
-    return {name: cls for name, (cls, _) in ordered}
+    return {name: cls for name, (cls, _) in _FORMATS.entries().items()}
 
 
 def names() -> list[str]:
     """The registered format names, in formats() order."""
-    return list(formats())
+    return _FORMATS.names()
 
 
 def descriptions() -> dict[str, str]:
     """name -> the one-line description each format registered with (formats() order)."""
-    return {name: _FORMATS[name][1] for name in formats()}
+    return {name: description for name, (_, description) in _FORMATS.entries().items()}
 
 
 def get(name: str) -> type[ReportFormat]:
     """The format class called `name`. Raises KeyError (naming the known ones) otherwise."""
-    found = formats().get(name)
-    if found is None:
-        raise KeyError(f"unknown report format {name!r}; known: {', '.join(names())}")
-    return found
+    return _FORMATS.get(name)[0]
 
 
 def create(name: str, **options: Any) -> ReportFormat:

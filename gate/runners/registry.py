@@ -4,14 +4,15 @@ first lookup (lazily: no import cycle with the modules that register)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, TypeVar
 
+from gate.registry import Registry
 from gate.runners.interface import Runner
 
 BUILTIN = ("gate.runners.transformers",)
 
-_RUNNERS: dict[str, type[Runner]] = {}
+_RUNNERS: Registry[type[Runner]] = Registry("runner kind", lambda: BUILTIN, name_of=lambda cls: cls.kind,
+                                           module_of=lambda cls: cls.__module__)
 R = TypeVar("R", bound=type[Runner])
 
 
@@ -20,29 +21,17 @@ def register(kind: str) -> Callable[[R], R]:
     Raises ValueError when another class already has that kind."""
 
     def deco(cls: R) -> R:
-        if _RUNNERS.get(kind, cls) is not cls:
-            raise ValueError(f"runner kind {kind!r} is already registered by {_RUNNERS[kind].__name__}")
         cls.kind = kind
-        _RUNNERS[kind] = cls
-        return cls
+        return _RUNNERS.add(cls)
 
     return deco
 
 
-def _load() -> None:
-    for module in BUILTIN:
-        importlib.import_module(module)
-
-
 def runner_kinds() -> list[str]:
     """Every registered runner kind, sorted."""
-    _load()
-    return sorted(_RUNNERS)
+    return sorted(_RUNNERS.names())
 
 
 def runner_class(kind: str) -> type[Runner]:
     """The runner class of `kind`. Raises KeyError naming the known kinds."""
-    _load()
-    if kind not in _RUNNERS:
-        raise KeyError(f"unknown runner kind {kind!r}; known: {', '.join(sorted(_RUNNERS))}")
-    return _RUNNERS[kind]
+    return _RUNNERS.get(kind)

@@ -13,11 +13,11 @@ This module imports nothing of gate.policy (gate.policy.model imports it)."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gate.registry import Registry
 from gate.workloads.interface import WorkloadSource
 
 # The built-in sources, in the order the schema lists them (mt_bench is the default).
@@ -66,54 +66,35 @@ class SourceKind:
         return self.cls(path) if self.needs_path else self.cls()  # type: ignore[call-arg]
 
 
-_SOURCES: dict[str, SourceKind] = {}
-_loaded = False
+_SOURCES: Registry[SourceKind] = Registry("workload source", lambda: BUILTIN, name_of=lambda kind: kind.name,
+                                         module_of=lambda kind: kind.cls.__module__)
 
 
 def register(kind: SourceKind) -> SourceKind:
     """Add a source (its module calls this once, at import). Returns `kind`. Raises
     ValueError when another source already has the name."""
-    known = _SOURCES.get(kind.name)
-    if known is not None and known != kind:
-        raise ValueError(f"workload source {kind.name!r} is registered twice ({known.cls.__qualname__}, {kind.cls.__qualname__})")
-    _SOURCES[kind.name] = kind
-    return kind
+    return _SOURCES.add(kind)
 
 
 def unregister(name: str) -> None:
     """Remove a source (tests that register a toy one). Raises KeyError for an unknown name."""
-    _ensure()
-    del _SOURCES[name]
-
-
-def _ensure() -> None:
-    global _loaded
-    if not _loaded:
-        for module in BUILTIN:
-            importlib.import_module(module)
-        _loaded = True
+    _SOURCES.remove(name)
 
 
 def sources() -> dict[str, SourceKind]:
     """Every registered source by name: built-in ones first in BUILTIN order (whatever
     order their modules were imported in), then the others in registration order."""
-    _ensure()
-    rank = {module: i for i, module in enumerate(BUILTIN)}
-    ordered = sorted(_SOURCES.values(), key=lambda k: rank.get(k.cls.__module__, len(BUILTIN)))  # stable
-    return {k.name: k for k in ordered}
+    return _SOURCES.entries()
 
 
 def names() -> list[str]:
     """The allowed values of workload.source, in schema order."""
-    return list(sources())
+    return _SOURCES.names()
 
 
 def get(name: str) -> SourceKind:
     """The source called `name`. Raises KeyError (with the known names) for an unknown one."""
-    found = sources().get(name)
-    if found is None:
-        raise KeyError(f"unknown workload source {name!r}; known: {', '.join(names())}")
-    return found
+    return _SOURCES.get(name)
 
 
 def expected() -> str:
