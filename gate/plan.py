@@ -18,7 +18,6 @@ from gate.law import Law
 from gate.records import FALLBACK, WorkloadInfo
 from gate.workloads.context import ContextBuilder, ContextError, Encode, check_fits
 from gate.workloads.interface import Prompt, WorkloadSource, choose
-from gate.workloads.sharegpt import length_filter
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,7 @@ def build_workload(loaded: Any, source: WorkloadSource, tokenizer: Any, config: 
     if w.context_lengths and config is not None:
         gamma = max((d.num_draft_tokens for d in policy.drafts.values()), default=0)
         check_fits(w.context_lengths, max(w.max_new_tokens_list), gamma, config)
-    accept = length_filter(tokenizer, **w.length_filter.model_dump()) if source.length_filtered else None
+    accept = source.acceptor(tokenizer, w.length_filter.model_dump()) if source.length_filtered else None
     chosen = choose(everything, w.seed, w.per_category, w.num_prompts, w.categories, accept)
     if not chosen.prompts:
         raise PolicyValueError("workload.categories" if w.categories else "workload", "the workload selects no prompt")

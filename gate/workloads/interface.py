@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ class WorkloadSource(ABC):
     of prompt and reference-output lengths, gate.workloads.sharegpt.length_filter)."""
 
     length_filtered: bool = False
+
+    def acceptor(self, tokenizer: Any, limits: dict[str, int]) -> Callable[[Prompt], str | None] | None:
+        """The candidate filter of workload.length_filter (`limits`: its fields, in target
+        tokens) for a length-filtered source: prompt -> None to keep it, else the reason it
+        is pruned. None for a source without one (the default)."""
+        return None
 
     @abstractmethod
     def load(self) -> list[Prompt]:

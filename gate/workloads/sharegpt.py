@@ -121,6 +121,10 @@ class ShareGPT(WorkloadSource):
 
     length_filtered = True
 
+    def acceptor(self, tokenizer: Any, limits: dict[str, int]) -> Accept:
+        """vLLM's pruning of candidates by prompt and reference-output length (length_filter)."""
+        return length_filter(tokenizer, **limits)
+
     def __init__(self, yaml_path: str = "workload.source", path: Path | None = None):
         self.yaml_path = yaml_path
         self.path = path  # default: the packaged file
