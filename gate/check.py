@@ -20,7 +20,7 @@ from gate.measure.environment import environment
 from gate.models.load import resolve_device
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.metrics import REPEATABLE
-from gate.records import Failure, FailureStage, Measurements
+from gate.records import DraftInfo, Failure, FailureStage, Measurements
 from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
@@ -187,7 +187,7 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     """Measurements with the environment, laws and drafts but no record (every rule: error)."""
     policy = loaded.policy
     m = Measurements(environment=environment(device, policy.workload.seed), laws=[law.label for law in policy.laws])
-    m.drafts = {name: {"kind": d.kind, "num_draft_tokens": d.num_draft_tokens} for name, d in policy.drafts.items()}
+    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens) for name, d in policy.drafts.items()}
     return m
 
 

@@ -489,6 +489,18 @@ class RunRecord:
 
 
 @dataclass
+class DraftInfo:
+    """What a measured draft is, for rules and reports: its `kind` (a registered draft kind,
+    or RECORDED_SAMPLES for a source of `gate exactness`), `num_draft_tokens` (gamma) and
+    `probability_info` ("distribution" or "point_mass"); None where not known (nothing was
+    loaded, or recorded samples)."""
+
+    kind: str
+    num_draft_tokens: int | None = None
+    probability_info: str | None = None
+
+
+@dataclass
 class Measurements:
     """Everything measured in one run; the input of rule evaluation and the JSON report."""
 
@@ -501,7 +513,7 @@ class Measurements:
     cuda_max_memory_allocated_bytes: int | None = None
     cuda_max_memory_reserved_bytes: int | None = None
     failures: list[Failure] = field(default_factory=list)
-    drafts: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> kind, gamma, probability_info
+    drafts: dict[str, DraftInfo] = field(default_factory=dict)  # name -> what the draft is
     workload: WorkloadInfo | None = None
     laws: list[str] = field(default_factory=list)
     runs: list[RunRecord] = field(default_factory=list)  # the measured windows (timed requests per runner and law)

@@ -27,7 +27,7 @@ from gate.measure.exactness import contexts, greedy_divergences, randomized_pit,
 from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
 from gate.oracle import TargetOracle
 from gate.runners.interface import RequestResult, StreamResult
-from gate.records import (FALLBACK, ExactnessRecord, Failure, FailureStage, Measurements, OfferedLoad, OverlapRecord,
+from gate.records import (FALLBACK, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements, OfferedLoad, OverlapRecord,
                           RequestRecord, RunRecord)
 from gate.session import Session
 
@@ -44,8 +44,7 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
     env = environment(session.device, seed)
     env.models = session.models
     m = Measurements(environment=env, laws=[law.name for law in session.laws])
-    m.drafts = {name: {"kind": d.kind, "num_draft_tokens": d.num_draft_tokens, "probability_info": d.probability_info}
-                for name, d in session.drafts.items()}
+    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info) for name, d in session.drafts.items()}
     m.workload = session.workload
     requests = plan_requests(list(session.drafts), session.laws, session.prompts, max_new_tokens, repetitions, seed,
                              interleave)

@@ -27,7 +27,7 @@ from gate.measure.environment import environment
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.policy.load import load_policy
 from gate.policy.model import LawSpec
-from gate.records import RECORDED_SAMPLES, ExactnessRecord, Failure, FailureStage, Measurements
+from gate.records import RECORDED_SAMPLES, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements
 from gate.session import open_target
 
 
@@ -162,7 +162,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
                 rec.next_token.append(sparse_counts(name, tokens, context_laws[(*key, prefix)], prefix=prefix))
     m.exactness = list(records.values())
     m.laws = list(laws)
-    m.drafts = {src: {"kind": RECORDED_SAMPLES} for src, _ in records}
+    m.drafts = {src: DraftInfo(RECORDED_SAMPLES) for src, _ in records}
     return _finish_samples(loaded, m)
 
 

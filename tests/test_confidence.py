@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from gate.policy.model import RuleSpec
-from gate.records import Environment, Measurements, RequestRecord
+from gate.records import DraftInfo, Environment, Measurements, RequestRecord
 from gate.rules.confidence import Interval, decide, exceedance, min_samples_to_pass
 from gate.rules.evaluate import Settings, evaluate
 from gate.rules.units import UnitSet
@@ -52,7 +52,7 @@ def _speedup_rule() -> RuleSpec:
 
 def _decide_one(rng: np.random.Generator, scale: float, n: int, resamples: int) -> str:
     m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0), laws=["greedy"],
-                     drafts={"d": {}})
+                     drafts={"d": DraftInfo("model")})
     tokens, fallback, draft = _pairs(rng, n, scale)
     for i in range(n):
         m.requests += [_request("fallback", i, int(tokens[i]), fallback[i]), _request("d", i, int(tokens[i]), draft[i])]
@@ -99,7 +99,7 @@ def test_p99_itl_ceiling_by_counting_exceedances(ratio: float, expect: str) -> N
     statuses = []
     for _ in range(TRIALS):
         m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0), laws=["greedy"],
-                         drafts={"d": {}})
+                         drafts={"d": DraftInfo("model")})
         m.requests = [_request("d", i, 49, 0.0, itl=np.concatenate([[5.0], gaps])) for i, gaps in enumerate(_itl_requests(rng, 256))]
         for r in m.requests:
             r.e2el_ms = r.token_times_ms[-1]
@@ -143,7 +143,7 @@ def test_decide_is_three_way() -> None:
 
 def test_message_states_the_interval_and_the_units() -> None:
     rng = np.random.default_rng(0)
-    m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0), laws=["greedy"], drafts={"d": {}})
+    m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0), laws=["greedy"], drafts={"d": DraftInfo("model")})
     tokens, fallback, draft = _pairs(rng, 24, _scale_for(1.07))
     for i in range(24):
         m.requests += [_request("fallback", i, int(tokens[i]), fallback[i]), _request("d", i, int(tokens[i]), draft[i])]

@@ -20,7 +20,7 @@ from gate.cli import cli
 from gate.measure.contention import (Pressure, Reading, cpu_share, describe, is_contended, load_stall_share,
                                      parse_pressure, pooled_stall_share, stall_share)
 from gate.policy.model import MeasurementSpec, RuleSpec
-from gate.records import Environment, Measurements, OverlapRecord, RequestRecord
+from gate.records import DraftInfo, Environment, Measurements, OverlapRecord, RequestRecord
 from gate.rules.evaluate import Settings, evaluate
 
 PSI = "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
@@ -69,7 +69,7 @@ def env() -> Environment:
 def measurements(pairs: int, contended: set[int], stall: float = 0.6) -> Measurements:
     """`pairs` paired requests: the fallback at 1000 ms, the draft at 500 ms (2x) when quiet;
     in a contended pair both stall for `stall` of their wall time and the draft crawls (4 s)."""
-    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": {}})
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("model")})
     for i in range(pairs):
         if i in contended:
             m.requests += [request("fallback", i, 1000.0, stall * 1000.0), request("d", i, 4000.0 + 10 * i, stall * (4000.0 + 10 * i))]

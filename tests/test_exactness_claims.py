@@ -26,7 +26,7 @@ import gate.rules.exactness_tests as ex
 from conftest import sharp_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.law import Law, law_probs
-from gate.records import ExactnessRecord, Measurements, NextTokenCounts
+from gate.records import DraftInfo, ExactnessRecord, Measurements, NextTokenCounts
 from gate.reference import Fault, model_logits, speculative_sample
 from gate.rules.exactness import evaluate_exactness
 
@@ -42,7 +42,7 @@ def counts_record(source: str, prompt: str, probs: list[float], counts: list[int
 def measurements(*records: ExactnessRecord) -> Measurements:
     m = Measurements(environment=None)  # type: ignore[arg-type]
     m.exactness = list(records)
-    m.drafts = {r.draft: {"kind": "recorded samples"} for r in records}
+    m.drafts = {r.draft: DraftInfo("recorded samples") for r in records}
     return m
 
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from gate.policy.model import RuleSpec
-from gate.records import (BillLine, BillRecord, Environment, Failure, Measurements, OverlapRecord, RequestRecord)
+from gate.records import (DraftInfo, BillLine, BillRecord, Environment, Failure, Measurements, OverlapRecord, RequestRecord)
 from gate.report.document import make_report, report_schema
 from gate.report.json import JsonReport
 from gate.report.junit import JunitReport
@@ -35,7 +35,7 @@ def env():
 
 def measurements(prompts: int = 5):
     """Five prompts (an interval needs 5 units), alternating categories qa and code."""
-    m = Measurements(environment=env(), laws=["greedy"], drafts={"good": {}, "bad": {}})
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"good": DraftInfo("model"), "bad": DraftInfo("model")})
     for i in range(1, prompts + 1):
         p, cat = f"p{i}", "qa" if i % 2 else "code"
         # fallback: 10 tokens in 1000 ms -> 10 tokens/s pooled

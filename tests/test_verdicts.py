@@ -16,7 +16,7 @@ from conftest import tiny_policy, write_policy
 from gate.cli import cli
 from gate.compare import compare
 from gate.policy.model import RuleSpec, WaiverSpec
-from gate.records import Environment, Measurements, ModelInfo, OverlapRecord, RequestRecord
+from gate.records import DraftInfo, Environment, Measurements, ModelInfo, OverlapRecord, RequestRecord
 from gate.report.document import make_report
 from gate.report.junit import JunitReport
 from gate.rules.evaluate import Settings, evaluate, exit_code
@@ -45,7 +45,7 @@ def run(speedups: dict[str, float], n: int = 12, noise: float = 0.0, seed: int =
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    m = Measurements(environment=env(torch), laws=["greedy"], drafts={d: {} for d in speedups})
+    m = Measurements(environment=env(torch), laws=["greedy"], drafts={d: DraftInfo("model") for d in speedups})
     for i in range(n):
         base = 1000.0 * rng.lognormal(0, 0.1)
         m.requests.append(req("fallback", i, base))

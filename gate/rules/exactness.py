@@ -49,7 +49,7 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
     outcomes: dict[tuple[str, str], Outcome] = {}
     # Recorded samples (gate exactness) name their own sources: only the laws they were sampled under.
     pairs = [(d, law) for d in drafts for law in laws
-             if (d, law) in records or m.drafts.get(d, {}).get("kind") != RECORDED_SAMPLES]
+             if (d, law) in records or _kind(m, d) != RECORDED_SAMPLES]
     for d, law in pairs:
         key = (d, law)
         scope = f"{d}/{law}"
@@ -140,3 +140,9 @@ def _no_claim(rule: RuleSpec, tests: list[ExactnessTest]) -> str:
             f"at any context (the PIT over all tokens pools prompts and positions): a pass needs a prompt sampled "
             f"about {needed} times (next_token_samples: {needed} in gate check; {needed} samples of one prompt in "
             f"gate exactness; about 20 degrees of freedom assumed)")
+
+
+def _kind(m: Measurements, draft: str) -> str | None:
+    """The measured draft's kind (None when the measurements do not describe it)."""
+    info = m.drafts.get(draft)
+    return info.kind if info is not None else None
