@@ -77,9 +77,11 @@ def validate(policy: Path) -> None:
 @click.option("--no-progress", is_flag=True, help="No progress output (bars on a terminal; otherwise a plain line at most "
               "every 10 s and at each phase change).")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
+@click.option("--report", "extra_reports", multiple=True, metavar="FORMAT=PATH",
+              help="Also write the report in another registered format (gate.report.registry), e.g. a plugin's; repeatable.")
 def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, fail_on_warn: bool,
           fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None, junit_inconclusive: str, no_progress: bool,
-          no_warmup: bool) -> None:
+          no_warmup: bool, extra_reports: tuple[str, ...]) -> None:
     """Measure every draft in POLICY, evaluate every rule, write JUnit and JSON.
 
     Exit 0 when every error-level rule passes, 1 when a rule fails (or warns with
@@ -90,6 +92,7 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     what was measured, and rules without measurements are errors (not a verdict)."""
     from gate.check import Options, check as do_check
 
+    extra = _extra_reports(extra_reports)
     show = None if no_progress else ("bars" if _err.is_terminal else "lines")
     options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers)
     try:
@@ -99,18 +102,37 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
         _fail(e)
     junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
              "inconclusive_as": junit_inconclusive}
-    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit})
+    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit}, extra)
+
+
+def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """--report FORMAT=PATH values as (format, path); an unknown format or a malformed value
+    is a usage error (exit 2) before anything is measured."""
+    from gate.report import registry as formats
+
+    out = []
+    for value in given:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise click.UsageError(f"--report {value!r}: expected FORMAT=PATH (formats: {', '.join(formats.names())})")
+        try:
+            formats.get(name)
+        except KeyError as e:
+            raise click.UsageError(f"--report {value!r}: {e.args[0]}") from None
+        out.append((name, Path(path)))
+    return out
 
 
 def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, markdown_path: Path | None = None,
-                    options: dict[str, dict[str, Any]] | None = None) -> None:
-    """Write the JSON, JUnit (and Markdown) reports through gate.report.registry, print the
-    console summary, exit with the gate's code. `options`: format name -> its keywords."""
+                    options: dict[str, dict[str, Any]] | None = None, extra: list[tuple[str, Path]] | None = None) -> None:
+    """Write the JSON, JUnit (and Markdown) reports and those of `extra` ((format, path),
+    --report) through gate.report.registry, print the console summary, exit with the gate's
+    code. `options`: format name -> its keywords."""
     from gate import interrupt
     from gate.report import registry as formats
 
     options = options or {}
-    for name, path in (("json", json_path), ("junit", junit_path), ("markdown", markdown_path)):
+    for name, path in (("json", json_path), ("junit", junit_path), ("markdown", markdown_path), *(extra or [])):
         if path is None:
             continue
         fmt = formats.create(name, **options.get(name, {}))
@@ -249,25 +271,27 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
             raise InputError([Problem("command line", "--intensity", None, f"{bad[0]:g} is not a positive, finite FLOP/byte")])
         if report_path is not None and policy is None:
             raise InputError([Problem("command line", "--report", None, "--report needs the POLICY the report was made with")])
-        click.echo(f"roof: {pk / 1e9:g} GFLOP/s compute, {bw / 1e9:g} GB/s bandwidth, ridge point {pk / bw:g} FLOP/byte")
-        for i in intensity:
-            att = attainable(pk, bw, i)
-            click.echo(f"intensity {i:g} FLOP/byte -> attainable {att / 1e9:g} GFLOP/s "
-                       f"({'bandwidth' if bw * i < pk else 'compute'}-bound)")
-        if policy is None:
-            return
-        from gate.check import validate as do_validate
-        from gate.errors import PolicyValueError
-        from gate.resources import policy_roofline
+        rows = None
+        if policy is not None:  # every input is read before anything is printed
+            from gate.check import validate as do_validate
+            from gate.errors import PolicyValueError
+            from gate.resources import policy_roofline
 
-        loaded = do_validate(policy)
-        report = _read_report(report_path, loaded) if report_path else None
-        try:
-            rows = policy_roofline(loaded, bw, pk, list(batch) or [1, 8, 64], report)
-        except PolicyValueError as e:
-            raise loaded.error(e) from None
+            loaded = do_validate(policy)
+            report = _read_report(report_path, loaded) if report_path else None
+            try:
+                rows = policy_roofline(loaded, bw, pk, list(batch) or [1, 8, 64], report)
+            except PolicyValueError as e:
+                raise loaded.error(e) from None
     except GateError as e:
         _fail(e)
+    click.echo(f"roof: {pk / 1e9:g} GFLOP/s compute, {bw / 1e9:g} GB/s bandwidth, ridge point {pk / bw:g} FLOP/byte")
+    for i in intensity:
+        att = attainable(pk, bw, i)
+        click.echo(f"intensity {i:g} FLOP/byte -> attainable {att / 1e9:g} GFLOP/s "
+                   f"({'bandwidth' if bw * i < pk else 'compute'}-bound)")
+    if rows is None:
+        return
     from gate.report.console import roofline_tables
 
     out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)

@@ -67,7 +67,8 @@ METRICS: dict[str, Metric] = {
                "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)",
                sampling="pooled", timed=False, repeatable=True),
         Metric("mean_acceptance_length", Dimension.TOKENS, (POOLED,), "pooled counters", False,
-               "1 + num_accepted_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean acceptance length)",
+               "num_committed_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean acceptance length, "
+               "1 + num_accepted_tokens / num_drafts, except where an output ends inside an accepted block)",
                sampling="pooled", timed=False, repeatable=True),
         Metric("speedup", Dimension.RATIO, (POOLED,), "paired requests", False,
                "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved requests)",

@@ -27,12 +27,14 @@ class Registry(Generic[T]):
     not register themselves (None: they call add())."""
 
     def __init__(self, what: str, builtin: tuple[str, ...] | Callable[[], tuple[str, ...]], name_of: Callable[[T], str],
-                 module_of: Callable[[T], str], attribute: str | None = None):
+                 module_of: Callable[[T], str], attribute: str | None = None,
+                 check: Callable[[T], None] | None = None):
         self.what = what
         self._builtin = builtin
         self._name_of = name_of
         self._module_of = module_of
         self._attribute = attribute
+        self._check = check
         self._entries: dict[str, T] = {}
         self._loaded = False
 
@@ -48,12 +50,13 @@ class Registry(Generic[T]):
         for module in self.builtin:
             loaded = importlib.import_module(module)
             if self._attribute is not None:
-                entry = getattr(loaded, self._attribute)
-                self._entries.setdefault(self._name_of(entry), entry)
+                self.add(getattr(loaded, self._attribute))
 
     def add(self, entry: T) -> T:
         """Register `entry` under its name; adding the same entry again is a no-op. Returns
         `entry`. Raises ValueError when another entry already has the name."""
+        if self._check is not None:
+            self._check(entry)
         name = self._name_of(entry)
         known = self._entries.get(name)
         if known is not None and known is not entry and known != entry:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import re
+
 import pytest
 from conftest import write_policy
 from pydantic import ValidationError
@@ -207,3 +209,55 @@ def test_the_cli_writes_and_prints_the_reports_through_the_registry(tmp_path, mo
     assert (tmp_path / "summary.md").read_text(encoding="utf-8") == "before\ntoy: exit 1; n\n"
     out = capsys.readouterr().out
     assert out.startswith("toy: exit 1; n\n") and f"reports: {tmp_path / 'r.json'} {tmp_path / 'j.xml'}" in out
+
+
+def test_gate_check_writes_a_registered_format_named_with_report(tmp_path, monkeypatch):
+    import click
+
+    from gate import interrupt
+    from gate.cli import _extra_reports, _write_and_exit
+
+    formats.register(ToyReport, "a test format")
+    try:
+        extra = _extra_reports((f"toy={tmp_path / 'r.toy'}",))
+        assert extra == [("toy", tmp_path / "r.toy")]
+        for bad, words in (("toy", "expected FORMAT=PATH"), ("=x", "expected FORMAT=PATH"),
+                           ("tyo=x", "unknown report format 'tyo'; known: json, junit, markdown, console, toy (did you mean 'toy'?)")):
+            with pytest.raises(click.UsageError, match=re.escape(words)):
+                _extra_reports((bad,))
+        real = formats.get
+        stand_ins = {name: type(f"Toy{name}", (ToyReport,), {"name": name}) for name in ("json", "junit", "console")}
+        monkeypatch.setattr(formats, "get", lambda name: stand_ins.get(name) or real(name))
+        interrupt.reset()
+        result = SimpleNamespace(report=SimpleNamespace(exit_code=0, notes=["n"]), exit_code=0)
+        with pytest.raises(SystemExit) as info:
+            _write_and_exit(result, tmp_path / "r.json", tmp_path / "j.xml", None, {}, extra)  # type: ignore[arg-type]
+        assert info.value.code == 0
+        assert (tmp_path / "r.toy").read_text(encoding="utf-8") == "toy: exit 0; n\n"
+    finally:
+        formats.unregister("toy")
+
+
+def test_a_builtin_module_goes_through_the_same_checks(monkeypatch):
+    import sys
+    import types
+
+    from gate.registry import Registry
+
+    for module, name in (("toy_builtin_a", "x"), ("toy_builtin_b", "x"), ("toy_builtin_c", "Bad name")):
+        monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(KIND=SimpleNamespace(name=name, module=module)))
+
+    def check(entry):  # type: ignore[no-untyped-def]
+        if " " in entry.name:
+            raise ValueError(f"malformed {entry.name!r}")
+
+    def registry(*builtin):  # type: ignore[no-untyped-def]
+        return Registry("toy kind", builtin, name_of=lambda e: e.name, module_of=lambda e: e.module, attribute="KIND", check=check)
+
+    assert registry("toy_builtin_a").names() == ["x"]
+    with pytest.raises(ValueError, match="toy kind 'x' is already registered"):
+        registry("toy_builtin_a", "toy_builtin_b").names()  # two modules declare one name: never silently dropped
+    with pytest.raises(ValueError, match="malformed 'Bad name'"):
+        registry("toy_builtin_c").names()
+    with pytest.raises(KeyError, match=r"unknown toy kind 'y'; known: x"):
+        registry("toy_builtin_a").get("y")

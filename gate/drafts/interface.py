@@ -1,4 +1,4 @@
-"""What every proposal mechanism gives the engine.
+"""What every proposal mechanism gives the in-process runner, and how a draft kind is declared.
 
 A draft states its probability information, because overlap and the correctness
 argument depend on it:

@@ -32,8 +32,15 @@ BUILTIN = (
     "gate.drafts.early_exit",
 )
 
+def _well_formed(kind: DraftKind) -> None:
+    """A kind's spec must accept exactly its name as `kind:` (the union's discriminator)."""
+    tag = kind.spec.model_fields.get("kind")
+    if tag is None or getattr(tag.annotation, "__args__", None) != (kind.name,):
+        raise ValueError(f"draft kind {kind.name!r}: its spec {kind.spec.__name__} needs `kind: Literal[{kind.name!r}]`")
+
+
 _KINDS: Registry[DraftKind] = Registry("draft kind", lambda: BUILTIN, name_of=lambda kind: kind.name,
-                                      module_of=lambda kind: kind.spec.__module__, attribute="KIND")
+                                      module_of=lambda kind: kind.spec.__module__, attribute="KIND", check=_well_formed)
 
 
 def register(kind: DraftKind) -> DraftKind:
@@ -41,9 +48,6 @@ def register(kind: DraftKind) -> DraftKind:
     spec's `kind` field does not accept exactly its name."""
     if kind.name in _KINDS:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
-    tag = kind.spec.model_fields.get("kind")
-    if tag is None or getattr(tag.annotation, "__args__", None) != (kind.name,):
-        raise ValueError(f"draft kind {kind.name!r}: its spec {kind.spec.__name__} needs `kind: Literal[{kind.name!r}]`")
     return _KINDS.add(kind)
 
 
@@ -81,7 +85,10 @@ def draft_spec_union() -> Any:
 
 def build_draft(name: str, spec: Any, ctx: BuildContext) -> BuiltDraft:
     """The in-process draft `name` of the policy (and its model info). Raises PolicyValueError."""
-    return get(spec.kind).build(name, spec, ctx)
+    built = get(spec.kind).build(name, spec, ctx)
+    if not getattr(built.draft, "kind", None):  # the measurements name a draft by its kind
+        built.draft.kind = spec.kind
+    return built
 
 
 def model_config(name: str, spec: Any, ctx: ConfigContext) -> DraftModelConfig | None:

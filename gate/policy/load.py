@@ -258,6 +258,9 @@ def _message(error: dict[str, Any]) -> str:
     if kind == "union_tag_invalid":
         tag = error["input"].get("kind")
         kinds = draft_kinds.names()
+        if tag in kinds:  # registered, but after the policy's union was built
+            return (f"draft kind {tag!r} was registered after gate.policy was imported, so policies cannot use it; "
+                    "list its module in gate/drafts/registry.py BUILTIN (or register it before importing gate.policy)")
         guess = _close(str(tag), kinds)
         return f"unknown kind {tag!r}; expected one of: {', '.join(kinds)}" + (f" (did you mean {guess!r}?)" if guess else "")
     if kind == "union_tag_not_found":

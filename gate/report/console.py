@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 from rich.console import Console
 from rich.markup import escape
@@ -180,7 +181,7 @@ def comparison_table(result) -> Table:  # type: ignore[no-untyped-def]
         interval = f"{c.interval.low:.3f}-{c.interval.high:.3f}" if c.interval else "-"
         t.add_row(f"[{_STYLE.get(c.verdict, '')}]{c.verdict}[/]", escape(c.draft if c.draft == c.baseline_draft else f"{c.draft} (was {c.baseline_draft})"),
                   escape(c.law), escape(c.figure), shown(c.baseline, c.figure), shown(c.candidate, c.figure),
-                  "-" if c.ratio is None else f"{c.ratio:.3f}x", interval, escape(c.note))
+                  "-" if c.ratio is None or math.isnan(c.ratio) else f"{c.ratio:.3f}x", interval, escape(c.note))
     return t
 
 

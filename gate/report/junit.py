@@ -31,6 +31,7 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
+from gate.metrics import COMPUTED_ONCE
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
@@ -106,8 +107,7 @@ def _seconds(report: Report, o: object) -> float | None:
     process peak, or nothing measured."""
     from gate.rules.evaluate import parse_scope
 
-    if o.metric in ("memory_bill_bytes", "memory_line_bytes", "memory_headroom_bytes", "extra_sequences",  # type: ignore[attr-defined]
-                    "process_peak_rss_bytes"):
+    if o.metric in COMPUTED_ONCE:  # type: ignore[attr-defined]
         return None
     try:
         where = parse_scope(o.scope)  # type: ignore[attr-defined]
