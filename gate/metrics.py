@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
+from gate.records import FailureStage
 from gate.units import Dimension
 
 SAMPLE_AGGREGATIONS = ("mean", "median", "p10", "p90", "p95", "p99", "min", "max")
@@ -46,7 +47,7 @@ class Metric:
     timed: bool
     repeatable: bool
     ratio_not_share: bool = False
-    failure_stage: str = "request"  # the gate.records.Failure stage whose failures leave this metric unmeasured
+    failure_stage: FailureStage = FailureStage.REQUEST  # failures of this stage leave the metric unmeasured
 
     @property
     def computed_once(self) -> bool:
@@ -59,10 +60,10 @@ METRICS: dict[str, Metric] = {
     for m in (
         Metric("overlap", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
                "sum_x min(p(x), q(x)) under the declared law (Leviathan et al. 2023, Sec. 3): the per-step acceptance probability",
-               sampling="position", timed=False, repeatable=False, failure_stage="overlap"),
+               sampling="position", timed=False, repeatable=False, failure_stage=FailureStage.OVERLAP),
         Metric("top1_agreement", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
                "1 when argmax q equals argmax p at a position (diagnostic only; not the acceptance probability under sampling)",
-               sampling="position", timed=False, repeatable=False, failure_stage="overlap"),
+               sampling="position", timed=False, repeatable=False, failure_stage=FailureStage.OVERLAP),
         Metric("acceptance_rate", Dimension.RATIO, (POOLED,), "pooled counters", False,
                "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)",
                sampling="pooled", timed=False, repeatable=True),
@@ -99,22 +100,22 @@ METRICS: dict[str, Metric] = {
                sampling="request", timed=True, repeatable=True),
         Metric("memory_bill_bytes", Dimension.BYTES, ("max",), "one bill per draft and law", True,
                "predicted resident bytes at the peak: weights, KV caches, verification slots, logits (see gate bill)",
-               sampling="once", timed=False, repeatable=False, failure_stage="bill"),
+               sampling="once", timed=False, repeatable=False, failure_stage=FailureStage.BILL),
         Metric("memory_line_bytes", Dimension.BYTES, ("max",), "one bill line per draft (the rule's `line`)", True,
                "one line of the bill, e.g. 'draft KV cache' or 'target logits' (see gate bill)",
-               sampling="once", timed=False, repeatable=False, failure_stage="bill"),
+               sampling="once", timed=False, repeatable=False, failure_stage=FailureStage.BILL),
         Metric("memory_headroom_bytes", Dimension.BYTES, ("min",), "one budget per draft", True,
                "resources.capacity minus the bill total (needs resources.capacity)",
-               sampling="once", timed=False, repeatable=False, failure_stage="bill"),
+               sampling="once", timed=False, repeatable=False, failure_stage=FailureStage.BILL),
         Metric("extra_sequences", Dimension.RATIO, ("min",), "one budget per draft", True,
                "more sequences of the same context that fit in the headroom (needs resources.capacity)",
-               sampling="once", timed=False, repeatable=False, ratio_not_share=True, failure_stage="bill"),
+               sampling="once", timed=False, repeatable=False, ratio_not_share=True, failure_stage=FailureStage.BILL),
         Metric("kv_cache_bytes", Dimension.BYTES, SAMPLE_AGGREGATIONS, "one request", True,
                "measured bytes of the target and draft KV cache tensors at the end of a request",
                sampling="request", timed=False, repeatable=True),
         Metric("process_peak_rss_bytes", Dimension.BYTES, ("max",), "one run of gate check", True,
                "peak resident set size of the gate process (CPU) as reported by the OS",
-               sampling="once", timed=False, repeatable=False, failure_stage="run"),
+               sampling="once", timed=False, repeatable=False, failure_stage=FailureStage.RUN),
     )
 }
 

@@ -198,7 +198,8 @@ class Plan:
     `loaded`: the LoadedPolicy (file, YAML lines, warnings); `target`: the resolved target
     source (gate.models.load.ModelSource); `workload`: the prompts to run; `laws`: the
     declared laws; `exactness`: what the exactness rules need measured; `baseline`: the
-    saved report relative_to: baseline rules compare with (gate.baseline.Baseline), or None."""
+    saved report relative_to: baseline rules compare with (gate.baseline.Baseline), or None;
+    `tokenizer`: the target's tokenizer, loaded once."""
 
     loaded: Any
     target: Any
@@ -206,6 +207,7 @@ class Plan:
     laws: list[Law]
     exactness: ExactnessPlan
     baseline: Any = None
+    tokenizer: Any = None  # the target's tokenizer validation loaded (gate check reuses it)
 
     @property
     def policy(self) -> Any:

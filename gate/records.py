@@ -479,11 +479,7 @@ class RunRecord:
             raise ValueError("a run record needs at least one request")
         intervals = [(start, start + r.e2el_ms / 1e3) for start, r in spans]
         counts = [r.counters for _, r in spans]
-        pooled = None
-        if all(c is not None for c in counts):
-            pooled = SpecDecodeCounters()
-            for c in counts:
-                pooled = pooled + c  # type: ignore[operator]
+        pooled = sum(counts, SpecDecodeCounters()) if all(c is not None for c in counts) else None  # type: ignore[arg-type]
         return cls(runner, law, min(s for s, _ in intervals), max(e for _, e in intervals), load, len(spans),
                    busy_seconds(intervals), sum(r.output_tokens for _, r in spans), pooled, server)
 

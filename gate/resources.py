@@ -17,7 +17,7 @@ from gate.drafts.interface import ConfigContext
 from gate.errors import PolicyValueError
 from gate.measure.bill import DraftBill, bills_for, estimate_weight_bytes, kv_format, meta_model
 from gate.measure.kv import CacheModel, ConfigError, KVFormat, cache_model
-from gate.models.load import load_config
+from gate.models.load import load_config, read_config
 from gate.records import FALLBACK, BillRecord
 
 # DraftBill, bills_for, kv_format, meta_model and estimate_weight_bytes live in gate.measure.bill
@@ -36,7 +36,7 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
     policy = loaded.policy
     res = policy.resources
     source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-    config = _config(source, "target.model")
+    config = read_config(source, "target.model")
     target_cache = _cache(config, kv_format(res, policy.target.dtype), "target.model")
     target_bytes = _weights(config, policy.target.dtype, "none", "target.model")
     context = res.context_tokens or _longest(loaded) + max(policy.workload.max_new_tokens_list)
@@ -60,7 +60,7 @@ def _config_context(loaded: Any, target_config: Any) -> ConfigContext:
     from gate.models.load import resolve_source
 
     def read(model: str, gguf_file: str | None, yaml_path: str) -> Any:
-        return _config(resolve_source(model, gguf_file, loaded.path.parent, yaml_path), yaml_path)
+        return read_config(resolve_source(model, gguf_file, loaded.path.parent, yaml_path), yaml_path)
 
     return ConfigContext(target_config, loaded.policy.target.dtype, read)
 
@@ -68,13 +68,6 @@ def _config_context(loaded: Any, target_config: Any) -> ConfigContext:
 def _longest(plan: Any) -> int:
     """The longest planned prompt (tokens): the workload is built once, by gate.validate."""
     return max(len(p.token_ids) for p in plan.workload.prompts)
-
-
-def _config(source: Any, yaml_path: str) -> Any:
-    try:
-        return load_config(source)
-    except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
-        raise PolicyValueError(yaml_path, f"cannot read the model config of {source}: {type(e).__name__}: {e}") from None
 
 
 def _meta(config: Any, yaml_path: str) -> torch.nn.Module:
@@ -144,7 +137,7 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
 
     policy = loaded.policy
     source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-    config = _config(source, "target.model")
+    config = read_config(source, "target.model")
     params = sum(p.numel() for p in _meta(config, "target.model").parameters())
     bills = {b.draft: b for b in policy_bills(loaded)}
     context = bills[FALLBACK].context_tokens

@@ -59,17 +59,18 @@ class Target:
         return runner_class("transformers")(self.model, self.eos_token_ids, self.device, self.stop, drafts)  # type: ignore[call-arg]
 
 
-def open_target(loaded: LoadedPolicy, tokenizer: bool = True) -> Target:
-    """Load the policy's target model (and its tokenizer unless `tokenizer` is False: scoring
-    token ids needs none) and its oracle. Raises PolicyValueError."""
+def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
+    """Load the policy's target model and its oracle, with its tokenizer: loaded when
+    `tokenizer` is True, none when False (scoring token ids needs none), else the tokenizer
+    object given (the one gate.validate already loaded). Raises PolicyValueError."""
     policy = loaded.policy
     device = models.resolve_device(policy.target.device, "target.device")
     source = models.resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-    tok = models.load_tokenizer(source) if tokenizer else None
+    tok = (models.load_tokenizer(source) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
     target = models.load_model(source, policy.target.dtype, device)
     eos = {i for i in [getattr(tok, "eos_token_id", None), getattr(target.generation_config, "eos_token_id", None)]
            for i in (i if isinstance(i, list) else [i]) if i is not None}
-    info = _info("target", str(source), "target", policy.target.dtype, target)
+    info = models.model_info("target", str(source), "target", policy.target.dtype, target)
     stop = StopStrings(tok, policy.workload.stop) if policy.workload.stop and tok is not None else None
     return Target(device, target, tok, TargetOracle(target, device), info, eos, stop)
 
@@ -79,7 +80,7 @@ def open_session(plan: Plan) -> Session:
     the prompts are the plan's (built once, by gate.validate). Raises PolicyValueError."""
     loaded = plan.loaded
     policy = loaded.policy
-    t = open_target(loaded)
+    t = open_target(loaded, plan.tokenizer if plan.tokenizer is not None else True)
     device, target, tokenizer, oracle, infos = t.device, t.model, t.tokenizer, t.oracle, [t.info]
     drafts: dict[str, Draft] = {}
     ctx = BuildContext(target, tokenizer, device, oracle.vocab_size, policy.target.dtype, loaded.path.parent)
@@ -92,6 +93,3 @@ def open_session(plan: Plan) -> Session:
                    infos, plan.workload.info)
 
 
-def _info(role: str, source: str, kind: str, dtype: str, model: torch.nn.Module) -> ModelInfo:
-    params = sum(p.numel() for p in model.parameters())
-    return ModelInfo(role, source, kind, dtype, models.fingerprint(model), params, models.weight_bytes(model))

@@ -16,7 +16,7 @@ from gate.baseline import load_baseline
 from gate.drafts import registry as draft_kinds
 from gate.errors import PolicyValueError
 from gate.measure.kv import sliding_window
-from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, resolve_device, resolve_source
+from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
 from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.rules.power import underpowered
@@ -41,7 +41,7 @@ def validate(path: str | Path) -> Plan:
         tokenizer = _tokenizer(target, "target.model")
         for at, source in separate.items():
             check_tokenizers(tokenizer, _tokenizer(source, at), at)
-        config = _config(target)
+        config = read_config(target, "target.model")
         _check_config(loaded, config)
         workload = build_workload(loaded, workload_source(loaded), tokenizer, config,
                                   check_categories=lambda known: _check_categories(policy, known))
@@ -52,7 +52,7 @@ def validate(path: str | Path) -> Plan:
         raise loaded.error(e) from None
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     baseline = load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
-    return Plan(loaded, target, workload, laws_of(policy), exactness, baseline)
+    return Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer)
 
 
 def _check_categories(policy: Any, known: list[str]) -> None:
@@ -64,15 +64,6 @@ def _check_categories(policy: Any, known: list[str]) -> None:
             close = difflib.get_close_matches(c, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise PolicyValueError(f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}")
-
-
-def _config(target: ModelSource) -> Any:
-    from gate.models.load import load_config
-
-    try:
-        return load_config(target)
-    except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
-        raise PolicyValueError("target.model", f"cannot read the model config of {target}: {type(e).__name__}: {e}") from None
 
 
 def _check_config(loaded: LoadedPolicy, config: Any) -> None:

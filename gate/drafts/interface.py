@@ -22,12 +22,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from gate.law import Law
+from gate.models.load import model_info  # noqa: F401 - what a kind records of its model (re-exported)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.records import ModelInfo
 
 ProbabilityInfo = Literal["distribution", "point_mass"]
-DType = Literal["float32", "bfloat16", "float16"]  # weight dtypes a policy may name (as gate.policy.model.DType)
+DType = Literal["float32", "bfloat16", "float16"]  # weight dtypes a policy may name (gate.policy.model uses this one)
 
 
 @dataclass
@@ -146,15 +147,6 @@ class DraftModelConfig:
     def cache_dtype(self) -> str:
         """The dtype name the draft's KV cache is billed at when the policy says kv_dtype auto."""
         return self.kv_dtype or self.dtype
-
-
-def model_info(role: str, source: str, kind: str, dtype: str, model: torch.nn.Module) -> ModelInfo:
-    """What the report records of a loaded model: role (draft name or "target"), source,
-    kind label, dtype name, weight fingerprint, parameter count and resident weight bytes."""
-    from gate.models import load as models
-
-    params = sum(p.numel() for p in model.parameters())
-    return ModelInfo(role, source, kind, dtype, models.fingerprint(model), params, models.weight_bytes(model))
 
 
 def bill_from_modules(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:

@@ -109,7 +109,8 @@ class ModelDraftSpec(DraftSpecBase):
 
 def _build(name: str, spec: ModelDraftSpec, ctx: BuildContext) -> BuiltDraft:
     """The model draft: the target deep-copied at the draft's dtype (model: target), or a
-    separate model whose tokenizer must match the target's; int8_dynamic quantized on CPU."""
+    separate model (gate validate has checked that its tokenizer matches the target's,
+    tokenizer_sources); int8_dynamic quantized on CPU."""
     from gate.models import load as models
 
     path = f"drafts.{name}"
@@ -118,7 +119,6 @@ def _build(name: str, spec: ModelDraftSpec, ctx: BuildContext) -> BuiltDraft:
         model, label = copy.deepcopy(ctx.target).to(dtype=models.DTYPES[dtype]), "target"
     else:
         source = models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
-        models.check_tokenizers(ctx.tokenizer, models.load_tokenizer(source), f"{path}.model")
         model, label = models.load_model(source, dtype, ctx.device), str(source)
     if spec.quantization == "int8_dynamic":
         if ctx.device.type != "cpu":

@@ -272,3 +272,22 @@ def load_config(source: Any) -> Any:
     return AutoConfig.from_pretrained(source.location, **kwargs)
 
 
+
+
+def read_config(source: Any, yaml_path: str) -> Any:
+    """load_config for a source the policy names: any failure is bad input, a
+    PolicyValueError at `yaml_path`."""
+    try:
+        return load_config(source)
+    except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
+        raise PolicyValueError(yaml_path, f"cannot read the model config of {source}: {type(e).__name__}: {e}") from None
+
+
+def model_info(role: str, source: str, kind: str, dtype: str, model: torch.nn.Module) -> Any:
+    """What the report records of a loaded model (gate.records.ModelInfo): role (draft name
+    or "target"), source, kind label, dtype name, weight fingerprint, parameter count and
+    resident weight bytes."""
+    from gate.records import ModelInfo
+
+    params = sum(p.numel() for p in model.parameters())
+    return ModelInfo(role, source, kind, dtype, fingerprint(model), params, weight_bytes(model))

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from gate.drafts import registry as draft_kinds
+from gate.drafts.interface import DType  # the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
 from gate.measure.contention import DEFAULT_CONTENTION_RERUNS, DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL
 from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE
@@ -21,7 +22,6 @@ from gate.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.workloads import registry as workload_sources
 
 PACKAGED_DEFAULT = "smollm2-135m-instruct"
-DType = Literal["float32", "bfloat16", "float16"]
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
