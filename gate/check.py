@@ -24,9 +24,11 @@ from gate.records import DraftInfo, Failure, FailureStage, Measurements
 from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
+from gate.rules.load import load_summary
 from gate.rules.summary import summarize
 from gate.run import Progress, measure, measure_more
 from gate.session import open_session
+from gate.plan import Plan
 from gate.validate import validate
 
 
@@ -64,6 +66,8 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     loaded, baseline = plan.loaded, plan.baseline
     policy = loaded.policy
     ms = policy.measurement
+    if policy.runner.served:
+        return _check_served(plan, step, options)
     try:
         step("loading models", 0, 1)
         session = open_session(plan)
@@ -117,6 +121,40 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
         return _interrupted(loaded, "during the extra repetitions", options, baseline, m=m, notes=notes)
     interrupt.stop_raising()  # only the verdicts and reports are left: a signal now is recorded, they are written whole
     session.runner.close()  # nothing more is sent to the system under test
+    return finish(loaded, m, options, notes, baseline=baseline)
+
+
+def _check_served(plan: Plan, step: Progress, options: Options) -> CheckResult:
+    """gate check on served runners (gate.served): the runner is built from the plan, the
+    local target is loaded only when a greedy exactness rule needs its logits to tell a
+    numerical near-tie from a fault, and every load point is measured. Extra repetitions
+    are not run for served runs (a note says so when the policy asks for them)."""
+    from gate.served import build_runner, measure_served
+
+    loaded, baseline = plan.loaded, plan.baseline
+    try:
+        runner = build_runner(plan)
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
+    notes: list[str] = []
+    oracle = None
+    if any(law.greedy for law in plan.laws if any(p[1] == law.name for p in plan.exactness.pairs)):
+        try:
+            step("loading the local target (exactness near-ties)", 0, 1)
+            from gate.session import open_target
+
+            oracle = open_target(loaded, plan.tokenizer).oracle
+        except KeyboardInterrupt:
+            return _interrupted(loaded, "before measuring started (while loading the local target)", options, baseline)
+        except Exception as e:  # noqa: BLE001 - exactness then counts every divergence as a fault, and says so
+            notes.append(f"the local target could not be loaded ({type(e).__name__}: {e}): greedy divergences between "
+                         "served runners cannot be told apart from numerical near-ties and count as faults")
+    if policy_extra := plan.policy.measurement.extra_repetitions:
+        notes.append(f"measurement.extra_repetitions ({policy_extra}) is not applied to served runs yet")
+    m = measure_served(plan, runner, step, oracle)
+    if interrupt.received() is not None or _stopped(m):
+        return _interrupted(loaded, "while measuring", options, baseline, m=m, notes=notes)
+    interrupt.stop_raising()
     return finish(loaded, m, options, notes, baseline=baseline)
 
 
@@ -208,6 +246,8 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
         notes = [*notes, busy]
     outcomes = evaluate(loaded.policy.rules if rules is None else rules, m, settings)
     code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
-    report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code)
+    points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)
+    report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code,
+                         points, crossings)
     report.notes.extend([f"warning: {w}" for w in loaded.warnings] + notes)
     return CheckResult(report, code)

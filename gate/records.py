@@ -159,6 +159,12 @@ class RequestRecord:
     load_avg_1m: float | None = None  # the machine's 1-minute load average at the request's end
     threads: int | None = None  # compute threads the runner used (torch.get_num_threads())
     contention_reruns: int = 0  # times this request's cell was rerun because a request of it was contended
+    # Served runners (gate.runners.openai): the load point the request ran at, and what only a server says.
+    concurrency: int | None = None  # the closed-loop load point (load.concurrency), None in-process / open loop
+    request_rate: float | None = None  # the open-loop load point (load.request_rate, requests/s)
+    queue_ms: float | None = None  # client queue time: scheduled arrival -> send (open loop with a cap)
+    server_draft_tokens: int | None = None  # proposals the server made for it (llama.cpp timings.draft_n)
+    server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
 
     @property
     def output_tokens(self) -> int:
@@ -384,6 +390,8 @@ class Failure:
     law: str  # a law name or "*"
     what: str
     message: str
+    concurrency: int | None = None  # served: the closed-loop load point it failed at (None: every load point)
+    request_rate: float | None = None  # served: the open-loop load point it failed at
 
     def __post_init__(self) -> None:
         self.stage = FailureStage(self.stage)
@@ -424,6 +432,7 @@ class OfferedLoad:
     kind: str
     concurrency: int | None = 1
     request_rate: float | None = None
+    burstiness: float | None = None  # gamma shape of inter-arrival times (1: Poisson); None without a rate
 
 
 def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
@@ -461,6 +470,15 @@ class RunRecord:
     committed_tokens: int
     counters: SpecDecodeCounters | None = None
     server: str | None = None
+    repetition: int | None = None  # served load points: the repetition this window is (paired across runners by it)
+    good_requests: int | None = None  # requests meeting every load.goodput SLO (None: no SLO declared)
+    slo_ms: dict[str, float] = field(default_factory=dict)  # the SLOs good_requests was counted against
+
+    @property
+    def duration_s(self) -> float:
+        """Wall time of the window, first send to last byte (s): a served window's denominator
+        of output and request throughput (vLLM bench serve's benchmark duration)."""
+        return self.end_s - self.start_s
 
     def committed_tokens_per_s(self) -> float:
         """Committed tokens per second of the window: committed_tokens / busy_s (NaN when
@@ -497,6 +515,22 @@ class DraftInfo:
 
 
 @dataclass
+class ServerRecord:
+    """A served engine as gate saw it, one per runner: `kind` (the runner kind), `endpoint`
+    (base URL; for a managed llama-server, the last one it listened on), `command` (the
+    command line of a server gate started, else None), `version` (what the server said of
+    itself), `peak_rss_bytes` (a managed server's peak resident set, VmHWM, max over the
+    times it was started; None where gate did not start it)."""
+
+    runner: str
+    kind: str
+    endpoint: str | None = None
+    command: list[str] | None = None
+    version: str | None = None
+    peak_rss_bytes: int | None = None
+
+
+@dataclass
 class Measurements:
     """Everything measured in one run; the input of rule evaluation and the JSON report."""
 
@@ -513,3 +547,4 @@ class Measurements:
     workload: WorkloadInfo | None = None
     laws: list[str] = field(default_factory=list)
     runs: list[RunRecord] = field(default_factory=list)  # the measured windows (timed requests per runner and law)
+    servers: list[ServerRecord] = field(default_factory=list)  # served runners' engines (empty in-process)

@@ -18,6 +18,7 @@ class Dimension(str, Enum):
     BYTES = "bytes"
     TIME_MS = "ms"
     RATE = "tokens/s"
+    REQUEST_RATE = "requests/s"
     TOKENS = "tokens"
     RATIO = "ratio"  # dimensionless: probabilities, rates in [0, 1], speedups
 
@@ -41,6 +42,9 @@ _UNITS: dict[str, tuple[Dimension, float]] = {
     "tokens/s": (Dimension.RATE, 1.0),
     "tok/s": (Dimension.RATE, 1.0),
     "token/s": (Dimension.RATE, 1.0),
+    "requests/s": (Dimension.REQUEST_RATE, 1.0),
+    "request/s": (Dimension.REQUEST_RATE, 1.0),
+    "req/s": (Dimension.REQUEST_RATE, 1.0),
     "tokens": (Dimension.TOKENS, 1.0),
     "token": (Dimension.TOKENS, 1.0),
     "tok": (Dimension.TOKENS, 1.0),
@@ -103,6 +107,8 @@ def format_value(value: float, dimension: Dimension) -> str:
         return f"{value:.1f} ms"
     if dimension is Dimension.RATE:
         return f"{value:.2f} tokens/s"
+    if dimension is Dimension.REQUEST_RATE:
+        return f"{value:.3f} requests/s"
     if dimension is Dimension.TOKENS:
         return f"{value:.2f} tokens"
     return f"{value:.3f}"

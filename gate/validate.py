@@ -52,7 +52,28 @@ def validate(path: str | Path) -> Plan:
         raise loaded.error(e) from None
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     baseline = load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
-    return Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer)
+    plan = Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer)
+    if policy.runner.served:
+        _check_served(plan)
+    return plan
+
+
+def _check_served(plan: Plan) -> None:
+    """What a served run needs that can be told without a server: the API key's variable is
+    set, the llama-server binary exists, every draft is a kind the runner can run (and an
+    early-exit draft's GGUF can be written). Raises InputError."""
+    import os
+
+    from gate.served import build_runner
+
+    spec = plan.policy.runner
+    try:
+        if spec.api_key_env and not os.environ.get(spec.api_key_env):
+            raise PolicyValueError("runner.api_key_env", f"the environment variable {spec.api_key_env} is not set "
+                                   "(it holds the API key the servers expect)")
+        build_runner(plan)  # builds the runner's configuration only: nothing is started or sent
+    except PolicyValueError as e:
+        raise plan.loaded.error(e) from None
 
 
 def _check_categories(policy: Any, known: list[str]) -> None:

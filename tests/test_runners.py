@@ -131,7 +131,8 @@ def test_a_runner_without_step_counters_gives_records_and_windows_that_serialise
     assert w.counters is None and w.load == OfferedLoad("sequential", 1, None) and w.server is None
     assert w.busy_s == pytest.approx(4.0) and w.committed_tokens == 8 and w.committed_tokens_per_s() == pytest.approx(2.0)
     data = json.loads(TypeAdapter(Measurements).dump_json(m))
-    assert data["runs"][1]["load"] == {"kind": "sequential", "concurrency": 1, "request_rate": None}
+    assert data["runs"][1]["load"] == {"kind": "sequential", "concurrency": 1, "request_rate": None,
+                                        "burstiness": None}
     assert data["requests"][0]["step_committed"] is None
     back = TypeAdapter(Measurements).validate_python(data)
     assert back.runs == m.runs

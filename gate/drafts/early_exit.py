@@ -13,7 +13,8 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, DraftKind, DraftModelConfig, DraftSpecBase,
+from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, DraftKind, DraftModelConfig, DraftSpecBase, ServedContext,
+                                   ServedDraft,
                                    model_info)
 from gate.drafts.model import ModelDraft
 from gate.errors import PolicyValueError
@@ -88,6 +89,18 @@ def _check_target_config(name: str, spec: EarlyExitDraftSpec, config: Any) -> No
         raise PolicyValueError(f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {spec.num_layers})")
 
 
+def _llama_server(name: str, spec: EarlyExitDraftSpec, ctx: ServedContext) -> ServedDraft:
+    """The same early exit for llama.cpp: a GGUF of the target's first num_layers blocks with
+    its final norm and head (gate.models.gguf_edit), run as a separate draft model (-md)."""
+    from gate.models.gguf_edit import truncated_gguf
+
+    try:
+        path = truncated_gguf(ctx.target_gguf, spec.num_layers, ctx.cache_dir)
+    except (ValueError, OSError) as e:
+        raise PolicyValueError(f"drafts.{name}.num_layers", f"cannot write the early-exit GGUF: {e}") from None
+    return ServedDraft(str(path), "draft-simple")
+
+
 KIND = DraftKind(
     name="early_exit",
     spec=EarlyExitDraftSpec,
@@ -95,4 +108,5 @@ KIND = DraftKind(
     build=_build,
     model_config=_model_config,
     check_target_config=_check_target_config,
+    llama_server=_llama_server,
 )

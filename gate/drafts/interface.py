@@ -180,6 +180,28 @@ def _no_problems(name: str, spec: Any, target: Any) -> list[tuple[str, str]]:
 
 
 @dataclass(frozen=True)
+class ServedContext:
+    """What a draft kind needs to say how llama.cpp's llama-server runs it: the target's GGUF
+    file (`target_gguf`), the policy's folder (`policy_dir`, for relative paths) and a folder
+    for files gate writes (`cache_dir`, e.g. a truncated GGUF)."""
+
+    target_gguf: str
+    policy_dir: Any
+    cache_dir: Any
+
+
+@dataclass(frozen=True)
+class ServedDraft:
+    """How llama-server runs a draft: `draft_model` (a GGUF for -md, None for n-gram kinds),
+    `spec_type` (--spec-type, e.g. "draft-simple", "ngram-simple") and further server
+    arguments (`extra_args`, e.g. the n-gram size)."""
+
+    draft_model: str | None
+    spec_type: str
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DraftKind:
     """One draft kind, declared once in its own module and listed in gate.drafts.registry.
 
@@ -199,6 +221,8 @@ class DraftKind:
       match the target's (validation checks them without loading weights).
     - `policy_problems(name, spec, target_spec) -> [(yaml path, message)]`: cross-field checks
       against the policy's target section (e.g. a draft that is the target itself).
+    - `llama_server(name, spec, ctx: ServedContext) -> ServedDraft`: how llama.cpp's server runs
+      it (runner kind llama_server); None: that runner cannot; raises PolicyValueError.
     """
 
     name: str
@@ -210,3 +234,4 @@ class DraftKind:
     check_target_config: Callable[[str, Any, Any], None] = _no_check
     tokenizer_sources: Callable[[str, Any], list[ModelRef]] = _no_sources
     policy_problems: Callable[[str, Any, Any], list[tuple[str, str]]] = _no_problems
+    llama_server: Callable[[str, Any, ServedContext], ServedDraft] | None = None

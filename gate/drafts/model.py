@@ -4,12 +4,14 @@ dtype or quantization, or (via early_exit.py) a truncated view of the target."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig,
+from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig, ServedContext,
+                                   ServedDraft,
                                    DraftSpecBase, DType, ModelRef, Proposal, model_info)
 from gate.errors import PolicyValueError
 from gate.law import Law, law_probs
@@ -150,6 +152,25 @@ def _policy_problems(name: str, spec: ModelDraftSpec, target: Any) -> list[tuple
     return []
 
 
+def _llama_server(name: str, spec: ModelDraftSpec, ctx: ServedContext) -> ServedDraft:
+    """llama-server runs a separate GGUF as the draft (-md, --spec-type draft-simple). It runs
+    files as they are: the target's weights at another dtype or quantization need their own
+    GGUF (e.g. written by llama.cpp's llama-quantize)."""
+    from gate.models import load as models
+
+    path = f"drafts.{name}"
+    if spec.model == "target":
+        raise PolicyValueError(f"{path}.model", "llama-server runs GGUF files as they are: a draft of the target's "
+                               "weights at another dtype or quantization needs its own GGUF file; name it in model")
+    if spec.dtype is not None or spec.quantization != "none":
+        key = "dtype" if spec.dtype is not None else "quantization"
+        raise PolicyValueError(f"{path}.{key}", f"llama-server runs the GGUF's own tensor types; {key} does not apply")
+    source = models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
+    if not source.gguf_file:
+        raise PolicyValueError(f"{path}.model", f"llama-server needs a GGUF file; {source} is not one")
+    return ServedDraft(str(Path(source.location) / source.gguf_file), "draft-simple")
+
+
 KIND = DraftKind(
     name="model",
     spec=ModelDraftSpec,
@@ -158,4 +179,5 @@ KIND = DraftKind(
     model_config=_model_config,
     tokenizer_sources=_tokenizer_sources,
     policy_problems=_policy_problems,
+    llama_server=_llama_server,
 )

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal
+from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, ServedContext, ServedDraft
 from gate.law import Law
 
 
@@ -72,5 +72,14 @@ def _build(name: str, spec: PromptLookupDraftSpec, ctx: BuildContext) -> BuiltDr
     return BuiltDraft(PromptLookupDraft(name, spec.max_ngram_size, spec.num_draft_tokens, ctx.vocab_size, ctx.device))
 
 
+def _llama_server(name: str, spec: PromptLookupDraftSpec, ctx: ServedContext) -> ServedDraft:
+    """llama.cpp's ngram-simple: look up the last max_ngram_size tokens in the context and
+    propose the num_draft_tokens that followed. gate's in-process lookup also tries shorter
+    suffixes (max_ngram_size down to 1), llama.cpp only the one length."""
+    return ServedDraft(None, "ngram-simple", ("--spec-ngram-simple-size-n", str(spec.max_ngram_size),
+                                              "--spec-ngram-simple-size-m", str(spec.num_draft_tokens)))
+
+
 # No model, no cache, no draft step: the defaults for bill, roofline and checks.
-KIND = DraftKind(name="prompt_lookup", spec=PromptLookupDraftSpec, probability_info="point_mass", build=_build)
+KIND = DraftKind(name="prompt_lookup", spec=PromptLookupDraftSpec, probability_info="point_mass", build=_build,
+                 llama_server=_llama_server)

@@ -34,7 +34,7 @@ class FieldError(ValueError):
         self.field = field
 
 
-_EXAMPLE = {"bytes": "2 GiB", "ms": "120 ms", "tokens/s": "25 tokens/s", "tokens": "3 tokens"}
+_EXAMPLE = {"bytes": "2 GiB", "ms": "120 ms", "tokens/s": "25 tokens/s", "requests/s": "2 requests/s", "tokens": "3 tokens"}
 
 
 def _shown(v: str | float) -> str:
@@ -180,6 +180,89 @@ class ScopeSpec(_Strict):
     drafts: list[str] | None = Field(None, min_length=1)
     laws: list[str] | None = Field(None, min_length=1)
     categories: list[str] | None = Field(None, min_length=1)
+    concurrency: list[int] | None = Field(None, min_length=1, description="Load points (load.concurrency values) in scope.")
+    request_rate: list[float] | None = Field(None, min_length=1, description="Load points (load.request_rate values) in scope.")
+
+
+class EndpointSpec(_Strict):
+    """One runner's OpenAI-compatible server (runner kind openai)."""
+
+    base_url: str = Field(..., pattern=r"^https?://", description="Server root, e.g. 'http://127.0.0.1:8000' (no /v1).")
+    model: str | None = Field(None, description="Served model name sent as `model`.")
+    metrics_url: str | None = Field(None, pattern=r"^https?://", description="Prometheus text endpoint for spec-decode "
+                                    "counters, e.g. 'http://127.0.0.1:8000/metrics'; without it a draft runner has no "
+                                    "server-side acceptance figures.")
+    api: Literal["completions", "llama_cpp"] = Field(
+        "completions", description="completions: /v1/completions with token-id prompts (the chat template is applied by "
+        "gate, as for every runner); llama_cpp: llama.cpp's native /completion (token ids and per-response draft counts "
+        "come back).")
+    engine: Literal["generic", "vllm", "llama_cpp", "sglang", "trtllm"] = Field(
+        "generic", description="Which engine's counter names to read from metrics_url.")
+
+
+class RunnerSpec(_Strict):
+    """What produces tokens: gate's in-process loop (transformers, the default), any
+    OpenAI-compatible server (openai: one endpoint per runner), or llama.cpp's llama-server
+    started by gate for each runner (llama_server: the target GGUF, -md for a model draft,
+    an n-gram spec type for prompt_lookup)."""
+
+    kind: Literal["transformers", "openai", "llama_server"] = "transformers"
+    endpoints: dict[str, EndpointSpec] = Field(default_factory=dict, description="openai: 'fallback' and every draft "
+                                               "name -> its endpoint.")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="openai: the environment "
+                                    "variable holding the API key (sent as a bearer token, never written to a report).")
+    binary: str | None = Field(None, description="llama_server: the llama-server binary (default: $GATE_LLAMA_SERVER, "
+                               "llama-server on PATH, then the build of scripts/build-llama-server.sh).")
+    threads: int = Field(2, ge=1, description="llama_server: -t, compute threads of each server.")
+    ctx_size: int = Field(2048, ge=64, description="llama_server: context tokens per parallel slot.")
+    extra_args: list[str] = Field(default_factory=list, description="llama_server: further command-line arguments.")
+    startup_timeout_s: float = Field(120.0, gt=0, description="llama_server: seconds to wait for /health.")
+    request_timeout_s: float = Field(120.0, gt=0, description="Seconds one request may take before it is an error.")
+    ignore_eos: bool = Field(True, description="Ask the server for fixed output lengths (max_new_tokens every time) "
+                             "where it allows.")
+    burst_gap_ms: float = Field(1.0, ge=0, description="Streamed tokens closer than this (ms) are one burst: one "
+                                "verification step as the client sees it (llama-server sends one event per token).")
+
+    @property
+    def served(self) -> bool:
+        return self.kind != "transformers"
+
+
+class GoodputSpec(_Strict):
+    """Service-level objectives a request must meet to count towards goodput (vLLM's --goodput)."""
+
+    ttft: str | None = Field(None, description="Time to first token ceiling, e.g. '500 ms'.")
+    tpot: str | None = Field(None, description="Time per output token ceiling, e.g. '50 ms'.")
+    e2el: str | None = Field(None, description="End-to-end latency ceiling, e.g. '10000 ms'.")
+
+    @field_validator("ttft", "tpot", "e2el")
+    @classmethod
+    def _ms(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        q = _quantity(v)
+        if q.dimension is not Dimension.TIME_MS or not math.isfinite(q.value) or q.value <= 0:
+            raise ValueError(f"{v!r} is not a positive time (write it with a unit, e.g. '500 ms')")
+        return v
+
+    def ms(self) -> dict[str, float]:
+        """The objectives set, in ms: {'ttft': 500.0, ...}."""
+        return {k: parse_quantity(getattr(self, k)).value for k in ("ttft", "tpot", "e2el") if getattr(self, k) is not None}
+
+
+class LoadSpec(_Strict):
+    """The offered load of a served run: closed-loop concurrency points and/or open-loop request
+    rates (each a load point; every runner gets the same offered load on the same prompts)."""
+
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        None, min_length=1, description="Closed loop: most requests in flight (as vllm bench serve --max-concurrency).")
+    request_rate: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None, min_length=1, description="Open loop: mean arrivals per second, gamma inter-arrival times.")
+    burstiness: float = Field(1.0, gt=0, description="Gamma shape of inter-arrival times: 1 is Poisson, lower is burstier "
+                              "(vLLM benchmark_serving).")
+    max_concurrency: int | None = Field(None, ge=1, description="Open loop: cap on requests in flight (client queue time "
+                                        "is reported).")
+    goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric.")
 
 
 # RATIO_NOT_SHARE (a percentage threshold is a mistake there) and COMPUTED_ONCE (no breakdown by `per`)
@@ -215,8 +298,8 @@ class RuleSpec(_Strict):
                                     "per prompt for the next-token goodness-of-fit test (0: PIT only).")
     next_token_prompts: int = Field(1, ge=1, description="exactness: prompts used for the next-token test.")
     scope: ScopeSpec = Field(default_factory=ScopeSpec)
-    per: Literal["category", "context_length", "max_new_tokens"] | None = Field(
-        None, description="One outcome per prompt category, context-sweep length or max_new_tokens value, each decided on "
+    per: Literal["category", "context_length", "max_new_tokens", "concurrency", "request_rate"] | None = Field(
+        None, description="One outcome per prompt category, context-sweep length, max_new_tokens value or load point, each decided on "
         "its own requests: with speedup >= 0.95x, no category may be slower than 0.95x the fallback.")
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
@@ -374,6 +457,8 @@ class Policy(_Strict):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     measurement: MeasurementSpec = Field(default_factory=MeasurementSpec)
     baseline: BaselineSpec | None = None
+    runner: RunnerSpec = Field(default_factory=RunnerSpec, description="What produces tokens (default: gate's in-process loop).")
+    load: LoadSpec | None = Field(None, description="Served runners: the load points (default: concurrency 1).")
     rules: list[RuleSpec] = Field(..., min_length=1, description="A gate without rules would pass anything.")
     waivers: list[WaiverSpec] = Field(default_factory=list)
 
@@ -406,6 +491,7 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                              f"lines: {', '.join(BILL_LINES)}"))
         if rule.per == "context_length" and not policy.workload.context_lengths:
             problems.append((f"rules[{i}].per", "per: context_length needs workload.context_lengths (a context-length sweep)"))
+        problems.extend(_served_rule_problems(policy, i, rule))
         if rule.relative_to == "baseline" and policy.baseline is None:
             problems.append((f"rules[{i}].relative_to", "relative_to: baseline needs a `baseline` section naming the saved report"))
         if rule.id in seen:
@@ -423,6 +509,75 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
     for name in (policy.baseline.drafts if policy.baseline else {}):
         if name not in policy.drafts:
             problems.append((f"baseline.drafts.{name}", f"unknown draft {name!r}; known: {', '.join(policy.drafts)}"))
+    problems.extend(_runner_problems(policy))
+    return problems
+
+
+# Metrics only the in-process runner measures (they need gate's own loop or a local model's caches).
+IN_PROCESS_ONLY = ("overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate")
+# Metrics only a served run has (measured windows at a load point).
+SERVED_ONLY = ("output_throughput", "request_throughput", "goodput", "queue_ms")
+
+
+def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[str, str]]:
+    """A rule's fit with the runner and the load: load-point breakdowns and scopes need those
+    load points; served-only and in-process-only metrics need their runner."""
+    problems: list[tuple[str, str]] = []
+    served = policy.runner.served
+    load = policy.load
+    for key in ("concurrency", "request_rate"):
+        declared = getattr(load, key) if load is not None else None
+        if key == "concurrency" and served and declared is None and (load is None or load.request_rate is None):
+            declared = [1]  # a served run without load points runs at concurrency 1
+        if rule.per == key and not declared:
+            problems.append((f"rules[{i}].per", f"per: {key} needs load.{key} (the load points of a served run)"))
+        for j, v in enumerate(getattr(rule.scope, key) or []):
+            if not declared or v not in declared:
+                problems.append((f"rules[{i}].scope.{key}[{j}]", f"{v:g} is not a load point; load.{key}: "
+                                 f"{', '.join(f'{x:g}' for x in declared) if declared else 'none declared'}"))
+    if rule.metric in SERVED_ONLY and not served:
+        problems.append((f"rules[{i}].metric", f"{rule.metric} is measured on served runners at a load point; set "
+                         "runner.kind to openai or llama_server"))
+    if rule.metric == "goodput" and (load is None or load.goodput is None):
+        problems.append((f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)"))
+    if rule.metric in IN_PROCESS_ONLY and served:
+        problems.append((f"rules[{i}].metric", f"{rule.metric} needs gate's in-process loop (runner.kind transformers); a "
+                         "served run measures acceptance from the server's counters (acceptance_rate, mean_acceptance_length)"))
+    if rule.kind == "exactness" and served:
+        greedy = {law.label for law in policy.laws if law.greedy}
+        for law in rule.scope.laws or [law.label for law in policy.laws]:
+            if law not in greedy:
+                problems.append((f"rules[{i}].scope.laws", f"served exactness is greedy token equality with the fallback "
+                                 f"runner; law {law!r} samples (scope the rule to greedy laws)"))
+                break
+    return problems
+
+
+def _runner_problems(policy: Policy) -> list[tuple[str, str]]:
+    """The runner section against the drafts and the load."""
+    r = policy.runner
+    problems: list[tuple[str, str]] = []
+    if policy.load is not None and not r.served:
+        problems.append(("load", "load points apply to served runners (runner.kind openai or llama_server); gate's "
+                         "in-process runner serves one request at a time"))
+    if policy.load is not None and policy.load.max_concurrency is not None and not policy.load.request_rate:
+        problems.append(("load.max_concurrency", "max_concurrency caps an open loop: it needs load.request_rate"))
+    if r.kind == "openai":
+        names = ["fallback", *policy.drafts]
+        for name in names:
+            if name not in r.endpoints:
+                problems.append(("runner.endpoints", f"no endpoint for runner {name!r}: every runner (fallback and each "
+                                 f"draft) names its server"))
+        for name in r.endpoints:
+            if name not in names:
+                problems.append((f"runner.endpoints.{name}", f"unknown runner {name!r}; runners: {', '.join(names)}"
+                                 f"{_did_you_mean(name, names)}"))
+    elif r.endpoints:
+        problems.append(("runner.endpoints", f"endpoints apply to runner kind openai, not {r.kind}"))
+    if r.kind != "llama_server":
+        for key, default in (("binary", None), ("extra_args", [])):
+            if getattr(r, key) != default:
+                problems.append((f"runner.{key}", f"{key} applies to runner kind llama_server, not {r.kind}"))
     return problems
 
 

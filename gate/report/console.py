@@ -54,7 +54,8 @@ class ConsoleReport(ReportFormat):
             rules.add_column(col, overflow="fold")
         for o in report.outcomes:
             rules.add_row(f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]", escape(o.name), o.level, escape(o.message))
-        tables = [summary, *slices, rules] if report.measurements.requests else [rules]
+        served = load_tables(report)
+        tables = [summary, *slices, *served, rules] if report.measurements.requests else [rules]
         if report.notes:
             notes = Table(title="Notes", title_justify="left", show_header=False)
             notes.add_column("note", overflow="fold")
@@ -83,6 +84,56 @@ class ConsoleReport(ReportFormat):
         buffer = io.StringIO()
         self.print(report, Console(file=buffer, width=160, no_color=True, force_terminal=False))
         return buffer.getvalue()
+
+
+LOAD_COLUMNS = ("runner", "law", "load", "req", "out tok/s", "req/s", "goodput", "TTFT p50", "TTFT p99", "ITL p99",
+                "step p50", "TPOT", "accept rate", "mean acc len", "tok/burst", "speedup (CI)")
+
+
+def load_rows(report: Report) -> list[list[str]]:
+    """One row per runner, law and load point of a served run (gate.rules.load.LoadPoint)."""
+    def ms(x: float | None, fmt: str = ".0f") -> str:
+        return "-" if x is None else f"{format(x, fmt)} ms"
+
+    rows = []
+    for p in report.load:
+        speedup = "-" if p.speedup is None else f"{p.speedup:.2f}x" + (
+            f" ({p.speedup_low:.2f}-{p.speedup_high:.2f})" if p.speedup_low is not None else " (no CI)")
+        rows.append([p.runner, p.law, p.label, str(p.requests), _f(p.output_throughput, ".1f"), _f(p.request_throughput, ".2f"),
+                     _f(p.goodput, ".2f"), ms(p.ttft_p50_ms), ms(p.ttft_p99_ms), ms(p.itl_p99_ms, ".1f"), ms(p.step_p50_ms, ".1f"),
+                     ms(p.tpot_mean_ms, ".1f"), _f(p.acceptance_rate, ".3f"), _f(p.mean_acceptance_length, ".2f"), _f(p.tokens_per_burst, ".2f"), speedup])
+    return rows
+
+
+def load_tables(report: Report) -> list[Table]:
+    """The served run's tables: every load point, the crossovers and the servers (none in-process)."""
+    if not report.load:
+        return []
+    table = Table(title="At each load point (served; acceptance from the server's counters; speedup: paired requests, "
+                        f"{int(100 * report.policy.get('measurement', {}).get('confidence', 0.95))}% CI)", title_justify="left")
+    for col in LOAD_COLUMNS:
+        table.add_column(col, justify="left" if col in ("runner", "law", "load") else "right")
+    for row in load_rows(report):
+        table.add_row(*(escape(x) for x in row))
+    out = [table]
+    if report.crossovers:
+        cross = Table(title="Crossover: the lowest load at which a draft's speedup interval lies below 1.0x",
+                      title_justify="left", show_header=False)
+        cross.add_column("crossover", overflow="fold")
+        for c in report.crossovers:
+            cross.add_row(escape(c.message))
+        out.append(cross)
+    servers = report.measurements.servers
+    if servers:
+        t = Table(title="Servers", title_justify="left")
+        for col in ("runner", "version", "peak RSS", "command"):
+            t.add_column(col, overflow="fold")
+        for x in servers:
+            t.add_row(escape(x.runner), escape(x.version or "-"),
+                      format_value(x.peak_rss_bytes, Dimension.BYTES) if x.peak_rss_bytes is not None else "-",
+                      escape(" ".join(x.command) if x.command else (x.endpoint or "-")))
+        out.append(t)
+    return out
 
 
 def breakdown_rows(report: Report, by: str) -> list[list[str]]:

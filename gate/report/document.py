@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gate.records import Measurements
+from gate.rules.load import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
 from gate.rules.summary import SummaryRow
 
@@ -33,20 +34,24 @@ class Report:
     measurements: Measurements
     format: str = FORMAT
     notes: list[str] = field(default_factory=list)
+    load: list[LoadPoint] = field(default_factory=list)  # served runs: every runner at every load point
+    crossovers: list[Crossover] = field(default_factory=list)  # served runs: where each draft stops paying
 
 
 ADAPTER = TypeAdapter(Report)
 
 
 def make_report(policy_file: str, policy: dict[str, Any], m: Measurements, outcomes: list[Outcome],
-                summary: list[SummaryRow], exit_code: int) -> Report:
+                summary: list[SummaryRow], exit_code: int, load: list[LoadPoint] | None = None,
+                crossovers: list[Crossover] | None = None) -> Report:
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
     return Report(
         gate_version=m.environment.gate, policy_file=policy_file, policy=policy,
         created_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), exit_code=exit_code,
-        status_counts=counts, outcomes=outcomes, summary=summary, measurements=m,
+        status_counts=counts, outcomes=outcomes, summary=summary, measurements=m, load=list(load or []),
+        crossovers=list(crossovers or []),
     )
 
 

@@ -45,6 +45,11 @@ def _properties(report: Report) -> dict[str, str]:
              "policy": report.policy_file}
     for model in env.models:
         props[f"model.{model.role}"] = f"{model.source} {model.kind} {model.dtype} sha256:{model.fingerprint}"
+    for server in report.measurements.servers:  # served runs: what each runner's engine was
+        props[f"server.{server.runner}"] = " ".join(x for x in (server.version, " ".join(server.command or []) or server.endpoint)
+                                                    if x)
+    for c in report.crossovers:
+        props[f"crossover.{c.draft}.{c.law}.{c.kind}"] = "none" if c.at is None else f"{c.at:g}"
     return props
 
 

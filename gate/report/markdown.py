@@ -4,7 +4,7 @@ per-draft figures and every rule that did not pass (passing rules are counted)."
 from __future__ import annotations
 
 from gate.report.document import Report
-from gate.report.console import BREAKDOWN_COLUMNS, breakdown_rows
+from gate.report.console import BREAKDOWN_COLUMNS, LOAD_COLUMNS, breakdown_rows, load_rows
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
 from gate.rules.status import Status
@@ -54,6 +54,11 @@ class MarkdownReport(ReportFormat):
                         "|---|---|---|" + "---:|" * (len(BREAKDOWN_COLUMNS) - 3)]
                 out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
                 out += ["", "</details>", ""]
+        if report.load:
+            out += ["### At each load point", "",
+                    "| " + " | ".join(LOAD_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(LOAD_COLUMNS) - 3)]
+            out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in load_rows(report)]
+            out += [""] + [f"- {_cell(c.message)}" for c in report.crossovers] + [""]
         shown = [o for o in report.outcomes if o.status != Status.PASS]
         if shown:
             out += ["| status | rule | level | message |", "|---|---|---|---|"]

@@ -104,15 +104,20 @@ def _apply_waivers(o: Outcome, s: Settings) -> None:
 def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Selection]:
     """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
     cats = tuple(rule.scope.categories) if rule.scope.categories else None
-    base = Selection(draft, law, cats)
+    conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
+    rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
+    base = Selection(draft, law, cats, concurrency=conc, request_rate=rates)
     if not rule.per:
         return [base]
     records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
-    values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=str)
+    values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v))
     if not values:
         return [base]  # nothing measured: one outcome says so
     if rule.per == "category":
         return [replace(base, categories=(v,)) for v in values]
+    if rule.per in ("concurrency", "request_rate"):  # one load point each (an open loop's points have no concurrency)
+        other = "request_rate" if rule.per == "concurrency" else "concurrency"
+        return [replace(base, **{rule.per: (v,), other: None}) for v in values]
     return [replace(base, **{rule.per: v}) for v in values]
 
 
@@ -125,6 +130,10 @@ def scope_key(where: Selection, per: str | None = None) -> str:
         key += "/" + ",".join(where.categories)
     if per in ("context_length", "max_new_tokens") and getattr(where, per) is not None:
         key += f"/{per}={getattr(where, per)}"
+    for name in ("concurrency", "request_rate"):
+        values = getattr(where, name)
+        if values is not None:
+            key += f"/{name}=" + ",".join(f"{v:g}" for v in values)
     return key
 
 
@@ -140,6 +149,10 @@ def parse_scope(scope: str) -> Selection:
             where = replace(where, categories=(v,))
         elif name in ("context_length", "max_new_tokens"):
             where = replace(where, **{name: int(v)})
+        elif name == "concurrency":
+            where = replace(where, concurrency=tuple(int(x) for x in v.split(",")))
+        elif name == "request_rate":
+            where = replace(where, request_rate=tuple(float(x) for x in v.split(",")))
     return where
 
 
@@ -159,7 +172,7 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
         return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
                        message=f"{what}: level off, not evaluated")
     other = s.baseline_drafts.get(draft, draft)
-    failed = _failures(rule, m, draft, law)
+    failed = [f for f in _failures(rule, m, draft, law) if _at_load(f, where)]
     if rule.relative_to == "baseline" and s.baseline is not None:
         failed += _failures(rule, s.baseline, other, law)
     if rule.relative_to == "baseline" and s.baseline is None:
@@ -309,6 +322,14 @@ def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Fai
     return [f for f in m.failures if f.law in (law, "*") and (
         (f.draft in runners and f.stage in (stage, "run"))
         or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK))]
+
+
+def _at_load(f: Failure, where: Selection) -> bool:
+    """Whether a failure concerns the selection's load points (a failure at no load point, or a
+    selection of every load point, always does)."""
+    if f.concurrency is None and f.request_rate is None:
+        return True
+    return where._load(f.concurrency, f.request_rate)
 
 
 def _same_cells(a: Estimand, b: Estimand) -> bool:

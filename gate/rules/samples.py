@@ -15,7 +15,7 @@ import math
 from typing import Callable
 
 from gate.metrics import METRICS
-from gate.records import FALLBACK, Measurements, OverlapRecord, RequestRecord, SpecDecodeCounters
+from gate.records import FALLBACK, Measurements, OverlapRecord, RequestRecord, RunRecord, SpecDecodeCounters
 from gate.rules.selection import Selection, aggregate
 
 # A metric's raw samples for one selection: (measurements, selection, bill line) -> values (NaNs allowed).
@@ -31,14 +31,74 @@ REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
     "e2el_ms": lambda r: [r.e2el_ms],
     "kv_cache_bytes": lambda r: ([] if r.kv_cache_bytes is None or r.draft_kv_cache_bytes is None  # not measured
                                  else [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)]),
-    "request_acceptance_rate": lambda r: [r.counters.acceptance_rate],
+    "request_acceptance_rate": lambda r: [r.counters.acceptance_rate] if r.counters is not None else [],
+    "queue_ms": lambda r: [r.queue_ms] if r.queue_ms is not None else [],
 }
 # pooled metric -> (numerator, denominator, offset) per request: value = offset + sum(num) / sum(den)
 POOLED: dict[str, tuple[Callable[[RequestRecord], float], Callable[[RequestRecord], float], float]] = {
     "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
-    "acceptance_rate": (lambda r: r.counters.num_accepted_tokens, lambda r: r.counters.num_draft_tokens, 0.0),
+    "acceptance_rate": (lambda r: _accepted(r), lambda r: _drafted(r), 0.0),
     "mean_acceptance_length": (lambda r: r.counters.num_committed_tokens, lambda r: r.counters.num_drafts, 0.0),
 }
+def _accepted(r: RequestRecord) -> float:
+    """Proposals committed: from per-step counts, else the server's per-response count (llama.cpp)."""
+    c = r.counters
+    return c.num_accepted_tokens if c is not None else (r.server_accepted_tokens if r.server_accepted_tokens is not None
+                                                        else float("nan"))
+
+
+def _drafted(r: RequestRecord) -> float:
+    """Proposals made: from per-step counts, else the server's per-response count (llama.cpp)."""
+    c = r.counters
+    return c.num_draft_tokens if c is not None else (r.server_draft_tokens if r.server_draft_tokens is not None
+                                                     else float("nan"))
+
+
+def has_counts(metric: str, r: RequestRecord) -> bool:
+    """Whether a request carries the counts a pooled acceptance metric needs: per-step counts,
+    or (acceptance_rate) the server's per-response proposal counts."""
+    return r.counters is not None or (metric == "acceptance_rate" and r.server_draft_tokens is not None)
+
+
+# pooled metric -> (numerator, denominator) per measured window (gate.records.RunRecord): value = sum num / sum den.
+# Throughput and goodput are window metrics; acceptance falls back to the windows' server counter deltas where the
+# requests carry no per-step counts (served runners).
+WINDOW_POOLED: dict[str, tuple[Callable[[RunRecord], float], Callable[[RunRecord], float]]] = {
+    "output_throughput": (lambda w: w.committed_tokens, lambda w: w.duration_s),
+    "request_throughput": (lambda w: w.requests, lambda w: w.duration_s),
+    "goodput": (lambda w: float("nan") if w.good_requests is None else w.good_requests, lambda w: w.duration_s),
+    "acceptance_rate": (lambda w: w.counters.num_accepted_tokens, lambda w: w.counters.num_draft_tokens),
+    "mean_acceptance_length": (lambda w: w.counters.num_committed_tokens, lambda w: w.counters.num_drafts),
+}
+WINDOW_ONLY = frozenset({"output_throughput", "request_throughput", "goodput"})
+
+
+def windows(m: Measurements, sel: Selection, metric: str) -> list[RunRecord]:
+    """The measured windows a window-pooled metric of `sel` is computed from: whole windows
+    only (a selection by category, length or context has none); for acceptance, only windows
+    with server counter deltas."""
+    if not sel.whole_windows:
+        return []
+    out = [w for w in getattr(m, "runs", []) if sel.takes_window(w)]
+    return [w for w in out if w.counters is not None] if metric not in WINDOW_ONLY else out
+
+
+def window_key(w: RunRecord) -> tuple:
+    """A window's pairing key across runners: its load point and repetition."""
+    return (w.load.kind, w.load.concurrency, w.load.request_rate, w.repetition)
+
+
+def uses_windows(metric: str, m: Measurements, sel: Selection) -> bool:
+    """Whether a pooled metric is computed from windows: throughput and goodput always;
+    acceptance when the selection's requests carry no per-step counters."""
+    if metric in WINDOW_ONLY:
+        return True
+    if metric in ("acceptance_rate", "mean_acceptance_length"):
+        reqs = _requests(m, sel)
+        return bool(reqs) and not any(has_counts(metric, r) for r in reqs)
+    return False
+
+
 # metric -> one overlap record's per-position samples (None: a position not measured)
 CONTINUATION_SAMPLES: dict[str, Callable[[OverlapRecord], list[float | None]]] = {
     "overlap": lambda o: o.overlap,
@@ -51,8 +111,12 @@ def _requests(m: Measurements, sel: Selection) -> list[RequestRecord]:
 
 
 def request_key(r: RequestRecord) -> tuple:
-    """The cell a request belongs to: the fallback and every draft share it."""
-    return (r.prompt_id, r.max_new_tokens, r.repetition)
+    """The cell a request belongs to: the fallback and every draft share it (served: at
+    the same load point)."""
+    key = (r.prompt_id, r.max_new_tokens, r.repetition)
+    if r.concurrency is not None or r.request_rate is not None:
+        key += (r.concurrency, r.request_rate)
+    return key
 
 
 def paired_speedups(m: Measurements, sel: Selection) -> list[tuple[tuple, float]]:
@@ -86,6 +150,9 @@ SAMPLES: dict[str, Extractor | None] = {
     "acceptance_rate": None,
     "mean_acceptance_length": None,
     "speedup": None,
+    "output_throughput": None,
+    "request_throughput": None,
+    "goodput": None,
     "request_speedup": lambda m, sel, line: [v for _, v in paired_speedups(m, sel)],
     **{name: _per_request(get) for name, get in REQUEST_SAMPLES.items()},
     "memory_bill_bytes": lambda m, sel, line: [float(b.total_bytes) for b in m.bills if b.draft == sel.runner],
@@ -129,16 +196,25 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
     own busy time, and then only a selection of whole windows (no category, length or
     context filter) has a value. Acceptance metrics pool per-step counters; NaN when a
     request has none (a runner without step counters)."""
+    if uses_windows(metric, m, sel):
+        ws = windows(m, sel, metric)
+        num, den = WINDOW_POOLED[metric]
+        total = sum(den(w) for w in ws)
+        return (sum(num(w) for w in ws) / total if total > 0 else float("nan")), sum(w.requests for w in ws)
     reqs = _requests(m, sel)
     if metric == "committed_tokens_per_s":
-        windows = [w for w in getattr(m, "runs", []) if w.runner == sel.runner and w.law == sel.law]
-        if any(w.load.concurrency != 1 for w in windows):
-            whole = sel.categories is None and sel.context_length is None and sel.max_new_tokens is None
-            busy = sum(w.busy_s for w in windows)
-            rate = sum(w.committed_tokens for w in windows) / busy if whole and busy > 0 else float("nan")
-            return rate, sum(w.requests for w in windows)
+        mine = [w for w in getattr(m, "runs", []) if sel.takes_window(w)]
+        if any(w.load.concurrency != 1 for w in mine):
+            busy = sum(w.busy_s for w in mine)
+            rate = sum(w.committed_tokens for w in mine) / busy if sel.whole_windows and busy > 0 else float("nan")
+            return rate, sum(w.requests for w in mine)
         seconds = sum(r.e2el_ms for r in reqs) / 1e3
         return (sum(r.output_tokens for r in reqs) / seconds if seconds > 0 else float("nan")), len(reqs)
+    if metric == "acceptance_rate" and any(r.counters is None for r in reqs):  # served: the server's per-response counts
+        if not all(has_counts(metric, r) for r in reqs):
+            return float("nan"), len(reqs)
+        drafted = sum(_drafted(r) for r in reqs)
+        return (sum(_accepted(r) for r in reqs) / drafted if drafted > 0 else float("nan")), len(reqs)
     counts = [r.counters for r in reqs]
     if any(c is None for c in counts):
         return float("nan"), len(reqs)
@@ -158,5 +234,5 @@ def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: 
     return aggregate(xs, aggregation), len(xs)
 
 
-__all__ = ["CONTINUATION_SAMPLES", "FALLBACK", "POOLED", "REQUEST_SAMPLES", "SAMPLES", "Selection", "aggregate",
-           "paired_speedups", "pooled", "request_key", "samples", "value"]
+__all__ = ["CONTINUATION_SAMPLES", "FALLBACK", "POOLED", "REQUEST_SAMPLES", "SAMPLES", "Selection", "WINDOW_POOLED",
+           "aggregate", "paired_speedups", "pooled", "request_key", "samples", "uses_windows", "value", "window_key", "windows"]

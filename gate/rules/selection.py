@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from gate.records import OverlapRecord, RequestRecord
+from gate.records import OverlapRecord, RequestRecord, RunRecord
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,32 @@ class Selection:
     categories: tuple[str, ...] | None  # None: all
     context_length: int | None = None  # a context-sweep length (tokens)
     max_new_tokens: int | None = None
+    concurrency: tuple[int, ...] | None = None  # served load points (closed loop); None: all
+    request_rate: tuple[float, ...] | None = None  # served load points (open loop, requests/s); None: all
 
     def takes(self, record: RequestRecord | OverlapRecord) -> bool:
         """Whether a request or overlap record belongs to this selection."""
         return (record.draft == self.runner and record.law == self.law
                 and (self.categories is None or record.category in self.categories)
                 and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
-                and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens))
+                and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens)
+                and self._load(getattr(record, "concurrency", None), getattr(record, "request_rate", None)))
+
+    def _load(self, concurrency: int | None, request_rate: float | None) -> bool:
+        if self.concurrency is None and self.request_rate is None:
+            return True
+        return ((self.concurrency is not None and concurrency in self.concurrency)
+                or (self.request_rate is not None and request_rate in self.request_rate))
+
+    def takes_window(self, w: RunRecord) -> bool:
+        """Whether a measured window (its runner, law and load point) belongs to this selection."""
+        return w.runner == self.runner and w.law == self.law and self._load(
+            w.load.concurrency if w.load.kind == "concurrency" else None, w.load.request_rate)
+
+    @property
+    def whole_windows(self) -> bool:
+        """Whether the selection takes whole windows (no filter by category, length or context)."""
+        return self.categories is None and self.context_length is None and self.max_new_tokens is None
 
     def of(self, runner: str) -> "Selection":
         """The same cells for another runner (the fallback, or a baseline's draft)."""

@@ -66,10 +66,21 @@ def _clean(x: float) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
 
+def _counters(m: Measurements, sel: Selection, reqs: list) -> SpecDecodeCounters:
+    """Spec-decode counters of a selection: pooled over its requests' per-step counts, or, for
+    served requests (none), over the server counter deltas of its whole windows."""
+    counts = [r.counters for r in reqs if r.counters is not None]
+    if counts or not reqs:
+        return sum(counts, SpecDecodeCounters())
+    if not sel.whole_windows:
+        return SpecDecodeCounters()
+    return sum((w.counters for w in m.runs if sel.takes_window(w) and w.counters is not None), SpecDecodeCounters())
+
+
 def breakdown(m: Measurements, sel: Selection) -> Breakdown:
     """Pooled figures of one runner on one selection of cells."""
     reqs = [r for r in m.requests if sel.takes(r)]
-    counters = sum((r.counters for r in reqs), SpecDecodeCounters())
+    counters = _counters(m, sel, reqs)
     fallback_tps, _ = pooled("committed_tokens_per_s", m, sel.of(FALLBACK))
     tps, _ = pooled("committed_tokens_per_s", m, sel)
     return Breakdown(
@@ -95,7 +106,7 @@ def summarize(m: Measurements) -> list[SummaryRow]:
         for runner in [FALLBACK, *m.drafts]:
             sel = Selection(runner, law, None)
             reqs = [r for r in m.requests if r.draft == runner and r.law == law]
-            counters = sum((r.counters for r in reqs), SpecDecodeCounters())
+            counters = _counters(m, sel, reqs)
             tps, _ = pooled("committed_tokens_per_s", m, sel)
             itl = samples("itl_ms", m, sel)
             bill = next((b.total_bytes for b in m.bills if b.draft == runner), None)

@@ -18,8 +18,9 @@ import numpy as np
 
 from gate.metrics import METRICS
 from gate.records import Measurements
-from gate.rules.samples import (CONTINUATION_SAMPLES, POOLED, REQUEST_SAMPLES, Selection, aggregate, paired_speedups,
-                                request_key)
+from gate.rules.samples import (CONTINUATION_SAMPLES, POOLED, REQUEST_SAMPLES, WINDOW_POOLED, Selection, aggregate,
+                                has_counts, paired_speedups, request_key, uses_windows, window_key,
+                                windows)
 
 # every metric with a sampling distribution: all but those computed or measured once (bills, process peaks)
 RESAMPLED = {name for name, metric in METRICS.items() if not metric.computed_once}
@@ -33,7 +34,7 @@ class UnitSet:
     num[i] / den[i] hold its counter or total (value = offset + sum num / sum den)."""
 
     aggregation: str
-    unit: str  # "request" or "continuation"
+    unit: str  # "request", "continuation" or "window"
     keys: list[tuple] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)
     num: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -98,6 +99,11 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
                     out.keys.append((o.prompt_id, seen[o.prompt_id]))
                     out.values.append(vals)
         return out
+    if aggregation == "pooled" and metric in WINDOW_POOLED and uses_windows(metric, m, sel):
+        num_w, den_w = WINDOW_POOLED[metric]  # one unit per measured window, paired by load point and repetition
+        ws = [w for w in windows(m, sel, metric) if den_w(w) > 0 and num_w(w) == num_w(w)]
+        return UnitSet("pooled", "window", [window_key(w) for w in ws], [], np.array([float(num_w(w)) for w in ws]),
+                       np.array([float(den_w(w)) for w in ws]))
     reqs = [r for r in m.requests if sel.takes(r)]
     if metric == "request_speedup":  # one paired request: draft tokens/s over the fallback's on the same cell
         out = UnitSet(aggregation, "request")
@@ -107,6 +113,8 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
         return out
     if aggregation == "pooled" and metric in POOLED:
         num, den, offset = POOLED[metric]
+        if metric != "committed_tokens_per_s":
+            reqs = [r for r in reqs if has_counts(metric, r)]
         reqs = [r for r in reqs if den(r) > 0]  # e.g. no proposal made: nothing to pool, and no key to pair
         return UnitSet("pooled", "request", [request_key(r) for r in reqs], [], np.array([float(num(r)) for r in reqs]),
                        np.array([float(den(r)) for r in reqs]), offset)

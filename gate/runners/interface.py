@@ -68,6 +68,9 @@ class StreamResult:
     cpu_stall_ms: float | None = None
     load_avg_1m: float | None = None
     threads: int | None = None
+    queue_ms: float | None = None  # client-side wait between the scheduled arrival and the send (served runners)
+    server_draft_tokens: int | None = None  # proposals the server made for this request (llama.cpp timings.draft_n)
+    server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
 
 
 RequestResult = Union[StreamResult, Exception]

@@ -9,7 +9,7 @@ from typing import Callable, TypeVar
 from gate.registry import Registry
 from gate.runners.interface import Runner
 
-BUILTIN = ("gate.runners.transformers",)
+BUILTIN = ("gate.runners.transformers", "gate.runners.openai", "gate.runners.llama_server")
 
 _RUNNERS: Registry[type[Runner]] = Registry("runner kind", lambda: BUILTIN, name_of=lambda cls: cls.kind,
                                            module_of=lambda cls: cls.__module__)

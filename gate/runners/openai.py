@@ -1,0 +1,583 @@
+"""The OpenAI-compatible served runner: gate as a streaming HTTP client of a serving engine
+(vLLM, SGLang, TensorRT-LLM, llama.cpp's server), one endpoint per runner name.
+
+Protocols (Endpoint.api):
+  completions  POST {base_url}/v1/completions, the prompt as token ids, stream with
+               stream_options.include_usage, return_token_ids (vLLM: choices[].token_ids).
+  chat         POST {base_url}/v1/chat/completions with messages: needs the prompt's text.
+  llama_cpp    POST {base_url}/completion (llama.cpp native), prompt as token ids,
+               "return_tokens": true (each event's "tokens"), "cache_prompt": false; the
+               final event ("stop": true) has stop_type and timings.draft_n /
+               timings.draft_n_accepted (tools/server/server-common.cpp, server_slot_stats).
+
+Timing: t0 = time.perf_counter() just before the request is sent; each SSE event's arrival
+time (ms from t0) is given to every token it carries (vLLM's serving benchmark times chunks
+the same way). Token counts never come from the number of events: ids come from the stream
+("token_ids" / "tokens"); else counts come from usage.completion_tokens (or llama.cpp's
+tokens_predicted) spread over the events by the text each carried (count_tokens), and the
+ids are then unknown (-1 placeholders). Bursts: consecutive tokens closer than burst_gap_ms
+are one burst, the client's view of one verification step (StreamResult.step_committed).
+
+Every failure of a request is a ServedError naming the runner, the URL and what failed; it
+becomes that request's result and the other requests go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
+
+import httpx
+
+from gate.load.interface import LoadStrategy
+from gate.load.schedule import drive
+from gate.plan import Request
+from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.registry import register
+from gate.runners.server_metrics import ServerSnapshot, parse_metrics
+
+Api = Literal["completions", "chat", "llama_cpp"]
+Engine = Literal["generic", "vllm", "llama_cpp", "sglang", "trtllm"]
+UNKNOWN_ID = -1  # output id of a token that was counted but whose id the stream did not carry
+
+
+class ServedError(RuntimeError):
+    """A served request (or scrape) failed: `runner` (the runner name: a draft or
+    "fallback"), `url` (the endpoint) and `what` (what failed, e.g. "connection refused",
+    "HTTP 503: <body>", "timed out after 120 s")."""
+
+    def __init__(self, runner: str, url: str, what: str):
+        super().__init__(f"runner {runner!r} at {url}: {what}")
+        self.runner = runner
+        self.url = url
+        self.what = what
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one runner name is served. `base_url`: scheme, host and port, no trailing /v1;
+    `model`: the served model name sent as "model" (None: not sent); `metrics_url`: its
+    Prometheus text endpoint (None: no server counters); `api`: the protocol (module
+    docstring); `engine`: whose counter names /metrics has (gate.runners.server_metrics);
+    `api_key_env`: the environment variable holding the API key, sent as
+    "Authorization: Bearer ..." (the key itself is never stored in a record)."""
+
+    base_url: str
+    model: str | None = None
+    metrics_url: str | None = None
+    api: Api = "completions"
+    engine: Engine = "generic"
+    api_key_env: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.api not in ("completions", "chat", "llama_cpp"):
+            raise ValueError(f"unknown api {self.api!r}; known: completions, chat, llama_cpp")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+
+    @property
+    def url(self) -> str:
+        """The generation URL of `api`."""
+        base = self.base_url.rstrip("/")
+        return {"completions": f"{base}/v1/completions", "chat": f"{base}/v1/chat/completions",
+                "llama_cpp": f"{base}/completion"}[self.api]
+
+
+@dataclass
+class _Event:
+    """One parsed SSE data event: arrival (ms from send), ids carried (None: not in the
+    stream), text carried, and what a final event says."""
+
+    t_ms: float
+    ids: list[int] | None
+    text: str
+    final: bool = False
+    finish: str | None = None          # OpenAI finish_reason / llama.cpp stop_type
+    stop_string: str | None = None     # vLLM stop_reason (str) / llama.cpp stopping_word
+    stop_token: bool = False           # vLLM stop_reason is a token id
+    usage_tokens: int | None = None    # usage.completion_tokens / tokens_predicted
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+
+
+@register("openai")
+class OpenAIRunner(Runner):
+    """Streams planned requests to OpenAI-compatible (or llama.cpp native) servers, one
+    Endpoint per runner name ("fallback" or a draft name).
+
+    `eos_token_ids`: the target's end ids (a finish "stop" whose last token is one is "eos");
+    `request_timeout_s`: per request, from send to the end of the stream (also each read);
+    `ignore_eos`: send ignore_eos so outputs run to max_new_tokens (vLLM, SGLang, llama.cpp
+    extension); `burst_gap_ms`: tokens closer than this form one burst; `count_tokens`:
+    text -> number of tokens, for streams that carry no ids.
+    """
+
+    capabilities = Capabilities(token_ids=True, step_counters=False, seeding=True, first_steps=False,
+                                cpu_accounting=False, max_concurrency=4096, server_counters=True)
+
+    def __init__(self, endpoints: dict[str, Endpoint], eos_token_ids: set[int], request_timeout_s: float = 120.0,
+                 ignore_eos: bool = True, burst_gap_ms: float = 1.0, count_tokens: Callable[[str], int] | None = None):
+        if request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+        self.endpoints = dict(endpoints)
+        self.eos_token_ids = set(eos_token_ids)
+        self.request_timeout_s = float(request_timeout_s)
+        self.ignore_eos = ignore_eos
+        self.burst_gap_ms = float(burst_gap_ms)
+        self.count_tokens = count_tokens
+        self._keys: dict[str, str] = {}  # runner name -> API key (never in a record or repr)
+        self._opened = False
+
+    def __repr__(self) -> str:
+        return f"OpenAIRunner(endpoints={self.endpoints!r})"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Read every endpoint's API key from its environment variable. Raises ServedError
+        naming the variable when one is unset or empty. Idempotent."""
+        if self._opened:
+            return
+        keys: dict[str, str] = {}
+        for name, ep in self.endpoints.items():
+            if ep.api_key_env:
+                key = os.environ.get(ep.api_key_env, "")
+                if not key:
+                    raise ServedError(name, ep.base_url, f"API key environment variable {ep.api_key_env} is not set")
+                keys[name] = key
+        self._keys = keys
+        self._opened = True
+
+    def close(self) -> None:
+        self._keys = {}
+        self._opened = False
+
+    def check_load(self, load: LoadStrategy) -> None:
+        """Raise ValueError when `load` asks for more than max_concurrency in flight. An open
+        loop (request_rate set) may leave concurrency unbounded: the server queues."""
+        if load.concurrency is None and load.request_rate is not None:
+            return
+        super().check_load(load)
+
+    def endpoint(self, runner: str) -> Endpoint:
+        """The endpoint of `runner`. Raises ValueError naming the known runners."""
+        try:
+            return self.endpoints[runner]
+        except KeyError:
+            raise ValueError(f"no endpoint for runner {runner!r}; known: {', '.join(sorted(self.endpoints))}") from None
+
+    def _headers(self, runner: str) -> dict[str, str]:
+        key = self._keys.get(runner)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    # -- requests --------------------------------------------------------------------------
+
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+        """Send `requests` (all for one runner name) under `load`; per request its
+        StreamResult or the ServedError it raised. Raises ValueError for requests of several
+        runners, an unknown runner or a load beyond max_concurrency; ServedError (before
+        sending anything) for the chat api with a prompt without text, or a missing API key.
+        KeyboardInterrupt propagates (`done` has seen every request that ended before)."""
+        if not requests:
+            return []
+        runners = sorted({r.draft for r in requests})
+        if len(runners) > 1:
+            raise ValueError(f"one run() serves one runner name; got {', '.join(runners)}")
+        runner = runners[0]
+        ep = self.endpoint(runner)
+        self.check_load(load)
+        self.open()
+        if ep.api == "chat":
+            for r in requests:
+                if not getattr(r.prompt, "text", None):
+                    raise ServedError(runner, ep.url, f"the chat api needs the prompt's text; prompt {r.prompt.id!r} "
+                                                      "has token ids only (use api 'completions' or 'llama_cpp')")
+        return self._watched(runner, ep, list(requests), load, done)
+
+    def _watched(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
+                 done: Done | None) -> list[RequestResult]:
+        """The requests' event loop in a worker thread, watched from this one: a client that
+        stops yielding to its event loop (the per-request timeouts cannot fire then) never
+        hangs gate. Past the run's time limit (request_timeout_s per request that may have to
+        wait for a slot, plus the open loop's arrival span, plus 60 s) the requests that have
+        not ended are errors and the thread is left behind (a daemon)."""
+        ended: dict[int, RequestResult] = {}
+        box: dict[str, Any] = {}
+
+        def record(i: int, result: RequestResult) -> None:
+            ended[i] = result
+            if done is not None:
+                done(i, result)
+
+        def work() -> None:
+            try:
+                box["results"] = asyncio.run(self._run(runner, ep, requests, load, record))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = e
+
+        waves = math.ceil(len(requests) / (load.concurrency or len(requests)))
+        span_s = max(getattr(load, "arrival_offsets", lambda n: [0.0])(len(requests)) or [0.0]) if load.request_rate else 0.0
+        limit_s = waves * self.request_timeout_s + span_s + 60.0
+        thread = threading.Thread(target=work, name=f"gate-client-{runner}", daemon=True)
+        thread.start()
+        thread.join(limit_s)
+        if thread.is_alive():
+            stuck = ServedError(runner, ep.url, f"the client did not finish within {limit_s:.0f} s (it stopped making "
+                                                "progress); the requests that had not ended are errors")
+            return [ended.get(i, stuck) for i in range(len(requests))]
+        if "error" in box:
+            raise box["error"]
+        return box["results"]
+
+    async def _run(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
+                   done: Done | None) -> list[RequestResult]:
+        clients = _Clients(httpx.Timeout(self.request_timeout_s), ep.base_url.startswith("https://"))
+        # Made before the window (the first costs ~20 ms of imports): creating them inside send
+        # would count as the request's queue time. More are made on demand (unbounded open loop).
+        clients.prepare(min(len(requests), load.concurrency or len(requests), 512))
+        headers = self._headers(runner)
+        try:
+
+            async def send(i: int, scheduled_s: float) -> RequestResult:
+                client = clients.take()
+                try:
+                    return await self._request(client, runner, ep, headers, requests[i], scheduled_s)
+                finally:
+                    clients.give(client)
+
+            return await drive(len(requests), load, send, done)
+        finally:
+            await clients.aclose()
+
+    def body(self, ep: Endpoint, req: Request) -> dict[str, Any]:
+        """The JSON body of `req` for `ep.api`: prompt token ids (or chat messages), sampling
+        from req.law (temperature 0: greedy, top_k 1 too), seed, max tokens, streaming."""
+        law = req.law
+        body: dict[str, Any] = {"stream": True, "temperature": 0.0 if law.greedy else float(law.temperature)}
+        if ep.model is not None:
+            body["model"] = ep.model
+        if law.greedy:
+            body["top_k"] = 1
+        elif law.top_k is not None:
+            body["top_k"] = int(law.top_k)
+        if law.top_p is not None and not law.greedy:
+            body["top_p"] = float(law.top_p)
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        ids = [int(t) for t in req.prompt.token_ids]
+        if ep.api == "llama_cpp":
+            # llama.cpp seeds are uint32 and 0xFFFFFFFF means "random": fold the 63-bit seed below it
+            body.update(prompt=ids, n_predict=int(req.max_new_tokens), seed=int(req.seed) % 0xFFFFFFFF,
+                        return_tokens=True, cache_prompt=False)
+            return body
+        body.update(max_tokens=int(req.max_new_tokens), seed=int(req.seed),
+                    stream_options={"include_usage": True}, return_token_ids=True)
+        if ep.api == "chat":
+            body["messages"] = [{"role": "user", "content": req.prompt.text}]  # type: ignore[attr-defined]
+        else:
+            body["prompt"] = ids
+        return body
+
+    async def _request(self, client: httpx.AsyncClient, runner: str, ep: Endpoint, headers: dict[str, str],
+                       req: Request, scheduled_s: float) -> StreamResult:
+        url = ep.url
+        body = self.body(ep, req)
+        try:
+            try:
+                return await asyncio.wait_for(self._stream(client, runner, ep, headers, body, scheduled_s),
+                                              self.request_timeout_s)
+            except httpx.RemoteProtocolError as e:
+                if "without sending a response" not in str(e):
+                    raise
+                # A kept-alive connection the server closed as the request went out (cpp-httplib closes
+                # idle ones): nothing was received, so the request is sent once more on a new connection,
+                # timed from its own send (the queue time includes the lost attempt).
+                return await asyncio.wait_for(self._stream(client, runner, ep, headers, body, scheduled_s),
+                                              self.request_timeout_s)
+        except ServedError:
+            raise
+        except (asyncio.TimeoutError, httpx.TimeoutException):
+            raise ServedError(runner, url, f"timed out after {self.request_timeout_s:g} s") from None
+        except httpx.ConnectError as e:
+            raise ServedError(runner, url, f"connection refused or unreachable ({e})") from None
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+            raise ServedError(runner, url, f"connection dropped mid-stream (server died?): {e}") from None
+        except httpx.HTTPError as e:
+            raise ServedError(runner, url, f"{type(e).__name__}: {e}") from None
+
+    async def _stream(self, client: httpx.AsyncClient, runner: str, ep: Endpoint, headers: dict[str, str],
+                      body: dict[str, Any], scheduled_s: float) -> StreamResult:
+        url = ep.url
+        events: list[_Event] = []
+        data: list[str] = []
+        started_s = time.time()
+        t0 = time.perf_counter()
+        queue_ms = max(0.0, (t0 - scheduled_s) * 1e3)
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code >= 400:
+                text = (await resp.aread()).decode("utf-8", errors="replace")
+                raise ServedError(runner, url, f"HTTP {resp.status_code}: {text[:200]}")
+            # Lines split on bytes (cheaper per event than aiter_lines' text decoding); SSE lines end
+            # in \n or \r\n (a lone \r, which the SSE spec also allows, is not supported).
+            pending = b""
+            async for chunk in resp.aiter_bytes():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    line = raw[:-1] if raw.endswith(b"\r") else raw
+                    if not line:
+                        if data:
+                            self._dispatch(runner, ep, "\n".join(data), t0, events)
+                            data = []
+                    elif line.startswith(b"data:"):
+                        value = line[5:].decode("utf-8", errors="replace")
+                        data.append(value[1:] if value.startswith(" ") else value)
+                    elif not line.startswith(b":") and line.partition(b":")[0] not in (b"event", b"id", b"retry"):
+                        # a comment (":", llama.cpp's keep-alive ping) and the other SSE fields are skipped
+                        raise ServedError(runner, url, f"malformed SSE line: {line[:200].decode('utf-8', 'replace')!r}")
+            if pending.strip():
+                raise ServedError(runner, url, f"stream ended inside a line: {pending[:200].decode('utf-8', 'replace')!r}")
+            if data:
+                self._dispatch(runner, ep, "\n".join(data), t0, events)
+        e2el_ms = (time.perf_counter() - t0) * 1e3
+        return self._result(runner, ep, events, started_s, e2el_ms, queue_ms)
+
+    def _dispatch(self, runner: str, ep: Endpoint, data: str, t0: float, events: list[_Event]) -> None:
+        """Parse one SSE data payload (arrived now) into `events`; OpenAI's "[DONE]" carries nothing."""
+        t_ms = (time.perf_counter() - t0) * 1e3
+        if data.strip() == "[DONE]":
+            return
+        try:
+            obj = json.loads(data)
+        except json.JSONDecodeError:
+            raise ServedError(runner, ep.url, f"malformed SSE event: {data[:200]!r}") from None
+        if not isinstance(obj, dict):
+            raise ServedError(runner, ep.url, f"malformed SSE event (not a JSON object): {data[:200]!r}")
+        if "error" in obj:
+            err = obj["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise ServedError(runner, ep.url, f"server error mid-stream: {str(msg)[:200]}")
+        try:
+            events.append(_parse_llama_cpp(obj, t_ms) if ep.api == "llama_cpp" else _parse_openai(obj, t_ms, ep.api))
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ServedError(runner, ep.url, f"malformed SSE event ({e}): {data[:200]!r}") from None
+
+    def _result(self, runner: str, ep: Endpoint, events: list[_Event], started_s: float, e2el_ms: float,
+                queue_ms: float) -> StreamResult:
+        finals = [e for e in events if e.final]
+        if not finals:
+            raise ServedError(runner, ep.url, "stream ended without the final event")
+        last = finals[-1]
+        if (last.finish or "").lower() in ("abort", "error", "cancelled"):
+            raise ServedError(runner, ep.url, f"the server ended the request with finish reason {last.finish!r}")
+        usage = next((e.usage_tokens for e in reversed(events) if e.usage_tokens is not None), None)
+        carried = [e for e in events if e.ids or e.text]
+        if carried and all(e.ids is not None for e in carried) or (not carried and any(e.ids is not None for e in events)):
+            ids = [t for e in carried for t in (e.ids or [])]
+            times = [e.t_ms for e in carried for _ in (e.ids or [])]
+        else:
+            ids, times = self._counted(runner, ep, carried, usage)
+        reason, stop_string = self._stop_reason(last, ids)
+        draft_n = next((e.draft_n for e in reversed(events) if e.draft_n is not None), None)
+        accepted_n = next((e.draft_n_accepted for e in reversed(events) if e.draft_n_accepted is not None), None)
+        if ep.api == "llama_cpp" and draft_n is None:
+            draft_n, accepted_n = 0, 0  # llama.cpp leaves draft_n out when no proposal was made
+        return StreamResult(output_ids=ids, token_times_ms=times, stop_reason=reason, e2el_ms=e2el_ms,
+                            started_s=started_s, stop_string=stop_string,
+                            step_committed=bursts(times, self.burst_gap_ms), queue_ms=queue_ms,
+                            server_draft_tokens=draft_n, server_accepted_tokens=accepted_n)
+
+    def _counted(self, runner: str, ep: Endpoint, carried: list[_Event], usage: int | None) -> tuple[list[int], list[float]]:
+        """Token times when the stream carried text but no ids: the total from usage (or
+        count_tokens over the text), spread over the events by their text's token counts."""
+        weights = [float(self.count_tokens(e.text)) if self.count_tokens else 1.0 for e in carried]
+        total = usage if usage is not None else (int(sum(weights)) if self.count_tokens else None)
+        if total is None:
+            raise ServedError(runner, ep.url, "the stream carried no token ids and no usage: cannot count tokens "
+                                              "(send return_token_ids / stream_options.include_usage, or give count_tokens)")
+        if total == 0:
+            return [], []
+        if not carried:
+            raise ServedError(runner, ep.url, f"usage says {total} tokens but no event carried output")
+        if sum(weights) <= 0:
+            weights = [1.0] * len(carried)
+        cum, acc = [], 0.0
+        for w in weights:
+            acc += w
+            cum.append(acc / sum(weights))
+        times, j = [], 0
+        for k in range(total):
+            while j < len(cum) - 1 and cum[j] < (k + 0.5) / total:
+                j += 1
+            times.append(carried[j].t_ms)
+        return [UNKNOWN_ID] * total, times
+
+    def _stop_reason(self, last: _Event, ids: list[int]) -> tuple[str, str | None]:
+        """gate's stop reason from a final event: "eos", "stop" (with its string) or "length"."""
+        finish = (last.finish or "").lower()
+        if finish in ("length", "limit"):
+            return "length", None
+        if finish == "word" or (finish == "stop" and last.stop_string):
+            return "stop", last.stop_string
+        if finish in ("eos", "stop"):
+            return "eos", None
+        return (("eos", None) if ids and ids[-1] in self.eos_token_ids else ("length", None))
+
+    # -- server side -----------------------------------------------------------------------
+
+    def counters(self, runner: str) -> ServerSnapshot | None:
+        """Scrape `runner`'s metrics_url now (None when it has none). Raises ServedError when
+        the server cannot be reached, answers with an error status, or the text does not
+        parse as Prometheus exposition format."""
+        ep = self.endpoint(runner)
+        if ep.metrics_url is None:
+            return None
+        self.open()
+        try:
+            resp = httpx.get(ep.metrics_url, headers=self._headers(runner), timeout=min(self.request_timeout_s, 30.0),
+                             trust_env=False)
+        except httpx.HTTPError as e:
+            raise ServedError(runner, ep.metrics_url, f"metrics scrape failed: {type(e).__name__}: {e}") from None
+        if resp.status_code >= 400:
+            raise ServedError(runner, ep.metrics_url, f"HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            return parse_metrics(resp.text, ep.engine)
+        except ValueError as e:
+            raise ServedError(runner, ep.metrics_url, str(e)) from None
+
+    def server_info(self, runner: str) -> str | None:
+        """What serves `runner`, as the server says: llama.cpp's /props build_info, else
+        /version's "version" and /v1/models' first id; None when nothing answers."""
+        ep = self.endpoint(runner)
+        self.open()
+        base = ep.base_url.rstrip("/")
+        parts: list[str] = []
+        paths = ("/props",) if ep.api == "llama_cpp" else ("/version", "/v1/models")
+        for path in paths:
+            try:
+                resp = httpx.get(base + path, headers=self._headers(runner), timeout=5.0, trust_env=False)
+                if resp.status_code != 200:
+                    continue
+                obj = resp.json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if path == "/props" and isinstance(obj, dict) and obj.get("build_info"):
+                parts.append(f"llama.cpp {obj['build_info']}")
+            elif path == "/version" and isinstance(obj, dict) and obj.get("version"):
+                parts.append(f"{ep.engine} {obj['version']}")
+            elif path == "/v1/models" and isinstance(obj, dict) and obj.get("data"):
+                first = obj["data"][0]
+                if isinstance(first, dict) and first.get("id"):
+                    parts.append(f"model {first['id']}")
+        return ", ".join(parts) or None
+
+
+class _Clients:
+    """One single-connection httpx.AsyncClient per request in flight, reused (keep-alive)
+    by the next request. One shared pool of N connections costs O(N) per request start and
+    end in httpcore (its pool scan), which at concurrency 64 delays the client by tens of ms
+    and smears token times; single-connection clients keep the client's cost per event flat.
+    trust_env=False: no proxy from the environment sits between gate and the server it measures."""
+
+    def __init__(self, timeout: httpx.Timeout, tls: bool):
+        self.timeout = timeout
+        self.verify: Any = httpx.create_ssl_context() if tls else False  # one TLS context for all (loading certificates is slow)
+        self.free: list[httpx.AsyncClient] = []
+        self.all: list[httpx.AsyncClient] = []
+
+    def prepare(self, n: int) -> None:
+        """Make clients now until there are `n` (idle until taken)."""
+        while len(self.all) < n:
+            self.free.append(self._new())
+
+    def take(self) -> httpx.AsyncClient:
+        return self.free.pop() if self.free else self._new()
+
+    def _new(self) -> httpx.AsyncClient:
+        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                                   timeout=self.timeout, trust_env=False, verify=self.verify)
+        self.all.append(client)
+        return client
+
+    def give(self, client: httpx.AsyncClient) -> None:
+        self.free.append(client)
+
+    async def aclose(self) -> None:
+        for client in self.all:
+            await client.aclose()
+
+
+def _ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ValueError("token ids are not a list of ints")
+    return list(value)
+
+
+def _parse_llama_cpp(obj: dict[str, Any], t_ms: float) -> _Event:
+    """llama.cpp native /completion event: content, tokens, stop; the final one (stop true)
+    has stop_type ("eos", "word", "limit"), stopping_word, tokens_predicted and timings."""
+    ev = _Event(t_ms, _ids(obj.get("tokens")), str(obj.get("content") or ""))
+    if obj.get("stop"):
+        ev.final = True
+        ev.finish = str(obj.get("stop_type") or "")
+        ev.stop_string = obj.get("stopping_word") or None
+        if isinstance(obj.get("tokens_predicted"), int):
+            ev.usage_tokens = obj["tokens_predicted"]
+        timings = obj.get("timings") or {}
+        if isinstance(timings.get("draft_n"), int):
+            ev.draft_n = timings["draft_n"]
+            ev.draft_n_accepted = int(timings.get("draft_n_accepted") or 0)
+    return ev
+
+
+def _parse_openai(obj: dict[str, Any], t_ms: float, api: str) -> _Event:
+    """OpenAI completions / chat stream chunk: choices[0] (text or delta.content,
+    token_ids, finish_reason, vLLM's stop_reason) and usage (with include_usage)."""
+    ev = _Event(t_ms, None, "")
+    choices = obj.get("choices") or []
+    if choices:
+        choice = choices[0]
+        ev.ids = _ids(choice.get("token_ids"))
+        if api == "chat":
+            ev.text = str((choice.get("delta") or {}).get("content") or "")
+        else:
+            ev.text = str(choice.get("text") or "")
+        if choice.get("finish_reason"):
+            ev.final = True
+            ev.finish = str(choice["finish_reason"])
+            # vLLM: stop_reason; SGLang: matched_stop (a stop string, or a stop token id)
+            stop = choice.get("stop_reason", choice.get("matched_stop"))
+            if isinstance(stop, str):
+                ev.stop_string = stop
+            elif isinstance(stop, int):
+                ev.stop_token = True
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        ev.usage_tokens = usage["completion_tokens"]
+    timings = obj.get("timings")  # llama.cpp's OpenAI-compatible endpoints add timings to the last chunk
+    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
+        ev.draft_n = timings["draft_n"]
+        ev.draft_n_accepted = int(timings.get("draft_n_accepted") or 0)
+    return ev
+
+
+def bursts(times_ms: Sequence[float], gap_ms: float) -> list[int]:
+    """Sizes of the bursts of token arrival times (ms, non-decreasing): consecutive tokens
+    less than `gap_ms` apart are one burst (tokens of one SSE event are 0 ms apart). The
+    sizes sum to len(times_ms); [] for no tokens."""
+    sizes: list[int] = []
+    prev = -math.inf
+    for t in times_ms:
+        if sizes and t - prev < gap_ms:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+        prev = t
+    return sizes

@@ -1,0 +1,359 @@
+"""Served runs: the plan's requests sent to servers (runner kind openai or llama_server) at
+every load point of the policy, with the server's own spec-decode counters scoped to each
+measured window.
+
+For every law, load point (load.concurrency, then load.request_rate) and repetition, each
+runner (the fallback and every draft) runs the same requests on the same prompts under the
+same offered load, one runner at a time (a managed llama-server is started for it and the
+previous one stopped: never two side by side on shared cores). The runner order rotates
+with the load point and repetition, so slow drift of the machine does not always favour
+the same runner. Per runner and window: warm-up requests (untimed), a scrape of the
+server's counters, the timed requests, a second scrape; the difference is the window's
+acceptance (gate.records.RunRecord.counters). A draft runner whose counters did not move
+while it produced tokens had speculation off: an error, never a pass.
+
+Nothing measured is lost: a failed request is a Failure at its runner, law and load point
+and the run goes on; an interrupt stops the run with what it has; managed servers are
+always stopped (close() in a finally block).
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from gate.drafts import registry as draft_kinds
+from gate.drafts.interface import ServedContext
+from gate.errors import PolicyValueError
+from gate.load.interface import LoadStrategy
+from gate.plan import Plan, PlannedPrompt, Request, request_seed
+from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Failure, FailureStage, Measurements,
+                          RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
+from gate.runners.interface import RequestResult, Runner, StreamResult
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+CACHE_DIR = Path.home() / ".cache" / "gate" / "gguf"  # GGUF files gate writes (early-exit drafts)
+
+
+def load_points(policy: Any) -> list[LoadStrategy]:
+    """The policy's load points in run order: closed-loop concurrencies, then open-loop
+    rates (default: concurrency 1). Open-loop arrivals are seeded by workload.seed."""
+    from gate.load.closed import ClosedLoop
+    from gate.load.open import OpenLoop
+
+    load = policy.load
+    if load is None or (not load.concurrency and not load.request_rate):
+        return [ClosedLoop(concurrency=1)]
+    points: list[LoadStrategy] = [ClosedLoop(concurrency=c) for c in load.concurrency or []]
+    points += [OpenLoop(request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed,
+                        concurrency=load.max_concurrency) for r in load.request_rate or []]
+    return points
+
+
+def point_of(load: LoadStrategy) -> tuple[int | None, float | None]:
+    """(concurrency, request_rate) labels of a load point, as requests and failures carry them."""
+    if load.request_rate is not None:
+        return None, load.request_rate
+    return load.concurrency, None
+
+
+def describe_point(load: LoadStrategy) -> str:
+    c, r = point_of(load)
+    return f"concurrency {c}" if r is None else f"request rate {r:g}/s"
+
+
+def target_gguf(plan: Plan) -> str:
+    """The target's GGUF file (llama_server needs one). Raises PolicyValueError at target.model."""
+    source = plan.target
+    if not getattr(source, "gguf_file", None):
+        raise PolicyValueError("target.model", f"runner llama_server serves a GGUF file; {source} is not one "
+                               "(name a .gguf file or the packaged default)")
+    return str(Path(source.location) / source.gguf_file)
+
+
+def eos_ids(tokenizer: Any) -> set[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
+
+
+def build_runner(plan: Plan) -> Runner:
+    """The served runner of the policy (runner.kind openai or llama_server). Raises
+    PolicyValueError naming the YAML path (a draft llama-server cannot run, a missing
+    binary, a GGUF that cannot be written)."""
+    from gate.runners.registry import runner_class
+
+    policy = plan.policy
+    spec = policy.runner
+    eos = eos_ids(plan.tokenizer)
+    if spec.kind == "openai":
+        from gate.runners.openai import Endpoint
+
+        endpoints = {name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)
+                     for name, e in spec.endpoints.items()}
+        return runner_class("openai")(endpoints, eos, request_timeout_s=spec.request_timeout_s,  # type: ignore[call-arg]
+                                      ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms)
+    from gate.runners.llama_server import ServerConfig, find_binary
+
+    binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
+    if not binary or not Path(binary).is_file():
+        where = spec.binary or "$GATE_LLAMA_SERVER, llama-server on PATH, or scripts/build-llama-server.sh's build"
+        raise PolicyValueError("runner.binary", f"no llama-server binary found ({where}); build it with "
+                               "`make llama-server` or name it in runner.binary")
+    model = target_gguf(plan)
+    ctx = ServedContext(model, plan.path.parent, CACHE_DIR)
+    servers = {FALLBACK: ServerConfig(model, extra_args=tuple(spec.extra_args))}
+    for name, d in policy.drafts.items():
+        kind = draft_kinds.get(d.kind)
+        if kind.llama_server is None:
+            raise PolicyValueError(f"drafts.{name}.kind", f"runner llama_server cannot run a {d.kind} draft "
+                                   f"(kinds it runs: {', '.join(k.name for k in draft_kinds.kinds() if k.llama_server)})")
+        served = kind.llama_server(name, d, ctx)
+        servers[name] = ServerConfig(model, served.draft_model, served.spec_type, d.num_draft_tokens,
+                                     tuple(served.extra_args) + tuple(spec.extra_args))
+    parallel = max([p.concurrency or 1 for p in load_points(policy)] + [policy.load.max_concurrency or 1 if policy.load else 1])
+    return runner_class("llama_server")(servers, binary, eos, threads=spec.threads, parallel=parallel,  # type: ignore[call-arg]
+                                        ctx_size=spec.ctx_size, startup_timeout_s=spec.startup_timeout_s,
+                                        request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos,
+                                        burst_gap_ms=spec.burst_gap_ms)
+
+
+def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None, oracle: Any = None) -> Measurements:
+    """Every request of the plan at every load point through `runner` (see the module
+    docstring), as raw records: requests labelled with their load point, one RunRecord per
+    runner, law, load point and repetition with the server's counter deltas, the servers
+    gate saw, greedy exactness against the fallback runner (with the local target's logit
+    gap at each divergence when `oracle`, a gate.oracle.TargetOracle, is given), and the
+    bill from configs. Never raises for a measurement that failed: it is a Failure."""
+    from gate.measure.environment import environment, process_peak_rss_bytes
+
+    import torch
+
+    progress = progress or (lambda *_: None)
+    policy = plan.policy
+    ms = policy.measurement
+    names = [FALLBACK, *policy.drafts]
+    m = Measurements(environment=environment(torch.device("cpu"), policy.workload.seed), laws=[law.name for law in plan.laws])
+    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info)
+                for name, d in policy.drafts.items()}
+    m.workload = plan.workload.info
+    points = load_points(policy)
+    slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
+    lengths = policy.workload.max_new_tokens_list
+    prompts = list(plan.workload.prompts)
+    total = len(plan.laws) * len(points) * ms.repetitions * len(names) * len(prompts) * len(lengths)
+    done = 0
+    try:
+        with runner:
+            for law in plan.laws:
+                for li, load in enumerate(points):
+                    for rep in range(ms.repetitions):
+                        shift = (li + rep) % len(names)
+                        for name in names[shift:] + names[:shift]:
+                            progress("requests", done, total)
+                            requests = [Request(name, law, p, mnt, rep, request_seed(policy.workload.seed, p.id, law.name, mnt, rep))
+                                        for mnt in lengths for p in prompts]
+                            _window(runner, m, name, load, rep, requests, ms.warmup_requests, slo)
+                            done += len(requests)
+            progress("requests", total, total)
+    except KeyboardInterrupt:
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
+    except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", _describe(e)))
+    finally:
+        m.servers = _servers(runner, names, policy.runner.kind)
+        runner.close()
+    _greedy_exactness(plan, m, oracle)
+    _bills(plan, m)
+    m.process_peak_rss_bytes = process_peak_rss_bytes()
+    return m
+
+
+def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep: int, requests: list[Request],
+            warmup: int, slo: dict[str, float]) -> None:
+    """One runner's window at one load point and repetition: warm-up, counters, requests, counters."""
+    concurrency, rate = point_of(load)
+    law = requests[0].law.name
+    at = f"{describe_point(load)}, repetition {rep}"
+
+    def fail(stage: FailureStage, what: str, message: str) -> None:
+        m.failures.append(Failure(stage, name, law, what, message, concurrency, rate))
+
+    if warmup:
+        from gate.load.closed import ClosedLoop
+
+        warm = [Request(name, r.law, r.prompt, min(8, r.max_new_tokens), r.repetition, r.seed) for r in requests[:warmup]]
+        try:
+            for i, result in enumerate(runner.run(warm, ClosedLoop(concurrency=1))):
+                if isinstance(result, BaseException):
+                    fail(FailureStage.WARM_UP, f"warm-up request {warm[i].prompt.id} at {at}", _describe(result))
+        except Exception as e:  # noqa: BLE001 - e.g. the server did not start: the window's requests will say so too
+            fail(FailureStage.WARM_UP, f"warm-up at {at}", _describe(e))
+    before, scrape_error = _scrape(runner, name)
+    records: list[RequestRecord] = []
+    starts: list[tuple[float, RequestRecord]] = []
+
+    def done(i: int, result: RequestResult) -> None:
+        req = requests[i]
+        if isinstance(result, BaseException):
+            fail(FailureStage.REQUEST, f"request {req.prompt.id} at {at}", _describe(result))
+            return
+        rec = _record(req, result, concurrency, rate, m)
+        records.append(rec)
+        starts.append((result.started_s, rec))
+
+    try:
+        runner.run(requests, load, done)
+    except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
+        fail(FailureStage.REQUEST, f"{len(requests) - len(records)} requests at {at}", _describe(e))
+    finally:
+        m.requests += records
+        after, error = _scrape(runner, name)
+        scrape_error = scrape_error or error
+        if starts:
+            w = RunRecord.of(name, law, load.offered(), starts, server=_info(runner, name))
+            w.repetition = rep
+            w.counters = _delta(before, after)
+            if slo:
+                w.good_requests, w.slo_ms = sum(_meets(r, slo) for _, r in starts), dict(slo)
+            m.runs.append(w)
+            if scrape_error:
+                fail(FailureStage.REQUEST, f"server counters at {at}", scrape_error)
+            elif name != FALLBACK and before is not None and (
+                    w.counters is None or (w.counters.num_draft_tokens == 0 and w.counters.num_drafts == 0)):
+                why = ("the server exposes no spec-decode counters" if w.counters is None else
+                       "its spec-decode counters did not move")
+                fail(FailureStage.REQUEST, f"server counters at {at}",
+                     f"speculation was off: {why} while it committed {w.committed_tokens} tokens (some servers turn "
+                     "speculation off for requests with logprobs, penalties or min-p)")
+
+
+def _scrape(runner: Runner, name: str) -> tuple[Any, str | None]:
+    """The runner's server counters now (None: it has no metrics endpoint), or the error."""
+    counters = getattr(runner, "counters", None)
+    if counters is None:
+        return None, None
+    try:
+        return counters(name), None
+    except Exception as e:  # noqa: BLE001 - an unreachable metrics URL is a failed measurement, not a crash
+        return None, _describe(e)
+
+
+def _delta(before: Any, after: Any) -> SpecDecodeCounters | None:
+    if before is None or after is None:
+        return None
+    from gate.runners.server_metrics import counter_delta
+
+    return counter_delta(before, after)
+
+
+def _info(runner: Runner, name: str) -> str | None:
+    info = getattr(runner, "server_info", None)
+    try:
+        return info(name) if info is not None else None
+    except Exception:  # noqa: BLE001 - identity is informative only
+        return None
+
+
+def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether a request met every SLO (ms): ttft, tpot, e2el (vLLM's goodput; a request with
+    one output token has no TPOT and meets that objective)."""
+    values = {"ttft": r.ttft_ms, "tpot": r.tpot_ms, "e2el": r.e2el_ms}
+    return all(not (values[k] > limit) for k, limit in slo.items())
+
+
+def _record(req: Request, g: StreamResult, concurrency: int | None, rate: float | None, m: Measurements) -> RequestRecord:
+    """A served request's record: the stream labelled with the planned request and its load point."""
+    info = m.drafts.get(req.draft)
+    return RequestRecord(
+        draft=req.draft, law=req.law.name, prompt_id=req.prompt.id, category=req.prompt.category,
+        max_new_tokens=req.max_new_tokens, repetition=req.repetition, prompt_tokens=len(req.prompt.token_ids),
+        output_ids=g.output_ids, token_times_ms=g.token_times_ms, step_committed=g.step_committed,
+        step_proposed=None, step_accepted=None, stop_reason=g.stop_reason, e2el_ms=g.e2el_ms,
+        num_draft_tokens=(info.num_draft_tokens or 0) if info else 0, kv_cache_tokens=None, kv_cache_bytes=None,
+        draft_kv_cache_bytes=None, context_length=req.prompt.context_length, stop_string=g.stop_string,
+        concurrency=concurrency, request_rate=rate, queue_ms=g.queue_ms, server_draft_tokens=g.server_draft_tokens,
+        server_accepted_tokens=g.server_accepted_tokens,
+    )
+
+
+def _servers(runner: Runner, names: list[str], kind: str) -> list[ServerRecord]:
+    out = []
+    for name in names:
+        command = getattr(runner, "command_line", None)
+        rss = getattr(runner, "peak_rss_bytes", None)
+        endpoint = getattr(runner, "endpoint", None)
+        endpoint = (lambda n, get=endpoint: get(n).base_url) if endpoint is not None else None
+        out.append(ServerRecord(name, kind, _safe(endpoint, name), _safe(command, name), _info(runner, name), _safe(rss, name)))
+    return out
+
+
+def _safe(get: Any, name: str) -> Any:
+    try:
+        return get(name) if callable(get) else None
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+
+
+def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
+    """Greedy exactness of served drafts: each draft runner's output equals the fallback
+    runner's on the same prompt, length, repetition and load point, token for token. The
+    first divergence of a request is recorded (later tokens follow other contexts), with the
+    local target's logit gap between the two tokens there when `oracle` is given (a
+    numerical near-tie of the server's kernels is then told apart from a fault), else an
+    infinite gap (every divergence is a fault)."""
+    from gate.rules.samples import request_key
+    from gate.runners.openai import UNKNOWN_ID
+
+    for draft, law in sorted(plan.exactness.pairs):
+        if not any(x.name == law and x.greedy for x in plan.laws):
+            continue
+        fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
+        rec = ExactnessRecord(draft, law, greedy=True)
+        prompts = {p.id: p for p in plan.workload.prompts}
+        try:
+            for r in (x for x in m.requests if x.draft == draft and x.law == law):
+                f = fallback.get(request_key(r))
+                if f is None or UNKNOWN_ID in f.output_ids or UNKNOWN_ID in r.output_ids:
+                    continue  # no ids came back (counts only): nothing to compare token for token
+                rec.compared += 1
+                pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids)) if a != b), None)
+                if pos is None:
+                    continue
+                gap = _gap(oracle, prompts[r.prompt_id], f.output_ids[:pos], f.output_ids[pos], r.output_ids[pos])
+                rec.divergences.append(Divergence(r.prompt_id, pos, f.output_ids[pos], r.output_ids[pos], gap))
+        except Exception as e:  # noqa: BLE001
+            m.failures.append(Failure(FailureStage.EXACTNESS, draft, law, "greedy exactness", _describe(e)))
+            continue
+        m.exactness.append(rec)
+
+
+def _gap(oracle: Any, prompt: PlannedPrompt, prefix: list[int], a: int, b: int) -> float:
+    """|logit(a) - logit(b)| of the local target after prompt + prefix (inf without one)."""
+    if oracle is None:
+        return float("inf")
+    logits = oracle.target_logits(list(prompt.token_ids) + prefix, 1)[-1].float()
+    return float(abs(logits[a] - logits[b]))
+
+
+def _bills(plan: Plan, m: Measurements) -> None:
+    """The bill of every runner from configs, without loading weights (as `gate bill`)."""
+    from gate.resources import policy_bills
+
+    try:
+        m.bills = policy_bills(plan)
+    except Exception as e:  # noqa: BLE001 - a bill that cannot be computed is a failed measurement
+        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", _describe(e)))
+
+
+def _describe(e: BaseException) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame and not _served_error(e) else ""
+    return f"{type(e).__name__}: {e}{where}"
+
+
+def _served_error(e: BaseException) -> bool:
+    return type(e).__name__ == "ServedError"
+
+
+__all__ = ["build_runner", "describe_point", "load_points", "measure_served", "point_of", "target_gguf"]

@@ -1,0 +1,118 @@
+"""`gate check` on served runners end to end, against the fault-injecting stub server
+(tests/served_stub.py): every load point and runner measured, rules per concurrency, the
+crossover, and the served path's faults as error outcomes with the reports written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import write_policy
+from gate.cli import cli
+from served_stub import Stub
+
+LLAMA_CPP_METRICS = """\
+# HELP llamacpp:spec_decode_num_drafts_total Number of speculative decoding drafts.
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total 7
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total 28
+# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
+llamacpp:spec_decode_num_accepted_tokens_total 20
+"""
+
+
+def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, draft_metrics: str | None = None,
+           extra: str = "") -> str:
+    metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
+    return f"""\
+version: 1
+target: {{model: {model_dir}, device: cpu}}
+drafts:
+  fast: {{kind: prompt_lookup, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner:
+  kind: openai
+  endpoints:
+    fallback: {{base_url: '{fallback}', api: llama_cpp}}
+    fast: {{base_url: '{draft}', api: llama_cpp{metrics}}}
+  request_timeout_s: 5
+load: {{concurrency: [1, 2]}}
+workload: {{source: jsonl, path: {prompts}, max_new_tokens: 12, seed: 0, chat_template: true}}
+measurement: {{repetitions: 1, warmup_requests: 1}}
+rules:
+  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}}
+  - {{id: exact, kind: exactness}}
+{extra}"""
+
+
+def check(tmp_path: Path, text: str) -> tuple[int, dict, str]:
+    path = write_policy(tmp_path, text)
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-progress"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    return result.exit_code, json.loads(out.read_text()), result.output
+
+
+def test_a_faster_served_draft_passes_at_every_load_point_and_has_no_crossover(tmp_path, tiny_model_dir, prompts_file):
+    with Stub(ttft_s=0.02, itl_s=0.012) as slow, Stub(ttft_s=0.02, itl_s=0.004, draft_n=9, draft_n_accepted=6) as fast:
+        code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, slow.url, fast.url))
+    assert code == 0, out
+    m = report["measurements"]
+    # 2 runners x 2 load points x 1 repetition windows, each at its own load point
+    assert sorted((w["runner"], w["load"]["concurrency"]) for w in m["runs"]) == [
+        ("fallback", 1), ("fallback", 2), ("fast", 1), ("fast", 2)]
+    assert {r["concurrency"] for r in m["requests"]} == {1, 2} and len(m["requests"]) == 2 * 2 * 5
+    speedups = {o["scope"]: o for o in report["outcomes"] if o["rule_id"] == "speedup"}
+    assert set(speedups) == {"fast/greedy/concurrency=1", "fast/greedy/concurrency=2"}
+    assert all(o["status"] == "pass" and o["measured"] > 1.5 for o in speedups.values())
+    (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
+    assert exact["status"] == "pass"
+    rows = {(p["runner"], p["value"]): p for p in report["load"]}
+    assert rows[("fast", 2.0)]["acceptance_rate"] == pytest.approx(6 / 9)  # the server's per-response counts
+    assert rows[("fallback", 1.0)]["output_throughput"] > 0
+    (crossover,) = report["crossovers"]
+    assert crossover["at"] is None and "no crossover up to concurrency 2" in crossover["message"]
+
+
+def test_a_served_draft_that_emits_other_tokens_fails_greedy_exactness(tmp_path, tiny_model_dir, prompts_file):
+    with Stub() as good, Stub() as bad:
+        bad.faults = {i: "eos" for i in range(50_000)}  # every output of the draft runner ends early with an EOS
+        code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, good.url, bad.url))
+    (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
+    assert exact["status"] == "fail" and code == 1, out
+    assert "not the target's argmax" in exact["message"] or "committed tokens" in exact["message"]
+
+
+def test_a_draft_runner_whose_counters_do_not_move_had_speculation_off(tmp_path, tiny_model_dir, prompts_file):
+    with Stub() as fallback, Stub(metrics_text=LLAMA_CPP_METRICS) as draft:
+        code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, fallback.url, draft.url,
+                                                   draft_metrics=draft.url + "/metrics"))
+    assert code == 3, out
+    off = [f for f in report["measurements"]["failures"] if "speculation was off" in f["message"]]
+    assert sorted(f["concurrency"] for f in off) == [1, 2]
+    assert all(o["status"] == "error" for o in report["outcomes"] if o["rule_id"] == "speedup")
+
+
+def test_an_endpoint_that_is_down_is_an_error_naming_runner_and_load_point(tmp_path, tiny_model_dir, prompts_file):
+    with Stub() as up:
+        code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", up.url))
+    assert code == 3
+    failures = report["measurements"]["failures"]
+    assert any(f["draft"] == "fallback" and "connection refused" in f["message"] and "concurrency 2" in f["what"]
+               for f in failures)
+    assert len(report["measurements"]["requests"]) == 10  # the draft runner's requests are kept
+
+
+def test_validate_names_an_unset_api_key_variable(tmp_path, tiny_model_dir, prompts_file, monkeypatch):
+    monkeypatch.delenv("GATE_TEST_KEY", raising=False)
+    text = policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9").replace(
+        "  request_timeout_s: 5\n", "  request_timeout_s: 5\n  api_key_env: GATE_TEST_KEY\n")
+    path = write_policy(tmp_path, text)
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 2 and "runner.api_key_env" in result.output and "GATE_TEST_KEY is not set" in result.output

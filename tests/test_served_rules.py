@@ -1,0 +1,171 @@
+"""Rules, the load summary and the crossover on served records (no server: the records are
+built here, as gate.served writes them), and the policy's runner and load sections."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import write_policy
+from gate.errors import InputError
+from gate.policy.load import load_policy
+from gate.policy.model import RuleSpec
+from gate.records import (DraftInfo, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord, RunRecord,
+                          SpecDecodeCounters)
+from gate.report.console import ConsoleReport
+from gate.report.document import make_report
+from gate.rules.evaluate import Settings, evaluate
+from gate.rules.load import load_summary
+from gate.rules.status import Status
+from gate.rules.summary import summarize
+
+N_TOKENS = 16
+
+
+def env() -> Environment:
+    return Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0)
+
+
+def served(runner: str, prompt: int, rep: int, c: int, e2el: float, start: float, drafted: int = 0,
+           accepted: int = 0) -> tuple[float, RequestRecord]:
+    times = [e2el * (i + 1) / N_TOKENS for i in range(N_TOKENS)]
+    r = RequestRecord(runner, "greedy", f"p{prompt}", "qa", N_TOKENS, rep, 10, list(range(N_TOKENS)), times, [1] * N_TOKENS,
+                      None, None, "length", e2el, 4 if runner != "fallback" else 0, None, None, None, concurrency=c,
+                      server_draft_tokens=drafted if runner != "fallback" else None,
+                      server_accepted_tokens=accepted if runner != "fallback" else None)
+    return start, r
+
+
+def run(speedup_at: dict[int, float], prompts: int = 8, reps: int = 2, seed: int = 0) -> Measurements:
+    """Fallback and draft 'd' at each concurrency; the draft's E2E latency is the fallback's
+    divided by speedup_at[c] (lognormal noise per request); each window is one RunRecord."""
+    rng = np.random.default_rng(seed)
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("model", 4, "distribution")})
+    t = 1000.0
+    for c, s in speedup_at.items():
+        for rep in range(reps):
+            for runner in ("fallback", "d"):
+                spans = []
+                for p in range(prompts):
+                    base = 400.0 * c * rng.lognormal(0, 0.05)
+                    e2el = base if runner == "fallback" else base / s
+                    spans.append(served(runner, p, rep, c, e2el, t + (p // c) * e2el / 1e3, drafted=40, accepted=20))
+                m.requests += [r for _, r in spans]
+                w = RunRecord.of(runner, "greedy", OfferedLoad("concurrency", c), spans)
+                w.repetition = rep
+                w.good_requests, w.slo_ms = sum(r.ttft_ms < 100 for _, r in spans), {"ttft": 100.0}
+                if runner == "d":
+                    w.counters = SpecDecodeCounters(num_drafts=100, num_draft_tokens=400, num_accepted_tokens=200,
+                                                    num_committed_tokens=300)
+                m.runs.append(w)
+                t = w.end_s + 1
+    return m
+
+
+def rule(**kw) -> RuleSpec:
+    base = dict(id="r", metric="speedup", aggregation="pooled", comparison=">=", threshold="1.0x")
+    return RuleSpec(**(base | kw))
+
+
+def test_speedup_per_concurrency_is_decided_at_each_load_point_on_its_own_pairs():
+    m = run({1: 1.6, 4: 0.7})
+    outcomes = evaluate([rule(per="concurrency")], m, Settings())
+    by_scope = {o.scope: o for o in outcomes}
+    assert by_scope["d/greedy/concurrency=1"].status == Status.PASS
+    assert by_scope["d/greedy/concurrency=4"].status == Status.FAIL
+    assert by_scope["d/greedy/concurrency=1"].measured == pytest.approx(1.6, rel=0.05)
+    assert by_scope["d/greedy/concurrency=4"].measured == pytest.approx(0.7, rel=0.05)
+    assert "16 paired requests" in by_scope["d/greedy/concurrency=4"].message
+
+
+def test_scope_by_concurrency_selects_that_load_point_only():
+    m = run({1: 1.6, 4: 0.7})
+    (o,) = evaluate([rule(scope={"concurrency": [4]})], m, Settings())
+    assert o.scope == "d/greedy/concurrency=4" and o.status == Status.FAIL
+
+
+def test_crossover_is_the_lowest_load_whose_interval_lies_below_one():
+    m = run({1: 1.5, 2: 1.1, 4: 0.8, 8: 0.6})
+    rows, crossings = load_summary(m, 0.95, 500, 0)
+    (c,) = crossings
+    assert c.at == 4 and "crossover at concurrency 4" in c.message
+    d4 = next(r for r in rows if r.runner == "d" and r.value == 4)
+    assert d4.speedup_high < 1.0 and d4.speedup_low < d4.speedup < d4.speedup_high
+    none = load_summary(run({1: 1.5, 2: 1.4}), 0.95, 500, 0)[1][0]
+    assert none.at is None and "no crossover up to concurrency 2" in none.message
+
+
+def test_window_metrics_are_tokens_and_requests_over_window_time():
+    m = run({1: 1.0, 4: 1.0}, reps=1)
+    ws = [w for w in m.runs if w.runner == "fallback" and w.load.concurrency == 4]
+    rows, _ = load_summary(m, 0.95, 200, 0)
+    fb4 = next(r for r in rows if r.runner == "fallback" and r.value == 4)
+    assert fb4.output_throughput == pytest.approx(ws[0].committed_tokens / ws[0].duration_s)
+    assert fb4.request_throughput == pytest.approx(ws[0].requests / ws[0].duration_s)
+    assert fb4.goodput == pytest.approx(ws[0].good_requests / ws[0].duration_s)
+    d = next(r for r in rows if r.runner == "d" and r.value == 4)
+    assert d.acceptance_rate == pytest.approx(0.5)  # the server's per-response counts: 20 of 40
+    assert d.mean_acceptance_length == pytest.approx(3.0)  # the window counters: 300 committed / 100 drafts
+
+
+def test_window_metric_needs_five_windows_for_an_interval():
+    m = run({4: 1.0}, reps=2)
+    (o,) = evaluate([rule(metric="output_throughput", threshold="1 tokens/s", scope={"concurrency": [4]})], m, Settings())
+    assert o.status == Status.INCONCLUSIVE and "2 windows" in o.message
+    m5 = run({4: 1.0}, reps=5)
+    (o5,) = evaluate([rule(metric="output_throughput", threshold="1 tokens/s", scope={"concurrency": [4]})], m5, Settings())
+    assert o5.status == Status.PASS
+
+
+def test_a_failure_at_one_load_point_errors_only_that_load_points_verdict():
+    m = run({1: 1.6, 4: 1.6})
+    m.failures.append(Failure(FailureStage.REQUEST, "d", "greedy", "server counters at concurrency 4", "speculation was off",
+                              concurrency=4))
+    by_scope = {o.scope: o for o in evaluate([rule(per="concurrency")], m, Settings())}
+    assert by_scope["d/greedy/concurrency=1"].status == Status.PASS
+    assert by_scope["d/greedy/concurrency=4"].status == Status.ERROR
+    assert "speculation was off" in by_scope["d/greedy/concurrency=4"].message
+
+
+def test_report_shows_load_points_and_crossover():
+    m = run({1: 1.5, 4: 0.8})
+    rows, crossings = load_summary(m, 0.95, 300, 0)
+    report = make_report("p.yaml", {"measurement": {"confidence": 0.95}}, m, evaluate([rule(per="concurrency")], m, Settings()),
+                         summarize(m), 1, rows, crossings)
+    text = ConsoleReport().render(report)
+    assert "At each load point" in text and "concurrency 4" in text and "crossover at concurrency 4" in text
+
+
+POLICY = """\
+version: 1
+target: {{model: {model}}}
+drafts:
+  lookup: {{kind: prompt_lookup, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+{extra}
+rules:
+{rules}
+"""
+SPEEDUP = "  - {id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}"
+
+
+@pytest.mark.parametrize("extra, rules, where, says", [
+    ("", SPEEDUP, "rules[0].per", "per: concurrency needs load.concurrency"),
+    ("load: {concurrency: [1, 2]}", SPEEDUP, "load", "load points apply to served runners"),
+    ("runner: {kind: openai, endpoints: {fallback: {base_url: 'http://127.0.0.1:1'}}}", SPEEDUP, "runner.endpoints",
+     "no endpoint for runner 'lookup'"),
+    ("runner: {kind: llama_server}\nload: {concurrency: [1, 2]}",
+     "  - {id: g, metric: goodput, aggregation: pooled, comparison: '>=', threshold: 1 requests/s}", "rules[0].metric",
+     "goodput needs load.goodput"),
+    ("runner: {kind: llama_server}", "  - {id: o, metric: overlap, comparison: '>=', threshold: 0.5}", "rules[0].metric",
+     "needs gate's in-process loop"),
+    ("runner: {kind: llama_server}\nload: {concurrency: [1, 2]}",
+     "  - {id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, scope: {concurrency: [8]}}",
+     "rules[0].scope.concurrency[0]", "8 is not a load point"),
+])
+def test_runner_and_load_sections_are_checked_at_their_yaml_path(tmp_path, tiny_model_dir, extra, rules, where, says):
+    path = write_policy(tmp_path, POLICY.format(model=tiny_model_dir, extra=extra, rules=rules))
+    with pytest.raises(InputError) as e:
+        load_policy(path)
+    text = str(e.value)
+    assert where in text and says in text
