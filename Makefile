@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example test clean llama-server
+.PHONY: setup example example-served test clean llama-server
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,12 @@ setup: $(BIN)/gate
 # make reports any failing recipe as its own exit code 2: the last line printed is gate's own code.
 example: setup
 	@$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json; \
+	code=$$?; echo "gate exit code: $$code"; exit $$code
+
+# The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").
+example-served: setup llama-server
+	@GATE_LLAMA_SERVER="$$(PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh)" $(BIN)/gate check \
+	  examples/llama-server/policy.yaml --junit out/served-junit.xml --json out/served-report.json; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # llama.cpp's llama-server for the served-runner tests: built once per pinned version into

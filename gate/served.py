@@ -174,6 +174,10 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
     """One runner's window at one load point and repetition: warm-up, counters, requests, counters."""
     concurrency, rate = point_of(load)
     law = requests[0].law.name
+    # A draft model proposes at every step, so counters that did not move mean speculation was off;
+    # an n-gram draft (point mass) may find nothing to copy in a whole window.
+    info = m.drafts.get(name)
+    always_proposes = info is not None and info.probability_info == "distribution"
     at = f"{describe_point(load)}, repetition {rep}"
 
     def fail(stage: FailureStage, what: str, message: str) -> None:
@@ -219,7 +223,7 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
             m.runs.append(w)
             if scrape_error:
                 fail(FailureStage.REQUEST, f"server counters at {at}", scrape_error)
-            elif name != FALLBACK and before is not None and (
+            elif always_proposes and before is not None and (
                     w.counters is None or (w.counters.num_draft_tokens == 0 and w.counters.num_drafts == 0)):
                 why = ("the server exposes no spec-decode counters" if w.counters is None else
                        "its spec-decode counters did not move")

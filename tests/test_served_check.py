@@ -32,7 +32,7 @@ def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, draft_metr
 version: 1
 target: {{model: {model_dir}, device: cpu}}
 drafts:
-  fast: {{kind: prompt_lookup, num_draft_tokens: 3}}
+  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
 law: {{temperature: 0}}
 runner:
   kind: openai

@@ -1,0 +1,72 @@
+"""`gate check` with runner llama_server end to end on a real llama-server: a tiny GGUF
+target, an early-exit draft gate writes as a GGUF (-md) and prompt lookup (ngram-simple),
+at two load points; the server's counters, the windows, the rules per concurrency, the
+servers gate started (and stopped)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import write_policy
+from gate.cli import cli
+from gguf_models import write_tiny_llama_gguf
+from test_llama_server import BINARY, needs_binary
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    return write_tiny_llama_gguf(folder / "target.gguf", seed=0, layers=2)
+
+
+@needs_binary
+def test_gate_check_on_llama_server_measures_every_load_point(tmp_path, tiny_gguf, prompts_file, monkeypatch):
+    import gate.served
+
+    monkeypatch.setattr(gate.served, "CACHE_DIR", tmp_path / "gguf")  # where the early-exit GGUF is written
+    monkeypatch.setenv("GATE_LLAMA_SERVER", BINARY)
+    path = write_policy(tmp_path, f"""\
+version: 1
+target: {{model: {tiny_gguf}, device: cpu}}
+drafts:
+  exit1: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
+  lookup: {{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner: {{kind: llama_server, threads: 1, ctx_size: 512}}
+load: {{concurrency: [1, 2], goodput: {{ttft: 10000 ms}}}}
+workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 12, seed: 0, chat_template: true}}
+measurement: {{repetitions: 1, warmup_requests: 1, inconclusive: warn}}
+rules:
+  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.01x, per: concurrency}}
+  - {{id: accept, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.0, scope: {{drafts: [exit1]}}}}
+""")
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-progress"])
+    assert out.is_file(), result.output
+    report = json.loads(out.read_text())
+    m = report["measurements"]
+    assert not m["failures"], m["failures"]
+    assert result.exit_code == 0, result.output
+    # 3 runners x 2 load points, each window with the server's counter deltas for the drafts
+    windows = {(w["runner"], w["load"]["concurrency"]): w for w in m["runs"]}
+    assert set(windows) == {(r, c) for r in ("fallback", "exit1", "lookup") for c in (1, 2)}
+    assert windows[("fallback", 1)]["counters"]["num_draft_tokens"] == 0
+    assert windows[("exit1", 2)]["counters"]["num_draft_tokens"] > 0
+    assert windows[("exit1", 1)]["good_requests"] == 5  # every request within a 10 s TTFT
+    # every request gets the fixed length (ignore_eos), and the early-exit draft ran from a GGUF gate wrote
+    assert {len(r["output_ids"]) for r in m["requests"]} == {12}
+    (exit1,) = [s for s in m["servers"] if s["runner"] == "exit1"]
+    assert "-md" in exit1["command"] and exit1["command"][exit1["command"].index("-md") + 1].endswith(".gguf")
+    assert exit1["command"][exit1["command"].index("-md") + 1].startswith(str(tmp_path / "gguf"))
+    assert exit1["peak_rss_bytes"] > 0 and "llama-server" in exit1["version"]
+    speedups = {o["scope"] for o in report["outcomes"] if o["rule_id"] == "speedup"}
+    assert speedups == {f"{d}/greedy/concurrency={c}" for d in ("exit1", "lookup") for c in (1, 2)}
+    assert {p["runner"] for p in report["load"]} == {"fallback", "exit1", "lookup"}
+    # no server is left running
+    left = subprocess.run(["pgrep", "-f", str(tiny_gguf)], capture_output=True, text=True).stdout.strip()
+    assert left == ""
