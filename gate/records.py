@@ -473,6 +473,7 @@ class RunRecord:
     repetition: int | None = None  # served load points: the repetition this window is (paired across runners by it)
     good_requests: int | None = None  # requests meeting every load.goodput SLO (None: no SLO declared)
     slo_ms: dict[str, float] = field(default_factory=dict)  # the SLOs good_requests was counted against
+    cpu_stall_share: float | None = None  # served: share of the window's wall time some task waited for a CPU (PSI)
 
     @property
     def duration_s(self) -> float:

@@ -27,6 +27,7 @@ from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import ServedContext
 from gate.errors import PolicyValueError
 from gate.load.interface import LoadStrategy
+from gate.measure.contention import Probe
 from gate.plan import Plan, PlannedPrompt, Request, request_seed
 from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Failure, FailureStage, Measurements,
                           RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
@@ -206,6 +207,8 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
         records.append(rec)
         starts.append((result.started_s, rec))
 
+    probe = Probe()
+    started = probe.start()
     try:
         runner.run(requests, load, done)
     except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
@@ -217,6 +220,9 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
         if starts:
             w = RunRecord.of(name, law, load.offered(), starts, server=_info(runner, name))
             w.repetition = rep
+            reading = probe.stop(started)
+            if reading.cpu_stall_ms is not None and reading.wall_ms > 0:
+                w.cpu_stall_share = min(1.0, reading.cpu_stall_ms / reading.wall_ms)
             w.counters = _delta(before, after)
             if slo:
                 w.good_requests, w.slo_ms = sum(_meets(r, slo) for _, r in starts), dict(slo)
