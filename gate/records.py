@@ -296,6 +296,10 @@ class ExactnessRecord:
     divergences: list[Divergence] = field(default_factory=list)
     pit: list[float | None] = field(default_factory=list)
     next_token: list[NextTokenCounts] = field(default_factory=list)
+    # Served greedy runs: the fallback runner as the control for the server's numerics: the largest gap (logits)
+    # below the local target's top logit of any token the fallback runner emitted (None: not measured, in-process)
+    numerical_tolerance: float | None = None
+    note: str | None = None  # why fewer requests were compared than ran (e.g. no token ids came back)
 
 
 @dataclass

@@ -20,6 +20,7 @@ always stopped (close() in a finally block).
 from __future__ import annotations
 
 import traceback
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +32,8 @@ from gate.measure.contention import Probe
 from gate.plan import Plan, PlannedPrompt, Request, request_seed
 from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Failure, FailureStage, Measurements,
                           RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
+import torch
+
 from gate.runners.interface import RequestResult, Runner, StreamResult
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -97,9 +100,9 @@ def build_runner(plan: Plan) -> Runner:
     from gate.runners.llama_server import ServerConfig, find_binary
 
     binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
-    if not binary or not Path(binary).is_file():
+    if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
         where = spec.binary or "$GATE_LLAMA_SERVER, llama-server on PATH, or scripts/build-llama-server.sh's build"
-        raise PolicyValueError("runner.binary", f"no llama-server binary found ({where}); build it with "
+        raise PolicyValueError("runner.binary", f"no executable llama-server binary found ({where}); build it with "
                                "`make llama-server` or name it in runner.binary")
     model = target_gguf(plan)
     ctx = ServedContext(model, plan.path.parent, CACHE_DIR)
@@ -127,8 +130,6 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     gap at each divergence when `oracle`, a gate.oracle.TargetOracle, is given), and the
     bill from configs. Never raises for a measurement that failed: it is a Failure."""
     from gate.measure.environment import environment, process_peak_rss_bytes
-
-    import torch
 
     progress = progress or (lambda *_: None)
     policy = plan.policy
@@ -308,42 +309,73 @@ def _safe(get: Any, name: str) -> Any:
 def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
     """Greedy exactness of served drafts: each draft runner's output equals the fallback
     runner's on the same prompt, length, repetition and load point, token for token. The
-    first divergence of a request is recorded (later tokens follow other contexts), with the
-    local target's logit gap between the two tokens there when `oracle` is given (a
-    numerical near-tie of the server's kernels is then told apart from a fault), else an
-    infinite gap (every divergence is a fault)."""
+    first divergence of a request is recorded (later tokens follow other contexts), with how
+    far the draft runner's token lies below the local target's top logit there when `oracle`
+    is given, else an infinite gap (every divergence is a fault). The fallback runner is the
+    control for the server's numerics: the largest such gap of its own tokens is recorded
+    (ExactnessRecord.numerical_tolerance); the rules call a divergence within it undecidable."""
     from gate.rules.samples import request_key
     from gate.runners.openai import UNKNOWN_ID
 
+    prompts = {p.id: p for p in plan.workload.prompts}
+    controls: dict[str, float | None] = {}
     for draft, law in sorted(plan.exactness.pairs):
         if not any(x.name == law and x.greedy for x in plan.laws):
             continue
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
         rec = ExactnessRecord(draft, law, greedy=True)
-        prompts = {p.id: p for p in plan.workload.prompts}
         try:
+            if oracle is not None and law not in controls:
+                controls[law] = _control(oracle, prompts, list(fallback.values()))
+            rec.numerical_tolerance = controls.get(law)
+            no_ids = 0
             for r in (x for x in m.requests if x.draft == draft and x.law == law):
                 f = fallback.get(request_key(r))
-                if f is None or UNKNOWN_ID in f.output_ids or UNKNOWN_ID in r.output_ids:
-                    continue  # no ids came back (counts only): nothing to compare token for token
+                if f is None:
+                    continue
+                if UNKNOWN_ID in f.output_ids or UNKNOWN_ID in r.output_ids:
+                    no_ids += 1  # counts only came back: nothing to compare token for token
+                    continue
                 rec.compared += 1
                 pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids)) if a != b), None)
                 if pos is None:
                     continue
-                gap = _gap(oracle, prompts[r.prompt_id], f.output_ids[:pos], f.output_ids[pos], r.output_ids[pos])
+                gap = _gap(oracle, prompts[r.prompt_id], f.output_ids[:pos], r.output_ids[pos])
                 rec.divergences.append(Divergence(r.prompt_id, pos, f.output_ids[pos], r.output_ids[pos], gap))
+            if no_ids:
+                rec.note = (f"{no_ids} request pair(s) came back without token ids (this api returns counts only: use "
+                            "api llama_cpp, or a server that returns token ids)")
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure(FailureStage.EXACTNESS, draft, law, "greedy exactness", _describe(e)))
             continue
         m.exactness.append(rec)
 
 
-def _gap(oracle: Any, prompt: PlannedPrompt, prefix: list[int], a: int, b: int) -> float:
-    """|logit(a) - logit(b)| of the local target after prompt + prefix (inf without one)."""
+def _gap(oracle: Any, prompt: PlannedPrompt, prefix: list[int], token: int) -> float:
+    """How far `token` lies below the local target's top logit after prompt + prefix (logits;
+    inf without a local target)."""
     if oracle is None:
         return float("inf")
-    logits = oracle.target_logits(list(prompt.token_ids) + prefix, 1)[-1].float()
-    return float(abs(logits[a] - logits[b]))
+    logits = oracle.target_logits(list(prompt.token_ids) + prefix + [token], len(prompt.token_ids) + len(prefix))[-1].float()
+    return float(logits.max() - logits[token])
+
+
+def _control(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: list[RequestRecord]) -> float | None:
+    """The fallback runner as the control for the server's numerics: the largest gap below
+    the local target's top logit of any token it emitted, teacher-forced along its own
+    outputs (0.0 when it always emitted the local argmax; None without token ids)."""
+    from gate.runners.openai import UNKNOWN_ID
+
+    worst: float | None = None
+    for f in fallback:
+        if not f.output_ids or UNKNOWN_ID in f.output_ids:
+            continue
+        ids = list(prompts[f.prompt_id].token_ids)
+        logits = oracle.target_logits(ids + f.output_ids, len(ids)).float()
+        chosen = logits.gather(-1, torch.tensor(f.output_ids)[:, None]).squeeze(-1)
+        gap = float((logits.max(dim=-1).values - chosen).max())
+        worst = gap if worst is None else max(worst, gap)
+    return worst
 
 
 def _bills(plan: Plan, m: Measurements) -> None:

@@ -80,13 +80,18 @@ def test_a_faster_served_draft_passes_at_every_load_point_and_has_no_crossover(t
     assert crossover["at"] is None and "no crossover up to concurrency 2" in crossover["message"]
 
 
-def test_a_served_draft_that_emits_other_tokens_fails_greedy_exactness(tmp_path, tiny_model_dir, prompts_file):
+def test_served_greedy_divergences_within_the_fallbacks_own_deviation_cannot_be_decided(tmp_path, tiny_model_dir,
+                                                                                         prompts_file):
+    # The stub streams ids 10, 11, ... whatever the prompt: the fallback runner itself does not follow the local
+    # target, so a draft runner that differs from it (an early EOS) cannot be told apart from numerics.
     with Stub() as good, Stub() as bad:
         bad.faults = {i: "eos" for i in range(50_000)}  # every output of the draft runner ends early with an EOS
         code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, good.url, bad.url))
     (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
-    assert exact["status"] == "fail" and code == 1, out
-    assert "not the target's argmax" in exact["message"] or "committed tokens" in exact["message"]
+    (rec,) = report["measurements"]["exactness"]
+    assert rec["numerical_tolerance"] > 0.01 and len(rec["divergences"]) == rec["compared"] >= 5, rec
+    assert exact["status"] == "inconclusive" and code in (1, 3), out  # exit 3 unless the speedup rule failed (1)
+    assert "cannot be decided" in exact["message"]
 
 
 def test_a_draft_runner_whose_counters_do_not_move_had_speculation_off(tmp_path, tiny_model_dir, prompts_file):

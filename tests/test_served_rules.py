@@ -169,3 +169,20 @@ def test_runner_and_load_sections_are_checked_at_their_yaml_path(tmp_path, tiny_
         load_policy(path)
     text = str(e.value)
     assert where in text and says in text
+
+
+@pytest.mark.parametrize("gaps, control, expected", [
+    ([0.005], 0.5, Status.PASS),           # a near-tie by the rule's own tolerance
+    ([0.3], 0.5, Status.INCONCLUSIVE),     # within the fallback runner's own deviation from the local target
+    ([0.3, 2.0], 0.5, Status.FAIL),        # beyond it: a fault of speculation
+    ([0.3], None, Status.FAIL),            # no control measured: the rule's tolerance alone
+])
+def test_served_greedy_exactness_uses_the_fallback_runner_as_numerical_control(gaps, control, expected):
+    from gate.records import Divergence, ExactnessRecord
+
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("model", 4, "distribution")})
+    rec = ExactnessRecord("d", "greedy", True, compared=4, numerical_tolerance=control)
+    rec.divergences = [Divergence(f"p{i}", 3, 7, 8, g) for i, g in enumerate(gaps)]
+    m.exactness.append(rec)
+    (o,) = evaluate([RuleSpec(id="x", kind="exactness", tie_tolerance=0.01)], m, Settings())
+    assert o.status == expected, o.message

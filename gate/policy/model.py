@@ -264,6 +264,15 @@ class LoadSpec(_Strict):
                                         "is reported).")
     goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric.")
 
+    @field_validator("concurrency", "request_rate")
+    @classmethod
+    def _distinct(cls, v: list | None) -> list | None:
+        if v is not None:
+            seen = [x for i, x in enumerate(v) if x in v[:i]]
+            if seen:
+                raise ValueError(f"load point {seen[0]:g} is listed twice; each load point once")
+        return v
+
 
 # RATIO_NOT_SHARE (a percentage threshold is a mistake there) and COMPUTED_ONCE (no breakdown by `per`)
 # are derived from the metric declarations in gate.metrics.
@@ -547,7 +556,7 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
         greedy = {law.label for law in policy.laws if law.greedy}
         for law in rule.scope.laws or [law.label for law in policy.laws]:
             if law not in greedy:
-                problems.append((f"rules[{i}].scope.laws", f"served exactness is greedy token equality with the fallback "
+                problems.append((f"rules[{i}].scope.laws" if rule.scope.laws else f"rules[{i}]", f"served exactness is greedy token equality with the fallback "
                                  f"runner; law {law!r} samples (scope the rule to greedy laws)"))
                 break
     return problems

@@ -56,15 +56,25 @@ class Settings:
     today: dt.date = field(default_factory=dt.date.today)
     max_cpu_stall: float | None = DEFAULT_MAX_CPU_STALL  # a request is contended above this stalled share (None: never)
     max_contended: float = DEFAULT_MAX_CONTENDED  # largest share of a timing rule's units that may be left out as contended
+    # served runs: the declared load points ("concurrency"/"request_rate" -> values), so `per:` gives one outcome per
+    # declared point (stable names; a point without measurements is an error), not per point that happened to be measured
+    load_points: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def settings_for(policy: Policy, baseline: Measurements | None = None, baseline_mismatch: str | None = None,
                  waivers: bool = True, today: dt.date | None = None) -> Settings:
     """Settings from a validated policy (waivers=False: --no-waivers)."""
     ms = policy.measurement
+    load = getattr(policy, "load", None)
+    points: dict[str, tuple[float, ...]] = {}
+    if getattr(policy, "runner", None) is not None and policy.runner.served:
+        points["concurrency"] = tuple(load.concurrency) if load and load.concurrency else (
+            () if load and load.request_rate else (1,))
+        points["request_rate"] = tuple(load.request_rate) if load and load.request_rate else ()
     return Settings(ms.confidence, ms.bootstrap_resamples, policy.workload.seed, ms.inconclusive, baseline,
                     dict(policy.baseline.drafts) if policy.baseline else {}, baseline_mismatch,
-                    list(policy.waivers) if waivers else [], today or dt.date.today(), ms.max_cpu_stall, ms.max_contended)
+                    list(policy.waivers) if waivers else [], today or dt.date.today(), ms.max_cpu_stall, ms.max_contended,
+                    points)
 
 
 def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | None = None) -> list[Outcome]:
@@ -79,7 +89,7 @@ def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | No
             continue
         for draft in drafts:
             for law in laws:
-                out += [_one(rule, m, where, s) for where in _cells(rule, m, draft, law)]
+                out += [_one(rule, m, where, s) for where in _cells(rule, m, draft, law, s.load_points)]
     for o in out:
         o.inconclusive_as = s.inconclusive if o.level == "error" else "warn"
         _apply_waivers(o, s)
@@ -101,7 +111,8 @@ def _apply_waivers(o: Outcome, s: Settings) -> None:
         return
 
 
-def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Selection]:
+def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
+           declared: dict[str, tuple[float, ...]] | None = None) -> list[Selection]:
     """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
     cats = tuple(rule.scope.categories) if rule.scope.categories else None
     conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
@@ -109,6 +120,10 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Select
     base = Selection(draft, law, cats, concurrency=conc, request_rate=rates)
     if not rule.per:
         return [base]
+    if rule.per in ("concurrency", "request_rate") and declared and declared.get(rule.per):
+        other = "request_rate" if rule.per == "concurrency" else "concurrency"
+        scoped = getattr(base, rule.per)
+        return [replace(base, **{rule.per: (v,), other: None}) for v in declared[rule.per] if scoped is None or v in scoped]
     records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
     values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v))
     if not values:

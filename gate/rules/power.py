@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gate.rules.samples import WINDOW_ONLY
 from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
 from gate.rules.units import RESAMPLED
@@ -54,8 +55,25 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
                 out.append((f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at {level:.0%} "
                             f"confidence: even with no sample beyond the threshold it needs at least {need} samples, and the "
                             f"plan has at most {most} {what} per draft and law{where} (add prompts or measurement.repetitions)"))
+        elif rule.metric in WINDOW_ONLY:  # decided over windows: one per repetition and load point
+            points = _load_points(policy)
+            if ms.repetitions < MIN_UNITS:
+                out.append((f"rules[{i}].metric", f"{rule.metric} is decided over measured windows, one per repetition at "
+                            f"each load point: an interval needs at least {MIN_UNITS} repetitions and the plan has "
+                            f"{ms.repetitions}, so the verdict will be inconclusive (raise measurement.repetitions)"))
+            if points > 1 and not rule.per and not (rule.scope.concurrency or rule.scope.request_rate):
+                out.append((f"rules[{i}].per", f"{rule.metric} pools the windows of all {points} load points into one figure; "
+                            "add per: concurrency (or request_rate) or a load scope to decide it at each load"))
         elif rule.metric in RESAMPLED and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
             out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law{where}; a bootstrap "
                         f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} "
                         "not formed: the verdict is then inconclusive (add prompts or measurement.repetitions)"))
     return out
+
+
+def _load_points(policy: Policy) -> int:
+    """How many load points a served run has (1 in-process)."""
+    load = getattr(policy, "load", None)
+    if load is None:
+        return 1
+    return max(1, len(load.concurrency or []) + len(load.request_rate or []))

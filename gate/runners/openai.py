@@ -278,6 +278,8 @@ class OpenAIRunner(Runner):
             return body
         body.update(max_tokens=int(req.max_new_tokens), seed=int(req.seed),
                     stream_options={"include_usage": True}, return_token_ids=True)
+        if ep.engine == "llama_cpp":  # llama.cpp's OpenAI endpoints cache prompts too unless told not to
+            body["cache_prompt"] = False
         if ep.api == "chat":
             body["messages"] = [{"role": "user", "content": req.prompt.text}]  # type: ignore[attr-defined]
         else:
