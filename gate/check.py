@@ -152,12 +152,6 @@ def _check_served(plan: Plan, step: Progress, options: Options) -> CheckResult:
     if policy_extra := plan.policy.measurement.extra_repetitions:
         notes.append(f"measurement.extra_repetitions ({policy_extra}) is not applied to served runs yet")
     m = measure_served(plan, runner, step, oracle)
-    shares = sorted(w.cpu_stall_share for w in m.runs if w.cpu_stall_share is not None)
-    if shares:
-        notes.append(f"served windows: some task waited for a CPU during {shares[0]:.0%}-{shares[-1]:.0%} of each window's wall "
-                     f"time (median {shares[len(shares) // 2]:.0%}; /proc/pressure/cpu; the servers and gate's client share "
-                     f"{m.environment.cpu_count or '?'} CPUs): served timing verdicts are not corrected for contention yet, "
-                     "run them on a quiet machine")
     if interrupt.received() is not None or _stopped(m):
         return _interrupted(loaded, "while measuring", options, baseline, m=m, notes=notes)
     interrupt.stop_raising()

@@ -129,7 +129,7 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     gate saw, greedy exactness against the fallback runner (with the local target's logit
     gap at each divergence when `oracle`, a gate.oracle.TargetOracle, is given), and the
     bill from configs. Never raises for a measurement that failed: it is a Failure."""
-    from gate.measure.environment import environment, process_peak_rss_bytes
+    from gate.measure.environment import environment, process_peak_rss_bytes, record_load
 
     progress = progress or (lambda *_: None)
     policy = plan.policy
@@ -165,6 +165,7 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     finally:
         m.servers = _servers(runner, names, policy.runner.kind)
         runner.close()
+    record_load(m.environment, m.requests)  # the machine's CPU pressure over the timed requests (contention)
     _greedy_exactness(plan, m, oracle)
     _bills(plan, m)
     m.process_peak_rss_bytes = process_peak_rss_bytes()
@@ -284,7 +285,7 @@ def _record(req: Request, g: StreamResult, concurrency: int | None, rate: float 
         num_draft_tokens=(info.num_draft_tokens or 0) if info else 0, kv_cache_tokens=None, kv_cache_bytes=None,
         draft_kv_cache_bytes=None, context_length=req.prompt.context_length, stop_string=g.stop_string,
         concurrency=concurrency, request_rate=rate, queue_ms=g.queue_ms, server_draft_tokens=g.server_draft_tokens,
-        server_accepted_tokens=g.server_accepted_tokens,
+        server_accepted_tokens=g.server_accepted_tokens, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m,
     )
 
 

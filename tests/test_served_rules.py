@@ -186,3 +186,17 @@ def test_served_greedy_exactness_uses_the_fallback_runner_as_numerical_control(g
     m.exactness.append(rec)
     (o,) = evaluate([RuleSpec(id="x", kind="exactness", tie_tolerance=0.01)], m, Settings())
     assert o.status == expected, o.message
+
+
+def test_served_requests_that_did_not_get_their_cpu_make_timing_verdicts_inconclusive():
+    m = run({1: 1.6, 4: 1.6})
+    for r in m.requests:
+        if r.concurrency == 4:
+            r.cpu_stall_ms = 0.5 * r.e2el_ms  # half their wall time some task waited for a CPU
+        else:
+            r.cpu_stall_ms = 0.0
+    m.environment.cpu_count = 2
+    by_scope = {o.scope: o for o in evaluate([rule(per="concurrency")], m, Settings(max_cpu_stall=0.1))}
+    assert by_scope["d/greedy/concurrency=1"].status == Status.PASS
+    assert by_scope["d/greedy/concurrency=4"].status == Status.INCONCLUSIVE
+    assert "contended" in by_scope["d/greedy/concurrency=4"].message

@@ -36,6 +36,7 @@ from typing import Any, Callable, Literal, Sequence
 import httpx
 
 from gate.load.interface import LoadStrategy
+from gate.measure.contention import load_average, read_pressure
 from gate.load.schedule import drive
 from gate.plan import Request
 from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
@@ -319,6 +320,7 @@ class OpenAIRunner(Runner):
         events: list[_Event] = []
         data: list[str] = []
         started_s = time.time()
+        pressure0 = read_pressure()  # the machine's CPU pressure over the request's wall time (contention)
         t0 = time.perf_counter()
         queue_ms = max(0.0, (t0 - scheduled_s) * 1e3)
         async with client.stream("POST", url, json=body, headers=headers) as resp:
@@ -347,7 +349,12 @@ class OpenAIRunner(Runner):
             if data:
                 self._dispatch(runner, ep, "\n".join(data), t0, events)
         e2el_ms = (time.perf_counter() - t0) * 1e3
-        return self._result(runner, ep, events, started_s, e2el_ms, queue_ms)
+        result = self._result(runner, ep, events, started_s, e2el_ms, queue_ms)
+        pressure1 = read_pressure()
+        if pressure0 is not None and pressure1 is not None:
+            result.cpu_stall_ms = (pressure1.total_us - pressure0.total_us) / 1e3
+        result.load_avg_1m = load_average()
+        return result
 
     def _dispatch(self, runner: str, ep: Endpoint, data: str, t0: float, events: list[_Event]) -> None:
         """Parse one SSE data payload (arrived now) into `events`; OpenAI's "[DONE]" carries nothing."""
