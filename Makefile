@@ -20,13 +20,15 @@ setup: $(BIN)/gate
 
 # make reports any failing recipe as its own exit code 2: the last line printed is gate's own code.
 example: setup
-	@$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json; \
+	@$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json \
+	  --html out/gate-report.html --markdown out/gate-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").
 example-served: setup llama-server
 	@GATE_LLAMA_SERVER="$$(PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh)" $(BIN)/gate check \
-	  examples/llama-server/policy.yaml --junit out/served-junit.xml --json out/served-report.json; \
+	  examples/llama-server/policy.yaml --junit out/served-junit.xml --json out/served-report.json \
+	  --html out/served-report.html; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # llama.cpp's llama-server for the served-runner tests: built once per pinned version into

@@ -67,6 +67,10 @@ def validate(policy: Path) -> None:
               show_default=True, help="Where to write the JSON report (every raw measurement).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write one self-contained HTML page with plots (linked from the Markdown summary).")
+@click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (e.g. the CI artifact's URL; "
+              "default: the --html path).")
 @click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated.")
 @click.option("--fail-on-inconclusive", is_flag=True, help="Exit 1 when a verdict is inconclusive (whatever measurement.inconclusive says).")
 @click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth.")
@@ -79,9 +83,9 @@ def validate(policy: Path) -> None:
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
 @click.option("--report", "extra_reports", multiple=True, metavar="FORMAT=PATH",
               help="Also write the report in another registered format (gate.report.registry), e.g. a plugin's; repeatable.")
-def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, fail_on_warn: bool,
-          fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None, junit_inconclusive: str, no_progress: bool,
-          no_warmup: bool, extra_reports: tuple[str, ...]) -> None:
+def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, html_path: Path | None,
+          html_url: str | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None,
+          junit_inconclusive: str, no_progress: bool, no_warmup: bool, extra_reports: tuple[str, ...]) -> None:
     """Measure every draft in POLICY, evaluate every rule, write JUnit and JSON.
 
     Exit 0 when every error-level rule passes, 1 when a rule fails (or warns with
@@ -93,6 +97,8 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     from gate.check import Options, check as do_check
 
     extra = _extra_reports(extra_reports)
+    if html_path is not None:
+        extra.append(("html", html_path))
     show = None if no_progress else ("bars" if _err.is_terminal else "lines")
     options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers)
     try:
@@ -102,7 +108,7 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
         _fail(e)
     junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
              "inconclusive_as": junit_inconclusive}
-    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit}, extra)
+    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit}, extra, html_url)
 
 
 def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:
@@ -124,24 +130,18 @@ def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:
 
 
 def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, markdown_path: Path | None = None,
-                    options: dict[str, dict[str, Any]] | None = None, extra: list[tuple[str, Path]] | None = None) -> None:
+                    options: dict[str, dict[str, Any]] | None = None, extra: list[tuple[str, Path]] | None = None,
+                    html_url: str | None = None) -> None:
     """Write the JSON, JUnit (and Markdown) reports and those of `extra` ((format, path),
     --report) through gate.report.registry, print the console summary, exit with the gate's
-    code. `options`: format name -> its keywords."""
+    code. `options`: format name -> its keywords. With an html report and a Markdown one,
+    the Markdown summary ends with a link to the page (`html_url`, else its path)."""
     from gate import interrupt
     from gate.report import registry as formats
 
-    options = options or {}
-    for name, path in (("json", json_path), ("junit", junit_path), ("markdown", markdown_path), *(extra or [])):
-        if path is None:
-            continue
-        fmt = formats.create(name, **options.get(name, {}))
-        interrupt.mark_late(result)  # a signal once every measurement was made: noted, exit 128 + signal
-        try:
-            fmt.write(result.report, path)
-        except OSError as e:
-            _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
-            sys.exit(EXIT_USAGE)
+    # a signal once every measurement was made: noted before each write, exit 128 + signal
+    _write_reports(result.report, [("json", json_path), ("junit", junit_path), ("markdown", markdown_path), *(extra or [])],
+                   options, html_url, lambda: interrupt.mark_late(result))
     out = Console(highlight=False, emoji=False)
     if not out.is_terminal:
         out = Console(highlight=False, emoji=False, width=160)
@@ -149,6 +149,128 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
     click.echo(f"reports: {json_path} {junit_path}")
     interrupt.mark_late(result)
     sys.exit(result.exit_code)
+
+
+def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options: dict[str, dict[str, Any]] | None = None,
+                   html_url: str | None = None, each: Any = None) -> None:
+    """Write `report` in every (format, path) of `targets` (None paths skipped) through
+    gate.report.registry; exit 2 when a file cannot be written. `each` is called before
+    every write. A Markdown summary written beside an html page gets a link to it."""
+    from gate.report import registry as formats
+
+    options = options or {}
+    html = next((path for name, path in targets if name == "html" and path is not None), None)
+    for name, path in targets:
+        if path is None:
+            continue
+        fmt = formats.create(name, **options.get(name, {}))
+        if each is not None:
+            each()
+        try:
+            fmt.write(report, path)
+            if name == "markdown" and html is not None:
+                with path.open("a", encoding="utf-8") as f:
+                    f.write(f"\nPlots: [{html.name}]({html_url or html}) (self-contained HTML report).\n")
+        except OSError as e:
+            _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
+            sys.exit(EXIT_USAGE)
+
+
+@cli.command("report")
+@click.argument("report_path", metavar="REPORT", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write one self-contained HTML page with plots.")
+@click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (default: the --html path).")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the Markdown summary (appended to an existing file).")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the JUnit XML report.")
+@click.option("--report", "extra_reports", multiple=True, metavar="FORMAT=PATH",
+              help="Also write the report in another registered format (gate.report.registry); repeatable.")
+@click.option("--roofline-policy", "roofline_policy", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --bandwidth and --peak: add the roofline and predicted-vs-measured plots to the HTML page "
+              "(the policy the report was made with; see gate roofline).")
+@click.option("--bandwidth", help="Memory bandwidth for the roofline, e.g. 100GB/s.")
+@click.option("--peak", help="Compute roof for the roofline, e.g. 1000GFLOP/s.")
+def report_command(report_path: Path, html_path: Path | None, html_url: str | None, markdown_path: Path | None,
+                   junit_path: Path | None, extra_reports: tuple[str, ...], roofline_policy: Path | None, bandwidth: str | None,
+                   peak: str | None) -> None:
+    """Render a saved gate JSON REPORT (also gzip-compressed) again: as an HTML page with
+    plots (--html), a Markdown summary, JUnit, or any registered format. Exit 0 when
+    written, 2 for a file that is not a gate report or a report that cannot be written
+    (the report's own verdict is its exit_code field, not this command's)."""
+    from gate.errors import InputError, Problem
+
+    extra = _extra_reports(extra_reports)
+    targets = [("html", html_path), ("markdown", markdown_path), ("junit", junit_path), *extra]
+    if not any(path is not None for _, path in targets):
+        raise click.UsageError("nothing to write: give --html, --markdown, --junit or --report FORMAT=PATH")
+    options: dict[str, dict[str, Any]] = {}
+    try:
+        report, data = _load_saved_report(report_path)
+        if roofline_policy is not None or bandwidth is not None or peak is not None:
+            if roofline_policy is None or bandwidth is None or peak is None:
+                raise InputError([Problem("command line", "--roofline-policy/--bandwidth/--peak", None,
+                                          "the roofline needs all three: the policy, --bandwidth and --peak")])
+            options["html"] = _roofline_options(roofline_policy, report_path, data, bandwidth, peak)
+    except GateError as e:
+        _fail(e)
+    _write_reports(report, targets, options, html_url)
+    for name, path in targets:
+        if path is not None:
+            click.echo(f"wrote {name}: {path}")
+
+
+def _load_saved_report(path: Path) -> tuple[Any, dict[str, Any]]:
+    """A saved gate JSON report (plain or gzip) as the Report document and as plain data.
+    Raises InputError naming the file for anything else."""
+    import gzip
+
+    from pydantic import ValidationError
+
+    from gate.errors import InputError, Problem
+    from gate.report.document import ADAPTER, FORMAT
+
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, gzip.BadGzipFile) as e:
+        raise InputError([Problem(str(path), "", None, f"not a gate JSON report: {e}")]) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError([Problem(str(path), "format", None, f"not a gate JSON report (format {FORMAT!r} expected)")])
+    try:
+        return ADAPTER.validate_python(data), data
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError([Problem(str(path), ".".join(str(x) for x in err["loc"]), None, err["msg"])]) from None
+
+
+def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], bandwidth: str, peak: str) -> dict[str, Any]:
+    """The html format's roofline keywords from a policy, a bandwidth and a peak (as gate roofline)."""
+    from gate.check import validate as do_validate
+    from gate.errors import InputError, PolicyValueError, Problem
+    from gate.measure.roofline import parse_rate
+    from gate.resources import policy_roofline
+
+    try:
+        bw, pk = parse_rate(bandwidth, "B/s"), parse_rate(peak, "FLOP/s")
+    except ValueError as e:
+        raise InputError([Problem("command line", "--bandwidth/--peak", None, str(e))]) from None
+    if not (bw > 0 and pk > 0):
+        raise InputError([Problem("command line", "--bandwidth/--peak", None, "bandwidth and peak must be positive")])
+    loaded = do_validate(policy)
+    drafts = data.get("measurements", {}).get("drafts", {})
+    for name, d in loaded.policy.drafts.items():
+        if name not in drafts or drafts[name].get("num_draft_tokens") != d.num_draft_tokens:
+            raise InputError([Problem(str(report_path), f"measurements.drafts.{name}", None,
+                                      f"the report was not made with this policy: draft {name!r} "
+                                      f"{'is missing' if name not in drafts else 'has another num_draft_tokens'} there")])
+    try:
+        rows = policy_roofline(loaded, bw, pk, [1, 8, 64], data)
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
+    return {"roofline": rows, "bandwidth": bw, "peak_flops": pk}
 
 
 @cli.command()

@@ -136,14 +136,14 @@ def test_a_name_is_registered_once():
 
 
 def test_the_builtin_formats_are_registered():
-    assert formats.names() == ["json", "junit", "markdown", "console"]
+    assert formats.names() == ["json", "junit", "markdown", "console", "html"]
     for name, cls in formats.formats().items():
         assert cls.name == name and issubclass(cls, ReportFormat) and formats.descriptions()[name]
     assert formats.get("markdown").appends and not formats.get("json").appends
     junit = formats.create("junit", fail_on_warn=True, inconclusive_as="error")
     assert junit.warn_as == "failure" and junit.inconclusive_as == "error"
-    with pytest.raises(KeyError, match="unknown report format 'html'; known: json, junit, markdown, console"):
-        formats.get("html")
+    with pytest.raises(KeyError, match="unknown report format 'pdf'; known: json, junit, markdown, console, html"):
+        formats.get("pdf")
 
 
 class ToyReport(ReportFormat):
@@ -222,7 +222,7 @@ def test_gate_check_writes_a_registered_format_named_with_report(tmp_path, monke
         extra = _extra_reports((f"toy={tmp_path / 'r.toy'}",))
         assert extra == [("toy", tmp_path / "r.toy")]
         for bad, words in (("toy", "expected FORMAT=PATH"), ("=x", "expected FORMAT=PATH"),
-                           ("tyo=x", "unknown report format 'tyo'; known: json, junit, markdown, console, toy (did you mean 'toy'?)")):
+                           ("tyo=x", "unknown report format 'tyo'; known: json, junit, markdown, console, html, toy (did you mean 'toy'?)")):
             with pytest.raises(click.UsageError, match=re.escape(words)):
                 _extra_reports((bad,))
         real = formats.get

@@ -16,7 +16,7 @@ from gate.registry import Registry
 from gate.report.interface import ReportFormat
 
 # The built-in formats, in the order they are listed.
-BUILTIN = ("gate.report.json", "gate.report.junit", "gate.report.markdown", "gate.report.console")
+BUILTIN = ("gate.report.json", "gate.report.junit", "gate.report.markdown", "gate.report.console", "gate.report.html")
 
 _FORMATS: Registry[tuple[type[ReportFormat], str]] = Registry(
     "report format", lambda: BUILTIN, name_of=lambda entry: entry[0].name, module_of=lambda entry: entry[0].__module__)

@@ -1,0 +1,825 @@
+"""One self-contained HTML page: the verdict, the rules that did not pass, then plots.
+
+Plots are drawn with matplotlib (already a dependency; no JavaScript, nothing fetched at
+view time) and inlined as SVG with text kept as text (`svg.fonttype: none`), so the page is
+searchable, prints as vectors and needs no network. On the embedded example
+(examples/smollm2/policy.yaml: 3 drafts x 2 laws x 24 prompts, 9 plots) the page is about 320 kB;
+the size grows with the number of drafts and laws, not with the number of requests (CDFs
+are drawn through at most 200 quantiles per curve).
+
+Every plot is a `<figure class="plot" data-plot="NAME" data-points="N">` holding one inline
+SVG and a one-line caption saying what it shows; N counts the plotted values. A plot the
+report has no data for is left out and named, with the reason, under "Not plotted".
+Every text taken from the report is escaped (html.escape; matplotlib escapes SVG text and
+`text.parse_math` is off, so a `$` in a draft name is not TeX).
+
+Plots (names as in data-plot): acceptance-per-position, accepted-length (SummaryRow),
+overlap-by-category, overlap-by-context (SummaryRow breakdowns), speedup (rule outcomes'
+intervals where a speedup rule has one, else the summary's point values),
+speedup-by-category, speedup-by-context, speedup-by-load (served runs: LoadPoint
+intervals, Crossover marked), ttft-cdf, itl-cdf (RequestRecord.token_times_ms),
+memory-bill (BillRecord lines against resources.capacity or the memory rules' thresholds),
+roofline and predicted-vs-measured (only when given RooflineRow rows, `gate roofline`'s
+figures: a saved report carries no prediction), exactness (sampling tests' p-values and
+the effect they detect at their power)."""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from gate.records import FALLBACK
+from gate.report.document import Report
+from gate.report.interface import ReportFormat
+from gate.report.registry import register
+from gate.rules.status import Status
+from gate.units import Dimension, format_value
+
+_VERDICT = {0: "passed", 1: "failed", 2: "invalid input", 3: "could not measure everything",
+            130: "interrupted (SIGINT), not a verdict", 143: "interrupted (SIGTERM), not a verdict"}
+_STATUS_CLASS = {Status.FAIL: "fail", Status.ERROR: "error", Status.INCONCLUSIVE: "inconclusive", Status.WARN: "warn",
+                 Status.WAIVED: "waived", Status.SKIPPED: "skipped", Status.PASS: "pass"}
+_ORDER = {Status.ERROR: 0, Status.FAIL: 1, Status.INCONCLUSIVE: 2, Status.WARN: 3, Status.WAIVED: 4, Status.SKIPPED: 5, Status.PASS: 6}
+_CDF_QUANTILES = 200  # points per CDF curve at most: the page's size does not grow with the requests
+_WIDTH_IN = 7.6  # figure width (inches): fits an A4/Letter page at 100 dpi-equivalent
+
+_RC = {
+    "svg.fonttype": "none",  # text stays text: small, searchable, printable
+    "text.parse_math": False,  # a '$' in a draft name is text, not TeX
+    "font.size": 9.0,
+    "font.family": "sans-serif",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.fontsize": 8.0,
+    "legend.frameon": False,
+}
+
+
+def esc(text: object) -> str:
+    """HTML-escaped text of anything from the report."""
+    return html.escape(str(text), quote=True)
+
+
+@dataclass
+class Plot:
+    """One rendered plot: its name (data-plot), the values it shows (data-points), the
+    inline SVG and the caption (plain text, escaped when the page is written)."""
+
+    name: str
+    title: str
+    points: int
+    svg: str
+    caption: str
+
+
+@dataclass
+class Skipped:
+    """A plot left out: its name and why (plain text)."""
+
+    name: str
+    title: str
+    reason: str
+
+
+def _long(text: str, keep: int = 180) -> str:
+    """Escaped text; a long one folded after its first `keep` characters (the table of
+    rules stays short enough to see the plots below it)."""
+    if len(text) <= keep + 40:
+        return esc(text)
+    cut = text.rfind(" ", 0, keep)
+    cut = cut if cut > keep // 2 else keep
+    return f"<details><summary>{esc(text[:cut])} …</summary>{esc(text[cut:])}</details>"
+
+
+def _clean(x: Any) -> float | None:
+    return None if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))) else float(x)
+
+
+def _colors(names: Iterable[str]) -> dict[str, Any]:
+    """One colour per runner, stable across plots: the fallback grey, drafts tab10 in order."""
+    from matplotlib import colormaps
+
+    tab = colormaps["tab10"]
+    out: dict[str, Any] = {FALLBACK: "#555555"}
+    i = 0
+    for n in names:
+        if n not in out:
+            out[n] = tab(i % 10)
+            i += 1
+    return out
+
+
+def _figure(panels: int = 1, height_in: float = 2.9, sharey: bool = True) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(_WIDTH_IN, height_in), layout="constrained")
+    axes = fig.subplots(1, panels, sharey=sharey, squeeze=False)[0]
+    return fig, list(axes)
+
+
+_SVG_HEAD = re.compile(r"^.*?(?=<svg)", re.S)
+
+
+def _svg(fig: Any, name: str) -> str:
+    """The figure as an inline <svg> element (no XML prolog or DOCTYPE, ids salted per plot
+    so two plots' clip paths never share an id), scaled to the page width."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": f"gate-{name}"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    if not re.fullmatch(r"[a-z0-9-]+", name):
+        raise ValueError(f"plot name {name!r}: lower-case letters, digits and '-' only")
+    text = _SVG_HEAD.sub("", buf.getvalue(), count=1)
+    # matplotlib numbers its groups per figure (figure_1, axes_1, ...): prefix every id and
+    # every reference to one with the plot's name, so ids stay unique on the page
+    text = re.sub(r'\bid="([^"]+)"', rf'id="{name}-\1"', text)
+    text = re.sub(r'url\(#([^)]+)\)', rf'url(#{name}-\1)', text)
+    text = re.sub(r'href="#([^"]+)"', rf'href="#{name}-\1"', text)
+    # let CSS size it: keep the viewBox, drop the fixed width and height of the root element
+    return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 role="img"', text, count=1).strip()
+
+
+def _legend(ax: Any, outside: bool = False, **kw: Any) -> None:
+    """A legend if anything is labelled; `outside`: right of the axes, never over the data."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(**({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if outside else {}), **kw)
+
+
+def _plain_log(axis: Any) -> None:
+    """Tick labels of a log axis as plain numbers (matplotlib writes them as TeX, which
+    text.parse_math, off for the report's names, would show raw)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _around_one(ax: Any, values: list[float]) -> None:
+    """x limits spanning `values` and 1.0x with a margin, so no marker sits on the frame."""
+    lo, hi = min(values + [1.0]), max(values + [1.0])
+    pad = 0.08 * (hi - lo or 1.0)
+    ax.set_xlim(max(lo - pad, 0.0), hi + pad)
+
+
+class HtmlReport(ReportFormat):
+    """A self-contained HTML page with inline SVG plots (see the module docstring).
+
+    `roofline`: optional gate.resources.RooflineRow rows (what `gate roofline` computes from
+    a policy, a bandwidth and a peak): adds the roofline and predicted-vs-measured plots;
+    `bandwidth` (B/s) and `peak_flops` (FLOP/s) draw the roof itself."""
+
+    name = "html"
+
+    def __init__(self, roofline: list[Any] | None = None, bandwidth: float | None = None,
+                 peak_flops: float | None = None) -> None:
+        self.roofline = list(roofline or [])
+        self.bandwidth = bandwidth
+        self.peak_flops = peak_flops
+
+    # --- the page -----------------------------------------------------------------------
+
+    def render(self, report: Report) -> str:
+        plots, skipped = self.plots(report)
+        env = report.measurements.environment
+        verdict = _VERDICT.get(report.exit_code, f"exit {report.exit_code}")
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
+        verdict_class = {0: "pass", 1: "fail"}.get(report.exit_code, "error")
+        out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+               '<meta name="viewport" content="width=device-width, initial-scale=1">',
+               '<link rel="icon" href="data:,">',  # no favicon request (no network, no console error)
+               f"<title>gate: {esc(verdict)} ({esc(report.policy_file)})</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+               "<header>", f'<h1 class="verdict {verdict_class}">gate: {esc(verdict)}</h1>',
+               f"<p><code>{esc(report.policy_file)}</code>: {esc(counts)}; exit code {report.exit_code}.</p>",
+               f'<p class="meta">gate {esc(report.gate_version)}, {esc(report.created_utc)}; torch {esc(env.torch)}, '
+               f"transformers {esc(env.transformers)}, {esc(env.device)} ({esc(env.device_name)}), seed {esc(env.seed)}"
+               + (f", {env.cpu_count} CPUs, {env.threads} threads" if env.cpu_count else "") + ".</p>", "</header>"]
+        out += self._not_passed(report)
+        out += self._summary_table(report)
+        out.append('<section id="plots"><h2>Plots</h2>')
+        if report.crossovers:
+            out.append("<ul class=\"crossovers\">" + "".join(f"<li>{esc(c.message)}</li>" for c in report.crossovers) + "</ul>")
+        for p in plots:
+            out += [f'<figure class="plot" id="plot-{esc(p.name)}" data-plot="{esc(p.name)}" data-points="{p.points}">',
+                    f"<h3>{esc(p.title)}</h3>", p.svg, f"<figcaption>{esc(p.caption)}</figcaption>", "</figure>"]
+        if skipped:
+            out.append('<h3>Not plotted</h3><ul class="skipped">')
+            out += [f'<li data-skipped="{esc(s.name)}"><strong>{esc(s.title)}</strong>: {esc(s.reason)}</li>' for s in skipped]
+            out.append("</ul>")
+        out.append("</section>")
+        out += self._tail(report)
+        out += ["</body>", "</html>"]
+        return "\n".join(out) + "\n"
+
+    def _not_passed(self, report: Report) -> list[str]:
+        shown = [o for o in report.outcomes if o.status != Status.PASS]
+        passed = len(report.outcomes) - len(shown)
+        out = ['<section id="rules"><h2>Rules that did not pass</h2>']
+        if not shown:
+            out.append(f"<p>Every rule outcome passed ({passed}).</p>" if passed else "<p>No rule outcome.</p>")
+        else:
+            out += self._grid(report, shown)
+            out += [f"<details><summary>Every outcome that did not pass, with its message ({len(shown)})</summary>",
+                    "<table><thead><tr><th>status</th><th>rule</th><th>level</th><th>measured</th><th>message</th></tr></thead><tbody>"]
+            for o in sorted(shown, key=lambda o: _ORDER.get(o.status, 9)):
+                measured = "-" if o.measured is None else f"{o.measured:.4g}"
+                if o.interval is not None:
+                    measured += f" ({o.interval.low:.4g}-{o.interval.high:.4g})"
+                out.append(f'<tr class="{_STATUS_CLASS.get(o.status, "")}"><td>{esc(str(o.status).upper())}</td>'
+                           f"<td><code>{esc(o.name)}</code></td><td>{esc(o.level)}</td><td>{esc(measured)}</td>"
+                           f"<td>{_long(o.message)}</td></tr>")
+            out.append("</tbody></table></details>")
+            out.append(f"<p>{passed} rule outcome(s) passed.</p>")
+        out.append("</section>")
+        return out
+
+    def _grid(self, report: Report, shown: list[Any]) -> list[str]:
+        """Rules that did not pass (rows) by scope (columns): status and measured value per
+        cell, so thirty outcomes fit on one screen; passing cells of those rules included."""
+        rules = list(dict.fromkeys(o.rule_id for o in shown))
+        column = {o.scope: "/".join(o.scope.split("/", 2)[:2]) for o in report.outcomes}  # draft/law; categories in the cell
+        scopes = list(dict.fromkeys(column[o.scope] for o in report.outcomes if o.rule_id in rules))
+        cells: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for o in report.outcomes:
+            if o.rule_id in rules:
+                cells[(o.rule_id, column[o.scope])].append(o)
+        out = ['<table class="grid"><thead><tr><th>rule</th>' + "".join(f"<th>{esc(x)}</th>" for x in scopes) + "</tr></thead><tbody>"]
+        for rule in rules:
+            row = [f"<td><code>{esc(rule)}</code></td>"]
+            for scope in scopes:
+                here = cells.get((rule, scope), [])
+                if not here:
+                    row.append("<td></td>")
+                    continue
+                worst = min(here, key=lambda o: _ORDER.get(o.status, 9))
+                parts = []
+                for o in here:
+                    cats = o.scope.split("/", 2)[2] if o.scope.count("/") >= 2 else ""
+                    value = "" if o.measured is None else f"{o.measured:.3g}"
+                    label = str(o.status) if len(here) == 1 else f"{cats}: {o.status}"
+                    parts.append(f'<span title="{esc(o.message)}">{esc(label)}</span>' + (f" <small>{esc(value)}</small>" if value else ""))
+                row.append(f'<td class="{_STATUS_CLASS.get(worst.status, "")}">' + "<br>".join(parts) + "</td>")
+            out.append("<tr>" + "".join(row) + "</tr>")
+        out.append("</tbody></table>")
+        return out
+
+    def _summary_table(self, report: Report) -> list[str]:
+        rows = [r for r in report.summary if r.requests]
+        if not rows:
+            return []
+
+        def f(x: float | None, fmt: str, suffix: str = "") -> str:
+            return "-" if x is None else format(x, fmt) + suffix
+
+        intervals = _speedup_intervals(report)
+        out = ['<section id="summary"><h2>Drafts against the fallback</h2>',
+               "<table><thead><tr><th>draft</th><th>law</th><th>req</th><th>overlap</th><th>accept rate</th>"
+               "<th>mean acc len</th><th>tokens/s</th><th>speedup (CI)</th><th>slower</th><th>TTFT p50</th><th>ITL p99</th>"
+               "<th>bill</th></tr></thead><tbody>"]
+        for r in rows:
+            speedup = f(r.speedup, ".2f", "x")
+            iv = intervals.get((r.runner, r.law, None))
+            if iv is not None and iv[1] is not None:
+                speedup = f"{iv[0]:.2f}x ({iv[1]:.2f}-{iv[2]:.2f})"
+            # coloured only where the interval decides: wholly above 1.0x pays, wholly below costs
+            decided = r.runner != FALLBACK and iv is not None and iv[1] is not None and iv[2] is not None
+            cls = "" if not decided else ' class="pays"' if iv[1] > 1 else ' class="costs"' if iv[2] < 1 else ""
+            bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
+            out.append(f"<tr{cls}><td>{esc(r.runner)}</td><td>{esc(r.law)}</td><td>{r.requests}</td><td>{f(r.overlap_mean, '.3f')}</td>"
+                       f"<td>{f(r.acceptance_rate, '.3f')}</td><td>{f(r.mean_acceptance_length, '.2f')}</td>"
+                       f"<td>{f(r.committed_tokens_per_s, '.1f')}</td><td>{esc(speedup)}</td>"
+                       f"<td>{f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')}</td>"
+                       f"<td>{f(r.ttft_p50_ms, '.0f', ' ms')}</td><td>{f(r.itl_p99_ms, '.1f', ' ms')}</td><td>{esc(bill)}</td></tr>")
+        out += ["</tbody></table>", "</section>"]
+        return out
+
+    def _tail(self, report: Report) -> list[str]:
+        out = []
+        failures = report.measurements.failures
+        if failures:
+            out += ['<section id="failures"><h2>Measurements that could not be made</h2><ul>']
+            out += [f"<li>{esc(f.stage)} {esc(f.draft)}/{esc(f.law)} {esc(f.what)}: {esc(f.message)}</li>" for f in failures]
+            out.append("</ul></section>")
+        if report.notes:
+            out += ['<section id="notes"><h2>Notes</h2><ul>'] + [f"<li>{esc(n)}</li>" for n in report.notes] + ["</ul></section>"]
+        return out
+
+    # --- the plots -----------------------------------------------------------------------
+
+    def plots(self, report: Report) -> tuple[list[Plot], list[Skipped]]:
+        """Every plot the report has data for, and the others with the reason."""
+        import matplotlib
+
+        makers: list[tuple[str, str, Callable[[Report, dict[str, Any]], Plot | str]]] = [
+            ("speedup", "Speedup against the fallback", _speedup),
+            ("speedup-by-category", "Speedup by category", _speedup_by_category),
+            ("speedup-by-context", "Speedup by context length", _speedup_by_context),
+            ("speedup-by-load", "Speedup by load (served)", _speedup_by_load),
+            ("acceptance-per-position", "Acceptance per position", _acceptance_per_position),
+            ("accepted-length", "Accepted-length histogram", _accepted_length),
+            ("overlap-by-category", "Overlap by category", _overlap_by_category),
+            ("overlap-by-context", "Overlap by context length", _overlap_by_context),
+            ("ttft-cdf", "Time to first token", _ttft_cdf),
+            ("itl-cdf", "Inter-token latency", _itl_cdf),
+            ("memory-bill", "Memory bill", _memory_bill),
+            ("roofline", "Roofline", self._roofline),
+            ("predicted-vs-measured", "Predicted vs measured speedup", self._predicted),
+            ("exactness", "Exactness tests", _exactness),
+        ]
+        runners = [FALLBACK, *report.measurements.drafts, *(r.runner for r in report.summary)]
+        colors = _colors(runners)
+        plots, skipped = [], []
+        with matplotlib.rc_context(_RC):
+            for name, title, make in makers:
+                got = make(report, colors)
+                if isinstance(got, str):
+                    skipped.append(Skipped(name, title, got))
+                else:
+                    got.name, got.title = name, title
+                    plots.append(got)
+        return plots, skipped
+
+    def _roofline(self, report: Report, colors: dict[str, Any]) -> Plot | str:
+        steps = [(r.runner, s) for r in self.roofline for s in r.steps]
+        if not steps:
+            return "a saved report has no roofline: run `gate report` with --roofline-policy, --bandwidth and --peak (or see `gate roofline`)"
+        fig, (ax,) = _figure(height_in=3.2)
+        xs = [s.intensity for _, s in steps]
+        if self.bandwidth and self.peak_flops:
+            lo, hi = min(xs) / 4, max(max(xs) * 4, 4 * self.peak_flops / self.bandwidth)
+            grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
+            ax.plot(grid, [min(self.peak_flops, self.bandwidth * x) / 1e9 for x in grid], color="black", lw=1, label="roof")
+        for runner in dict.fromkeys(r for r, _ in steps):
+            mine = [s for r, s in steps if r == runner]
+            ax.plot([s.intensity for s in mine], [s.attainable_flops / 1e9 for s in mine], "o" if runner == FALLBACK else "s",
+                    color=colors.get(runner), label=f"{runner} ({mine[0].name})")
+            for s in mine:
+                ax.annotate(f"b={s.batch}", (s.intensity, s.attainable_flops / 1e9), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_log(ax.xaxis)
+        _plain_log(ax.yaxis)
+        ax.set_xlabel("operational intensity (FLOP/byte)")
+        ax.set_ylabel("attainable (GFLOP/s)")
+        _legend(ax, loc="lower right")
+        return Plot("", "", len(steps), _svg(fig, "roofline"),
+                    "The fallback's decode step and each draft's verification step (num_draft_tokens + 1 tokens per sequence) "
+                    "at each batch size b on the roofline: left of the ridge a step is bandwidth-bound.")
+
+    def _predicted(self, report: Report, colors: dict[str, Any]) -> Plot | str:
+        pts = [(r.runner, law, v["predicted_speedup"], v["measured_speedup"]) for r in self.roofline
+               for law, v in r.by_law.items() if v.get("predicted_speedup") is not None and v.get("measured_speedup") is not None]
+        if not pts:
+            return "the report carries no predicted speedup (gate roofline --report computes one from a policy, bandwidth and peak)"
+        fig, (ax,) = _figure(height_in=3.2)
+        top = max(max(p[2], p[3]) for p in pts) * 1.15
+        ax.plot([0, top], [0, top], color="black", lw=0.8, ls="--", label="predicted = measured")
+        for runner, law, pred, meas in pts:
+            ax.plot([pred], [meas], "o", color=colors.get(runner))
+            ax.annotate(f"{runner} · {law}", (pred, meas), fontsize=7, xytext=(4, 2), textcoords="offset points")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_xlabel("predicted speedup (x, primer formula: alpha = mean overlap, c from the roofline)")
+        ax.set_ylabel("measured speedup (x)")
+        _legend(ax, loc="upper left")
+        return Plot("", "", len(pts), _svg(fig, "predicted"),
+                    "Each draft and law: the speedup Leviathan et al.'s formula predicts from the measured overlap and the "
+                    "roofline's cost coefficient against the speedup measured; below the diagonal the draft underdelivers.")
+
+
+# --- plot makers: each returns a Plot or the reason it has nothing to plot ---------------
+
+
+def _drafts(report: Report) -> list[Any]:
+    return [r for r in report.summary if r.runner != FALLBACK and r.requests]
+
+
+def _laws(rows: Iterable[Any]) -> list[str]:
+    return list(dict.fromkeys(r.law for r in rows))
+
+
+def _speedup_intervals(report: Report) -> dict[tuple[str, str, str | None], tuple[float, float | None, float | None]]:
+    """(draft, law, category or None) -> (point, low, high) from the speedup rules'
+    outcomes (the first outcome with an interval wins; a scope with several categories
+    is not a single category and is left out)."""
+    out: dict[tuple[str, str, str | None], tuple[float, float | None, float | None]] = {}
+    for o in report.outcomes:
+        if o.metric != "speedup" or o.measured is None or o.aggregation not in ("pooled", "mean", "median"):
+            continue
+        parts = o.scope.split("/", 2)
+        cats = parts[2].split(",") if len(parts) > 2 else []
+        if len(cats) > 1:
+            continue
+        key = (o.draft, o.law, cats[0] if cats else None)
+        iv = o.interval
+        if key not in out or (out[key][1] is None and iv is not None):
+            out[key] = (o.measured, iv.low if iv else None, iv.high if iv else None)
+    return out
+
+
+def _errorbar(ax: Any, y: float, point: float, low: float | None, high: float | None, color: Any, label: str | None) -> None:
+    if low is not None and high is not None:
+        ax.errorbar([point], [y], xerr=[[max(point - low, 0)], [max(high - point, 0)]], fmt="o", color=color, capsize=3,
+                    label=label)
+    else:
+        ax.plot([point], [y], "D", color=color, mfc="white", label=label)
+
+
+def _speedup(report: Report, colors: dict[str, Any]) -> Plot | str:
+    rows = [r for r in _drafts(report) if r.speedup is not None]
+    if not rows:
+        return "no draft has a measured speedup (no paired timed requests)"
+    intervals = _speedup_intervals(report)
+    fig, (ax,) = _figure(height_in=0.6 + 0.32 * len(rows) + 0.6)
+    labels, with_ci, seen = [], 0, []
+    for i, r in enumerate(rows):
+        iv = intervals.get((r.runner, r.law, None))
+        point, low, high = (iv if iv is not None and iv[1] is not None else (r.speedup, None, None))
+        with_ci += low is not None
+        seen += [x for x in (point, low, high) if x is not None]
+        _errorbar(ax, -i, point, low, high, colors.get(r.runner), None)
+        labels.append(f"{r.runner} · {r.law}")
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    _around_one(ax, seen)
+    ax.set_ylim(-len(rows) + 0.4, 0.6)
+    ax.set_yticks([-i for i in range(len(rows))], labels)
+    ax.set_xlabel("speedup (x, committed tokens/s over the fallback's on the same prompts)")
+    ax.grid(axis="y", visible=False)
+    level = next((o.interval.level for o in report.outcomes if o.interval is not None), 0.95)
+    caption = (f"Which draft pays: pooled speedup per draft and law; bars are the speedup rule's {level:.0%} interval "
+               f"({with_ci} of {len(rows)}), hollow diamonds point values without one; right of 1.0x the draft pays.")
+    return Plot("", "", len(rows), _svg(fig, "speedup"), caption)
+
+
+def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str, name: str) -> tuple[Any, int] | None:
+    """Horizontal points per slice (category) with the drafts side by side, one panel per law."""
+    rows = _drafts(report)
+    laws = _laws(rows)
+    slices = list(dict.fromkeys(s for r in rows for s in (r.by_category if by == "category" else r.by_context_length)))
+    if not slices or all(getattr(b, figure) is None for r in rows for b in (r.by_category if by == "category" else r.by_context_length).values()):
+        return None
+    intervals = _speedup_intervals(report) if figure == "speedup" else {}
+    fig, axes = _figure(len(laws), height_in=0.9 + 0.28 * len(slices))
+    drafts = list(dict.fromkeys(r.runner for r in rows))
+    n, seen = 0, []
+    for ax, law in zip(axes, laws):
+        for j, d in enumerate(drafts):
+            r = next((x for x in rows if x.runner == d and x.law == law), None)
+            if r is None:
+                continue
+            parts = r.by_category if by == "category" else r.by_context_length
+            off = (j - (len(drafts) - 1) / 2) * 0.8 / max(len(drafts), 1)
+            first = True
+            for i, s in enumerate(slices):
+                b = parts.get(s)
+                value = None if b is None else getattr(b, figure)
+                if value is None:
+                    continue
+                iv = intervals.get((d, law, s)) if by == "category" else None
+                iv = iv if iv is not None and iv[1] is not None else None
+                _errorbar(ax, -i + off, value, iv[1] if iv else None, iv[2] if iv else None, colors.get(d), d if first else None)
+                seen += [x for x in (value, *(iv[1:] if iv else ())) if x is not None]
+                first = False
+                n += 1
+        ax.set_title(law, fontsize=9)
+        ax.grid(axis="y", visible=False)
+        ax.set_ylim(-len(slices) + 0.4, 0.6)
+    if figure == "speedup":
+        for ax in axes:
+            ax.axvline(1.0, color="black", lw=0.8, ls="--")
+            _around_one(ax, seen)
+    axes[0].set_yticks([-i for i in range(len(slices))], slices if by == "category" else [f"{s} tokens" for s in slices])
+    _legend(axes[-1], outside=True)
+    return fig, n
+
+
+def _speedup_by_category(report: Report, colors: dict[str, Any]) -> Plot | str:
+    cats = {c for r in _drafts(report) for c in r.by_category}
+    if len(cats) < 2:
+        return "the workload has fewer than two categories"
+    got = _breakdown_plot(report, colors, "category", "speedup", "speedup-by-category")
+    if got is None:
+        return "no category has a measured speedup"
+    fig, n = got
+    for ax in fig.axes:
+        ax.set_xlabel("speedup (x)")
+    return Plot("", "", n, _svg(fig, "speedup-by-category"),
+                "Where each draft pays: pooled speedup per workload category and law (point values; bars where a "
+                "speedup rule is scoped to the category); right of the dashed 1.0x line the draft pays.")
+
+
+def _speedup_by_context(report: Report, colors: dict[str, Any]) -> Plot | str:
+    got = _breakdown_plot(report, colors, "context_length", "speedup", "speedup-by-context")
+    if got is None:
+        return "the workload has no context-length sweep (workload.context_lengths)"
+    fig, n = got
+    for ax in fig.axes:
+        ax.set_xlabel("speedup (x)")
+    return Plot("", "", n, _svg(fig, "speedup-by-context"),
+                "Pooled speedup per requested context length (prompt tokens) and law: how the draft's gain changes with "
+                "longer contexts; right of 1.0x it pays.")
+
+
+def _overlap_by_category(report: Report, colors: dict[str, Any]) -> Plot | str:
+    got = _breakdown_plot(report, colors, "category", "overlap_mean", "overlap-by-category")
+    if got is None:
+        return "no overlap was measured per category"
+    fig, n = got
+    for ax in fig.axes:
+        ax.set_xlabel("mean overlap (sum min(p, q), 0-1)")
+        ax.set_xlim(-0.02, 1.02)
+    return Plot("", "", n, _svg(fig, "overlap-by-category"),
+                "Why a draft pays where it does: mean per-position overlap sum_x min(p(x), q(x)) of each draft with the "
+                "target along the target's own continuations, per category and law.")
+
+
+def _overlap_by_context(report: Report, colors: dict[str, Any]) -> Plot | str:
+    got = _breakdown_plot(report, colors, "context_length", "overlap_mean", "overlap-by-context")
+    if got is None:
+        return "the workload has no context-length sweep (workload.context_lengths)"
+    fig, n = got
+    for ax in fig.axes:
+        ax.set_xlabel("mean overlap (sum min(p, q), 0-1)")
+        ax.set_xlim(-0.02, 1.02)
+    return Plot("", "", n, _svg(fig, "overlap-by-context"),
+                "Mean per-position overlap of each draft with the target per requested context length (prompt tokens) and law.")
+
+
+def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
+    pts = [p for p in report.load if p.runner != FALLBACK and p.speedup is not None]
+    if not pts:
+        return "not a served run (no load points)" if not report.load else "no load point has a draft speedup"
+    panels = list(dict.fromkeys((p.law, p.kind) for p in pts))
+    fig, axes = _figure(len(panels), height_in=3.0)
+    for ax, (law, kind) in zip(axes, panels):
+        mine = [p for p in pts if (p.law, p.kind) == (law, kind)]
+        for d in dict.fromkeys(p.runner for p in mine):
+            line = sorted((p for p in mine if p.runner == d), key=lambda p: p.value)
+            xs = [p.value for p in line]
+            ax.plot(xs, [p.speedup for p in line], "o-", color=colors.get(d), label=d)
+            ci = [p for p in line if p.speedup_low is not None and p.speedup_high is not None]
+            if ci:
+                ax.fill_between([p.value for p in ci], [p.speedup_low for p in ci], [p.speedup_high for p in ci],
+                                color=colors.get(d), alpha=0.2, lw=0)
+            for c in report.crossovers:
+                if (c.draft, c.law, c.kind) == (d, law, kind) and c.at is not None:
+                    ax.axvline(c.at, color=colors.get(d), ls=":", lw=1.2)
+                    ax.annotate(f"crossover {d}", (c.at, 1.0), rotation=90, fontsize=7, xytext=(3, 4), textcoords="offset points",
+                                color=colors.get(d))
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        if len({p.value for p in mine}) > 2 and min(p.value for p in mine) > 0:
+            ax.set_xscale("log", base=2)
+            _plain_log(ax.xaxis)
+        ax.set_xlabel("concurrency (requests in flight)" if kind == "concurrency" else "request rate (requests/s)")
+        ax.set_title(law, fontsize=9)
+    axes[0].set_ylabel("speedup (x)")
+    _legend(axes[-1], outside=True)
+    return Plot("", "", len(pts), _svg(fig, "speedup-by-load"),
+                "Served runs: each draft's speedup (paired requests, shaded: its interval) at every load point; a dotted line "
+                "marks the crossover, the lowest load whose whole interval lies below 1.0x.")
+
+
+def _acceptance_per_position(report: Report, colors: dict[str, Any]) -> Plot | str:
+    rows = [r for r in _drafts(report) if r.acceptance_rate_per_pos]
+    if not rows:
+        return "no per-step counters (a served engine's stream without them, or no speculative request)"
+    laws = _laws(rows)
+    fig, axes = _figure(len(laws))
+    n = 0
+    for ax, law in zip(axes, laws):
+        for r in (x for x in rows if x.law == law):
+            xs = list(range(1, len(r.acceptance_rate_per_pos) + 1))
+            ax.plot(xs, r.acceptance_rate_per_pos, "o-", color=colors.get(r.runner), label=r.runner)
+            n += len(xs)
+        ax.set_xlabel("position in the proposed block (1 = first proposal)")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(law, fontsize=9)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_ylabel("acceptance rate (share of steps)")
+    _legend(axes[-1], outside=True)
+    return Plot("", "", n, _svg(fig, "acceptance-per-position"),
+                "Share of verification steps whose proposal at each position was committed (vLLM's "
+                "num_accepted_tokens_per_pos / num_drafts), per draft and law: how fast acceptance decays along the block.")
+
+
+def _accepted_length(report: Report, colors: dict[str, Any]) -> Plot | str:
+    rows = [r for r in _drafts(report) if sum(r.accepted_length_histogram)]
+    if not rows:
+        return "no per-step counters (a served engine's stream without them, or no speculative request)"
+    laws = _laws(rows)
+    fig, axes = _figure(len(laws))
+    n = 0
+    for ax, law in zip(axes, laws):
+        mine = [x for x in rows if x.law == law]
+        width = 0.8 / max(len(mine), 1)
+        for j, r in enumerate(mine):
+            total = sum(r.accepted_length_histogram)
+            xs = [k + (j - (len(mine) - 1) / 2) * width for k in range(len(r.accepted_length_histogram))]
+            ax.bar(xs, [100 * c / total for c in r.accepted_length_histogram], width=width, color=colors.get(r.runner),
+                   label=r.runner)
+            n += len(xs)
+        ax.set_xlabel("proposals committed per step (k)")
+        ax.set_title(law, fontsize=9)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(axis="x", visible=False)
+    axes[0].set_ylabel("steps (%)")
+    _legend(axes[-1], outside=True)
+    return Plot("", "", n, _svg(fig, "accepted-length"),
+                "Accepted-length histogram: the share of verification steps that committed k of their proposals, per draft "
+                "and law (k = num_draft_tokens: the whole block was accepted).")
+
+
+def _quantile_curve(values: list[float]) -> tuple[list[float], list[float]]:
+    """An empirical CDF as (x, F) through at most _CDF_QUANTILES + 1 points."""
+    xs = sorted(values)
+    n = len(xs)
+    if n <= _CDF_QUANTILES:
+        return xs, [(i + 1) / n for i in range(n)]
+    idx = sorted({min(n - 1, round(q * (n - 1) / _CDF_QUANTILES)) for q in range(_CDF_QUANTILES + 1)})
+    return [xs[i] for i in idx], [(i + 1) / n for i in idx]
+
+
+def _cdf(report: Report, colors: dict[str, Any], values: Callable[[Any], list[float]], name: str,
+         xlabel: str) -> tuple[Any, int] | None:
+    by: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in report.measurements.requests:
+        if r.token_times_ms:
+            by[(r.law, r.draft)].extend(x for x in values(r) if x is not None and math.isfinite(x))
+    by = {k: v for k, v in by.items() if v}
+    if not by or all(d == FALLBACK for _, d in by):
+        return None
+    laws = list(dict.fromkeys(law for law, _ in by))
+    fig, axes = _figure(len(laws))
+    n = 0
+    for ax, law in zip(axes, laws):
+        runners = [d for (lw, d) in by if lw == law]
+        runners.sort(key=lambda d: d != FALLBACK)
+        for d in runners:
+            xs, fs = _quantile_curve(by[(law, d)])
+            ax.step(xs, fs, where="post", color=colors.get(d), lw=2.0 if d == FALLBACK else 1.2,
+                    ls="--" if d == FALLBACK else "-", label=d)
+            n += len(by[(law, d)])
+        # log above 1 ms (contended outliers would squash the body of the curve), linear
+        # below so that ITL 0 (tokens of one step) stays on the axis
+        if min(x for (lw, _), v in by.items() if lw == law for x in v) > 0:
+            ax.set_xscale("log")
+        else:
+            ax.set_xscale("symlog", linthresh=1.0)
+            ax.set_xlim(left=0)
+        _plain_log(ax.xaxis)
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(0, 1.01)
+        ax.set_title(law, fontsize=9)
+    axes[0].set_ylabel("share of samples (CDF)")
+    _legend(axes[-1], loc="lower right")
+    return fig, n
+
+
+def _ttft_cdf(report: Report, colors: dict[str, Any]) -> Plot | str:
+    got = _cdf(report, colors, lambda r: [r.ttft_ms], "ttft-cdf", "time to first token (ms, log scale)")
+    if got is None:
+        return "no timed speculative request with token times"
+    fig, n = got
+    return Plot("", "", n, _svg(fig, "ttft-cdf"),
+                "Distribution of time to first token per request, each draft (solid) against the fallback (dashed), per law: "
+                "a curve to the right is slower.")
+
+
+def _itl_cdf(report: Report, colors: dict[str, Any]) -> Plot | str:
+    got = _cdf(report, colors, lambda r: r.itl_ms, "itl-cdf", "inter-token latency (ms, log scale above 1)")
+    if got is None:
+        return "no timed speculative request with two or more tokens"
+    fig, n = got
+    return Plot("", "", n, _svg(fig, "itl-cdf"),
+                "Distribution of token-by-token inter-token latency, each draft (solid) against the fallback (dashed), per "
+                "law; tokens committed by one verification step share a time (ITL 0), so a draft's curve starts with a jump.")
+
+
+def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
+    bills = [b for b in report.measurements.bills if any(line.coexists_at_peak for line in b.lines)]
+    if not bills:
+        return "no resource bill was made"
+    capacity = next((b.budget.capacity_bytes for b in bills if b.budget is not None), None)
+    budgets = sorted({o.threshold for o in report.outcomes if o.metric == "memory_bill_bytes" and o.comparison in ("<=", "<")
+                      and o.relative_to is None})
+    top = max([b.total_bytes for b in bills] + ([capacity] if capacity else []) + budgets)
+    unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
+    names = list(dict.fromkeys(line.name for b in bills for line in b.lines if line.coexists_at_peak))
+    from matplotlib import colormaps
+
+    tab = colormaps["tab20"]
+    line_color = {name: tab(i % 20) for i, name in enumerate(names)}
+    fig, (ax,) = _figure(height_in=1.2 + 0.4 * len(bills))
+    n = 0
+    for i, b in enumerate(bills):
+        left = 0.0
+        for line in b.lines:
+            if not line.coexists_at_peak or line.bytes <= 0:
+                continue
+            ax.barh([-i], [line.bytes / scale], left=left, color=line_color[line.name],
+                    label=line.name if i == next(j for j, x in enumerate(bills) if any(y.name == line.name for y in x.lines)) else None)
+            left += line.bytes / scale
+            n += 1
+        text = format_value(b.total_bytes, Dimension.BYTES)
+        if b.budget is not None:
+            text += f"; headroom {format_value(b.budget.headroom_bytes, Dimension.BYTES)}" + (
+                " (does not fit)" if b.budget.headroom_bytes < 0 else f", {b.budget.extra_sequences} more sequences")
+        ax.annotate(text, (left, -i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+    if capacity:
+        ax.axvline(capacity / scale, color="black", lw=1.2, label=f"capacity {format_value(capacity, Dimension.BYTES)}")
+    for t in budgets:
+        ax.axvline(t / scale, color="firebrick", lw=1, ls="--", label=f"rule threshold {format_value(int(t), Dimension.BYTES)}")
+    ax.set_xlim(0, top / scale * 1.35)
+    ax.set_yticks([-i for i in range(len(bills))], [f"{b.draft}\n({b.sequences} seq x {b.context_tokens} tok)" for b in bills])
+    ax.set_xlabel(f"resident bytes at the peak of a step ({unit})")
+    ax.grid(axis="y", visible=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / len(bills)), ncol=3)
+    against = ("the declared capacity (resources.capacity) and the headroom left" if capacity else
+               "the memory rules' thresholds" if budgets else "no capacity (resources.capacity is not declared)")
+    return Plot("", "", n, _svg(fig, "memory-bill"),
+                f"The resident memory bill per runner, its lines stacked (weights, KV caches, verification, logits, ...), "
+                f"against {against}.")
+
+
+def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
+    tests = []
+    for o in report.outcomes:
+        if o.metric != "exactness":
+            continue
+        for d in o.details:
+            p = d.get("adjusted_pvalue") if d.get("adjusted_pvalue") is not None else d.get("pvalue")
+            if isinstance(d, dict) and "pvalue" in d and _clean(p) is not None:
+                tests.append((o, d, max(float(p), 1e-300)))
+    if not tests:
+        return "no sampling exactness test in the report (greedy exactness is token equality: see the rules table)"
+    significance = {r.get("id"): r.get("significance", 0.01) for r in report.policy.get("rules", []) if isinstance(r, dict)}
+    fig, axes = _figure(2, height_in=0.9 + 0.3 * len(tests), sharey=True)
+    labels = []
+    for i, (o, d, p) in enumerate(tests):
+        color = colors.get(o.draft)
+        marker = "o" if d.get("role") == "claim" else "s"
+        axes[0].plot([p], [-i], marker, color=color)
+        det = _clean(d.get("detectable"))
+        if det is not None:
+            axes[1].plot([det], [-i], marker, color=color)
+        else:
+            axes[1].annotate("no power", (0, -i), fontsize=7, va="center")
+        target = _clean(d.get("target_effect"))
+        if target is not None:
+            axes[1].plot([target], [-i], "|", color="black", ms=10)
+        labels.append(f"{o.draft} · {o.law}: {d.get('name', d.get('kind', 'test'))} (n={d.get('n')})")
+    for alpha in sorted({significance.get(o.rule_id, 0.01) for o, _, _ in tests}):
+        axes[0].axvline(alpha, color="firebrick", ls="--", lw=1, label=f"significance {alpha:g}")
+    axes[0].set_xscale("log")
+    _plain_log(axes[0].xaxis)
+    axes[0].set_xlabel("p-value (Holm-adjusted, log)")
+    powers = sorted({d.get("power") for _, d, _ in tests if d.get("power") is not None})
+    axes[1].set_xlabel("detectable effect at power " + "/".join(f"{p:g}" for p in powers))
+    axes[1].set_xlim(left=0)
+    axes[0].set_yticks([-i for i in range(len(tests))], labels)
+    for ax in axes:
+        ax.grid(axis="y", visible=False)
+    _legend(axes[0], loc="best")
+    return Plot("", "", len(tests), _svg(fig, "exactness"),
+                "Sampling exactness: each test's Holm-adjusted p-value (left of the dashed line: the sampler differs from the "
+                "target's law) and the smallest effect it detects at the stated power (circles: claim tests, squares: evidence "
+                "only; the black tick: the effect the policy requires).")
+
+
+_CSS = """
+:root { --fail: #b3261e; --pass: #1e7b34; --warn: #8a6100; }
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; max-width: 60rem; margin: 1.5rem auto;
+       padding: 0 1rem; color: #1b1b1b; background: #fff; }
+h1.verdict { font-size: 1.7rem; margin: 0 0 .3rem; }
+h1.pass { color: var(--pass); } h1.fail, h1.error { color: var(--fail); }
+.meta { color: #555; font-size: .85rem; }
+table { border-collapse: collapse; width: 100%; font-size: .82rem; margin: .5rem 0 1rem; }
+th, td { border-bottom: 1px solid #ddd; padding: .25rem .4rem; text-align: left; vertical-align: top; }
+tr.fail td:first-child, tr.error td:first-child { color: var(--fail); font-weight: 600; }
+tr.inconclusive td:first-child, tr.warn td:first-child { color: var(--warn); font-weight: 600; }
+table.grid td { white-space: nowrap; } table.grid small { color: #555; font-weight: 400; } table.grid td.fail, table.grid td.error { color: var(--fail); font-weight: 600; }
+table.grid td.inconclusive, table.grid td.warn { color: var(--warn); } table.grid td.pass { color: var(--pass); }
+tr.pays td:nth-child(8) { color: var(--pass); font-weight: 600; } tr.costs td:nth-child(8) { color: var(--fail); font-weight: 600; }
+figure.plot { margin: 1.2rem 0 1.8rem; }
+figure.plot h3 { margin: 0 0 .3rem; font-size: 1rem; }
+figure.plot svg { width: 100%; height: auto; display: block; }
+figcaption { font-size: .85rem; color: #333; margin-top: .2rem; }
+ul.skipped, ul.crossovers { font-size: .85rem; }
+code { font-size: .85em; }
+@media print {
+  body { max-width: none; margin: 0; font-size: 11px; }
+  figure.plot, table tr { break-inside: avoid; page-break-inside: avoid; }
+  h2 { break-after: avoid; }
+}
+"""
+
+register(HtmlReport, "one self-contained HTML page: the verdict, the rules that did not pass, inline SVG plots")
