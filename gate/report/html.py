@@ -502,56 +502,47 @@ def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str
     return fig, n
 
 
-def _speedup_by_category(report: Report, colors: dict[str, Any]) -> Plot | str:
-    cats = {c for r in _drafts(report) for c in r.by_category}
-    if len(cats) < 2:
-        return "the workload has fewer than two categories"
-    got = _breakdown_plot(report, colors, "category", "speedup", "speedup-by-category")
-    if got is None:
-        return "no category has a measured speedup"
-    fig, n = got
-    for ax in fig.axes:
-        ax.set_xlabel("speedup (x)")
-    return Plot("", "", n, _svg(fig, "speedup-by-category"),
-                "Where each draft pays: pooled speedup per workload category and law (point values; bars where a "
-                "speedup rule is scoped to the category); right of the dashed 1.0x line the draft pays.")
+_OVERLAP_AXIS = "mean overlap (sum min(p, q), 0-1)"
+_NO_SWEEP = "the workload has no context-length sweep (workload.context_lengths)"
 
 
-def _speedup_by_context(report: Report, colors: dict[str, Any]) -> Plot | str:
-    got = _breakdown_plot(report, colors, "context_length", "speedup", "speedup-by-context")
-    if got is None:
-        return "the workload has no context-length sweep (workload.context_lengths)"
-    fig, n = got
-    for ax in fig.axes:
-        ax.set_xlabel("speedup (x)")
-    return Plot("", "", n, _svg(fig, "speedup-by-context"),
-                "Pooled speedup per requested context length (prompt tokens) and law: how the draft's gain changes with "
-                "longer contexts; right of 1.0x it pays.")
+def _breakdown(by: str, field: str, name: str, xlabel: str, missing: str, caption: str,
+               unit_range: bool = False) -> Callable[[Report, dict[str, Any]], Plot | str]:
+    """A plot of one breakdown figure (SummaryRow.by_category / by_context_length) per slice,
+    draft and law; `missing`: why it is not plotted when no slice has the figure."""
+
+    def plot(report: Report, colors: dict[str, Any]) -> Plot | str:
+        if by == "category" and len({c for r in _drafts(report) for c in r.by_category}) < 2:
+            return "the workload has fewer than two categories"
+        got = _breakdown_plot(report, colors, by, field, name)
+        if got is None:
+            return missing
+        fig, n = got
+        for ax in fig.axes:
+            ax.set_xlabel(xlabel)
+            if unit_range:
+                ax.set_xlim(-0.02, 1.02)
+        return Plot("", "", n, _svg(fig, name), caption)
+
+    return plot
 
 
-def _overlap_by_category(report: Report, colors: dict[str, Any]) -> Plot | str:
-    got = _breakdown_plot(report, colors, "category", "overlap_mean", "overlap-by-category")
-    if got is None:
-        return "no overlap was measured per category"
-    fig, n = got
-    for ax in fig.axes:
-        ax.set_xlabel("mean overlap (sum min(p, q), 0-1)")
-        ax.set_xlim(-0.02, 1.02)
-    return Plot("", "", n, _svg(fig, "overlap-by-category"),
-                "Why a draft pays where it does: mean per-position overlap sum_x min(p(x), q(x)) of each draft with the "
-                "target along the target's own continuations, per category and law.")
-
-
-def _overlap_by_context(report: Report, colors: dict[str, Any]) -> Plot | str:
-    got = _breakdown_plot(report, colors, "context_length", "overlap_mean", "overlap-by-context")
-    if got is None:
-        return "the workload has no context-length sweep (workload.context_lengths)"
-    fig, n = got
-    for ax in fig.axes:
-        ax.set_xlabel("mean overlap (sum min(p, q), 0-1)")
-        ax.set_xlim(-0.02, 1.02)
-    return Plot("", "", n, _svg(fig, "overlap-by-context"),
-                "Mean per-position overlap of each draft with the target per requested context length (prompt tokens) and law.")
+_speedup_by_category = _breakdown(
+    "category", "speedup", "speedup-by-category", "speedup (x)", "no category has a measured speedup",
+    "Where each draft pays: pooled speedup per workload category and law (point values; bars where a speedup rule is "
+    "scoped to the category); right of the dashed 1.0x line the draft pays.")
+_speedup_by_context = _breakdown(
+    "context_length", "speedup", "speedup-by-context", "speedup (x)", _NO_SWEEP,
+    "Pooled speedup per requested context length (prompt tokens) and law: how the draft's gain changes with longer "
+    "contexts; right of 1.0x it pays.")
+_overlap_by_category = _breakdown(
+    "category", "overlap_mean", "overlap-by-category", _OVERLAP_AXIS, "no overlap was measured per category",
+    "Why a draft pays where it does: mean per-position overlap sum_x min(p(x), q(x)) of each draft with the target "
+    "along the target's own continuations, per category and law.", unit_range=True)
+_overlap_by_context = _breakdown(
+    "context_length", "overlap_mean", "overlap-by-context", _OVERLAP_AXIS, _NO_SWEEP,
+    "Mean per-position overlap of each draft with the target per requested context length (prompt tokens) and law.",
+    unit_range=True)
 
 
 def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
