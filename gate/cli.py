@@ -260,12 +260,7 @@ def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], ban
     if not (bw > 0 and pk > 0):
         raise InputError([Problem("command line", "--bandwidth/--peak", None, "bandwidth and peak must be positive")])
     loaded = do_validate(policy)
-    drafts = data.get("measurements", {}).get("drafts", {})
-    for name, d in loaded.policy.drafts.items():
-        if name not in drafts or drafts[name].get("num_draft_tokens") != d.num_draft_tokens:
-            raise InputError([Problem(str(report_path), f"measurements.drafts.{name}", None,
-                                      f"the report was not made with this policy: draft {name!r} "
-                                      f"{'is missing' if name not in drafts else 'has another num_draft_tokens'} there")])
+    _check_report_drafts(data, loaded, report_path)
     try:
         rows = policy_roofline(loaded, bw, pk, [1, 8, 64], data)
     except PolicyValueError as e:
@@ -514,17 +509,23 @@ def schema(which: str) -> None:
 def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
     """A gate check JSON report made with this policy's drafts (same num_draft_tokens).
     Raises InputError for a file that is not such a report."""
-    from gate.errors import InputError, Problem
     from gate.report.explain import read_report_data
 
     report = read_report_data(path, "gate check")
+    _check_report_drafts(report, loaded, path)
+    return report
+
+
+def _check_report_drafts(report: dict[str, Any], loaded: Any, path: Path) -> None:
+    """Raise InputError unless the report's drafts are the policy's (same num_draft_tokens)."""
+    from gate.errors import InputError, Problem
+
     drafts = report.get("measurements", {}).get("drafts", {})
     for name, d in loaded.policy.drafts.items():
         if name not in drafts or drafts[name].get("num_draft_tokens") != d.num_draft_tokens:
             raise InputError([Problem(str(path), f"measurements.drafts.{name}", None,
                                       f"the report was not made with this policy: draft {name!r} "
                                       f"{'is missing' if name not in drafts else 'has another num_draft_tokens'} there")])
-    return report
 
 
 class _progress:

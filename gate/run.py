@@ -167,7 +167,7 @@ def _run_cell(session: Session, cell: list[Request], starts: dict[int, float], r
     def done(i: int, result: RequestResult) -> None:
         req = cell[i]
         if isinstance(result, BaseException):  # recorded, the run goes on
-            failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}", _describe(result)))
+            failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}", describe_error(result)))
             return
         record = _record(session, req, result)
         starts[id(record)] = result.started_s
@@ -197,12 +197,14 @@ def _phase(m: Measurements, stage: FailureStage, run: Callable[[], None]) -> Non
     try:
         run()
     except Exception as e:  # noqa: BLE001
-        m.failures.append(Failure(stage, "*", "*", stage.value, _describe(e)))
+        m.failures.append(Failure(stage, "*", "*", stage.value, describe_error(e)))
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
+    """A failure message for a report: the exception's type and text, plus where it was raised
+    unless it names its own place (a served runner's error names runner and URL)."""
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame else ""
+    where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame and not getattr(e, "names_its_place", False) else ""
     return f"{type(e).__name__}: {e}{where}"
 
 
@@ -220,21 +222,30 @@ def _warmup(session: Session, m: Measurements) -> None:
     for name in [FALLBACK, *session.drafts]:
         (result,) = session.runner.run([Request(name, session.laws[0], session.prompts[0], 4, 0, 0)], SEQUENTIAL)
         if isinstance(result, BaseException):
-            m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", _describe(result)))
+            m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", describe_error(result)))
 
 
 def _record(session: Session, req: Request, g: StreamResult) -> RequestRecord:
     """The request's record: what the runner returned, labelled with the planned request."""
     draft = None if req.draft == FALLBACK else session.drafts.get(req.draft)
+    return request_record(req, g, draft.num_draft_tokens if draft else 0)
+
+
+def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurrency: int | None = None,
+                   request_rate: float | None = None) -> RequestRecord:
+    """A runner's StreamResult labelled with its planned request, the draft's gamma
+    (`num_draft_tokens`, 0 for the fallback) and, for served runs, its load point."""
     return RequestRecord(
         draft=req.draft, law=req.law.name, prompt_id=req.prompt.id, category=req.prompt.category,
         max_new_tokens=req.max_new_tokens, repetition=req.repetition, prompt_tokens=len(req.prompt.token_ids),
         output_ids=g.output_ids, token_times_ms=g.token_times_ms, step_committed=g.step_committed,
         step_proposed=g.step_proposed, step_accepted=g.step_accepted, stop_reason=g.stop_reason, e2el_ms=g.e2el_ms,
-        num_draft_tokens=draft.num_draft_tokens if draft else 0, kv_cache_tokens=g.kv_cache_tokens,
+        num_draft_tokens=num_draft_tokens, kv_cache_tokens=g.kv_cache_tokens,
         kv_cache_bytes=g.kv_cache_bytes, draft_kv_cache_bytes=g.draft_kv_cache_bytes,
         context_length=req.prompt.context_length, stop_string=g.stop_string,
         cpu_time_ms=g.cpu_time_ms, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m, threads=g.threads,
+        concurrency=concurrency, request_rate=request_rate, queue_ms=g.queue_ms,
+        server_draft_tokens=g.server_draft_tokens, server_accepted_tokens=g.server_accepted_tokens,
     )
 
 
@@ -260,14 +271,14 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
         try:
             p = _oracle(session).target_probs(ids, len(prompt), law)
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure(FailureStage.OVERLAP, "*", rec.law, f"overlap {rec.prompt_id}: target forward", _describe(e)))
+            m.failures.append(Failure(FailureStage.OVERLAP, "*", rec.law, f"overlap {rec.prompt_id}: target forward", describe_error(e)))
             continue
         for name, draft in session.drafts.items():
             try:
                 q = draft.teacher_forced(ids, len(prompt), law, p.shape[-1])
                 ov, top1 = position_overlaps(p, q.to(p.device))
             except Exception as e:  # noqa: BLE001
-                m.failures.append(Failure(FailureStage.OVERLAP, name, rec.law, f"overlap {rec.prompt_id}", _describe(e)))
+                m.failures.append(Failure(FailureStage.OVERLAP, name, rec.law, f"overlap {rec.prompt_id}", describe_error(e)))
                 continue
             m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1,
                                             rec.context_length))
@@ -309,7 +320,7 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                         p = _oracle(session).target_probs(ids + list(prefix) + [0], len(ids), law)[-1]
                         rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu(), prefix=prefix))
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure(FailureStage.EXACTNESS, name, law_name, "exactness", _describe(e)))
+            m.failures.append(Failure(FailureStage.EXACTNESS, name, law_name, "exactness", describe_error(e)))
             continue
         m.exactness.append(rec)
     progress("exactness", len(pairs), len(pairs))
@@ -334,4 +345,4 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
                 line.predicted_at_measured_bytes = target_cache.bytes(longest.kv_cache_tokens)
         m.bills.extend(bills)
     except Exception as e:  # noqa: BLE001
-        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", _describe(e)))
+        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", describe_error(e)))

@@ -19,7 +19,6 @@ always stopped (close() in a finally block).
 
 from __future__ import annotations
 
-import traceback
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +33,8 @@ from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Fail
                           RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
 import torch
 
-from gate.runners.interface import RequestResult, Runner, StreamResult
+from gate.run import describe_error, request_record
+from gate.runners.interface import RequestResult, Runner
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 CACHE_DIR = Path.home() / ".cache" / "gate" / "gguf"  # GGUF files gate writes (early-exit drafts)
@@ -161,7 +161,7 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     except KeyboardInterrupt:
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
     except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
-        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", _describe(e)))
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
     finally:
         m.servers = _servers(runner, names, policy.runner.kind)
         runner.close()
@@ -181,6 +181,7 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
     # an n-gram draft (point mass) may find nothing to copy in a whole window.
     info = m.drafts.get(name)
     always_proposes = info is not None and info.probability_info == "distribution"
+    gamma = (info.num_draft_tokens or 0) if info is not None else 0
     at = f"{describe_point(load)}, repetition {rep}"
 
     def fail(stage: FailureStage, what: str, message: str) -> None:
@@ -193,9 +194,9 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
         try:
             for i, result in enumerate(runner.run(warm, ClosedLoop(concurrency=1))):
                 if isinstance(result, BaseException):
-                    fail(FailureStage.WARM_UP, f"warm-up request {warm[i].prompt.id} at {at}", _describe(result))
+                    fail(FailureStage.WARM_UP, f"warm-up request {warm[i].prompt.id} at {at}", describe_error(result))
         except Exception as e:  # noqa: BLE001 - e.g. the server did not start: the window's requests will say so too
-            fail(FailureStage.WARM_UP, f"warm-up at {at}", _describe(e))
+            fail(FailureStage.WARM_UP, f"warm-up at {at}", describe_error(e))
     before, scrape_error = _scrape(runner, name)
     records: list[RequestRecord] = []
     starts: list[tuple[float, RequestRecord]] = []
@@ -203,9 +204,9 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
     def done(i: int, result: RequestResult) -> None:
         req = requests[i]
         if isinstance(result, BaseException):
-            fail(FailureStage.REQUEST, f"request {req.prompt.id} at {at}", _describe(result))
+            fail(FailureStage.REQUEST, f"request {req.prompt.id} at {at}", describe_error(result))
             return
-        rec = _record(req, result, concurrency, rate, m)
+        rec = request_record(req, result, gamma, concurrency, rate)
         records.append(rec)
         starts.append((result.started_s, rec))
 
@@ -214,7 +215,7 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
     try:
         runner.run(requests, load, done)
     except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
-        fail(FailureStage.REQUEST, f"{len(requests) - len(records)} requests at {at}", _describe(e))
+        fail(FailureStage.REQUEST, f"{len(requests) - len(records)} requests at {at}", describe_error(e))
     finally:
         m.requests += records
         after, error = _scrape(runner, name)
@@ -248,7 +249,7 @@ def _scrape(runner: Runner, name: str) -> tuple[Any, str | None]:
     try:
         return counters(name), None
     except Exception as e:  # noqa: BLE001 - an unreachable metrics URL is a failed measurement, not a crash
-        return None, _describe(e)
+        return None, describe_error(e)
 
 
 def _delta(before: Any, after: Any) -> SpecDecodeCounters | None:
@@ -274,30 +275,12 @@ def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
     return all(not (values[k] > limit) for k, limit in slo.items())
 
 
-def _record(req: Request, g: StreamResult, concurrency: int | None, rate: float | None, m: Measurements) -> RequestRecord:
-    """A served request's record: the stream labelled with the planned request and its load point."""
-    info = m.drafts.get(req.draft)
-    return RequestRecord(
-        draft=req.draft, law=req.law.name, prompt_id=req.prompt.id, category=req.prompt.category,
-        max_new_tokens=req.max_new_tokens, repetition=req.repetition, prompt_tokens=len(req.prompt.token_ids),
-        output_ids=g.output_ids, token_times_ms=g.token_times_ms, step_committed=g.step_committed,
-        step_proposed=None, step_accepted=None, stop_reason=g.stop_reason, e2el_ms=g.e2el_ms,
-        num_draft_tokens=(info.num_draft_tokens or 0) if info else 0, kv_cache_tokens=None, kv_cache_bytes=None,
-        draft_kv_cache_bytes=None, context_length=req.prompt.context_length, stop_string=g.stop_string,
-        concurrency=concurrency, request_rate=rate, queue_ms=g.queue_ms, server_draft_tokens=g.server_draft_tokens,
-        server_accepted_tokens=g.server_accepted_tokens, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m,
-    )
-
-
 def _servers(runner: Runner, names: list[str], kind: str) -> list[ServerRecord]:
-    out = []
-    for name in names:
-        command = getattr(runner, "command_line", None)
-        rss = getattr(runner, "peak_rss_bytes", None)
-        endpoint = getattr(runner, "endpoint", None)
-        endpoint = (lambda n, get=endpoint: get(n).base_url) if endpoint is not None else None
-        out.append(ServerRecord(name, kind, _safe(endpoint, name), _safe(command, name), _info(runner, name), _safe(rss, name)))
-    return out
+    """What gate saw of each runner's engine (what the runner can tell: a managed server's
+    command line and peak RSS, an endpoint's base URL, a version)."""
+    endpoint, command, rss = (getattr(runner, a, None) for a in ("endpoint", "command_line", "peak_rss_bytes"))
+    return [ServerRecord(name, kind, getattr(_safe(endpoint, name), "base_url", None), _safe(command, name),
+                         _info(runner, name), _safe(rss, name)) for name in names]
 
 
 def _safe(get: Any, name: str) -> Any:
@@ -319,63 +302,64 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
     from gate.runners.openai import UNKNOWN_ID
 
     prompts = {p.id: p for p in plan.workload.prompts}
-    controls: dict[str, float | None] = {}
-    for draft, law in sorted(plan.exactness.pairs):
-        if not any(x.name == law and x.greedy for x in plan.laws):
-            continue
+    greedy = {law.name for law in plan.laws if law.greedy}
+    for law in sorted({law for _, law in plan.exactness.pairs} & greedy):
+        drafts = sorted(d for d, x in plan.exactness.pairs if x == law)
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
-        rec = ExactnessRecord(draft, law, greedy=True)
+        recs = {d: ExactnessRecord(d, law, greedy=True) for d in drafts}
+        found: dict[tuple, list[tuple[ExactnessRecord, int, int]]] = {}  # fallback cell -> (record, position, draft token)
+        no_ids = dict.fromkeys(drafts, 0)
         try:
-            if oracle is not None and law not in controls:
-                controls[law] = _control(oracle, prompts, list(fallback.values()))
-            rec.numerical_tolerance = controls.get(law)
-            no_ids = 0
-            for r in (x for x in m.requests if x.draft == draft and x.law == law):
+            for r in (x for x in m.requests if x.draft in recs and x.law == law):
                 f = fallback.get(request_key(r))
                 if f is None:
                     continue
                 if UNKNOWN_ID in f.output_ids or UNKNOWN_ID in r.output_ids:
-                    no_ids += 1  # counts only came back: nothing to compare token for token
+                    no_ids[r.draft] += 1  # counts only came back: nothing to compare token for token
                     continue
-                rec.compared += 1
+                recs[r.draft].compared += 1
                 pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids)) if a != b), None)
-                if pos is None:
-                    continue
-                gap = _gap(oracle, prompts[r.prompt_id], f.output_ids[:pos], r.output_ids[pos])
-                rec.divergences.append(Divergence(r.prompt_id, pos, f.output_ids[pos], r.output_ids[pos], gap))
-            if no_ids:
-                rec.note = (f"{no_ids} request pair(s) came back without token ids (this api returns counts only: use "
-                            "api llama_cpp, or a server that returns token ids)")
+                if pos is not None:
+                    found.setdefault(request_key(f), []).append((recs[r.draft], pos, r.output_ids[pos]))
+            if oracle is not None:
+                control = _gaps(oracle, prompts, fallback, found)
+            else:  # no local target: every divergence is a fault
+                control, found = None, {k: [(*hit, float("inf")) for hit in hits] for k, hits in found.items()}
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure(FailureStage.EXACTNESS, draft, law, "greedy exactness", _describe(e)))
+            m.failures += [Failure(FailureStage.EXACTNESS, d, law, "greedy exactness", describe_error(e)) for d in drafts]
             continue
-        m.exactness.append(rec)
+        for d, rec in recs.items():
+            rec.numerical_tolerance = control
+            for key, hits in found.items():
+                f = fallback[key]
+                rec.divergences += [Divergence(f.prompt_id, pos, f.output_ids[pos], token, gap)
+                                    for owner, pos, token, gap in hits if owner is rec]
+            if no_ids[d]:
+                rec.note = (f"{no_ids[d]} request pair(s) came back without token ids (this api returns counts only: use "
+                            "api llama_cpp, or a server that returns token ids)")
+            m.exactness.append(rec)
 
 
-def _gap(oracle: Any, prompt: PlannedPrompt, prefix: list[int], token: int) -> float:
-    """How far `token` lies below the local target's top logit after prompt + prefix (logits;
-    inf without a local target)."""
-    if oracle is None:
-        return float("inf")
-    logits = oracle.target_logits(list(prompt.token_ids) + prefix + [token], len(prompt.token_ids) + len(prefix))[-1].float()
-    return float(logits.max() - logits[token])
-
-
-def _control(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: list[RequestRecord]) -> float | None:
-    """The fallback runner as the control for the server's numerics: the largest gap below
-    the local target's top logit of any token it emitted, teacher-forced along its own
-    outputs (0.0 when it always emitted the local argmax; None without token ids)."""
+def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, RequestRecord],
+          found: dict[tuple, list]) -> float | None:
+    """One teacher-forced pass of the local target along each fallback output gives both
+    the control (the largest gap below the local top logit of any token the fallback runner
+    emitted; None without token ids) and, in place, the gap of each divergence found at that
+    cell (its context is the fallback's prefix): `found` entries become (record, position,
+    token, gap). Divergences without a local target keep an infinite gap."""
     from gate.runners.openai import UNKNOWN_ID
 
     worst: float | None = None
-    for f in fallback:
+    for key, f in fallback.items():
         if not f.output_ids or UNKNOWN_ID in f.output_ids:
             continue
         ids = list(prompts[f.prompt_id].token_ids)
-        logits = oracle.target_logits(ids + f.output_ids, len(ids)).float()
+        logits = oracle.target_logits(ids + f.output_ids, len(ids)).float()  # [T, V]: row i given the fallback's prefix
+        top = logits.max(dim=-1).values
         chosen = logits.gather(-1, torch.tensor(f.output_ids)[:, None]).squeeze(-1)
-        gap = float((logits.max(dim=-1).values - chosen).max())
+        gap = float((top - chosen).max())
         worst = gap if worst is None else max(worst, gap)
+        found[key] = [(rec, pos, token, float(top[pos] - logits[pos, token])) for rec, pos, token in found.get(key, [])]
     return worst
 
 
@@ -386,17 +370,7 @@ def _bills(plan: Plan, m: Measurements) -> None:
     try:
         m.bills = policy_bills(plan)
     except Exception as e:  # noqa: BLE001 - a bill that cannot be computed is a failed measurement
-        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", _describe(e)))
-
-
-def _describe(e: BaseException) -> str:
-    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame and not _served_error(e) else ""
-    return f"{type(e).__name__}: {e}{where}"
-
-
-def _served_error(e: BaseException) -> bool:
-    return type(e).__name__ == "ServedError"
+        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", describe_error(e)))
 
 
 __all__ = ["build_runner", "describe_point", "load_points", "measure_served", "point_of", "target_gguf"]

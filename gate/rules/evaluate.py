@@ -344,7 +344,7 @@ def _at_load(f: Failure, where: Selection) -> bool:
     selection of every load point, always does)."""
     if f.concurrency is None and f.request_rate is None:
         return True
-    return where._load(f.concurrency, f.request_rate)
+    return where.takes_load(f.concurrency, f.request_rate)
 
 
 def _same_cells(a: Estimand, b: Estimand) -> bool:

@@ -29,9 +29,10 @@ class Selection:
                 and (self.categories is None or record.category in self.categories)
                 and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
                 and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens)
-                and self._load(getattr(record, "concurrency", None), getattr(record, "request_rate", None)))
+                and self.takes_load(getattr(record, "concurrency", None), getattr(record, "request_rate", None)))
 
-    def _load(self, concurrency: int | None, request_rate: float | None) -> bool:
+    def takes_load(self, concurrency: int | None, request_rate: float | None) -> bool:
+        """Whether a load point (a record's concurrency or request rate; None, None: none) is in the selection."""
         if self.concurrency is None and self.request_rate is None:
             return True
         return ((self.concurrency is not None and concurrency in self.concurrency)
@@ -39,7 +40,7 @@ class Selection:
 
     def takes_window(self, w: RunRecord) -> bool:
         """Whether a measured window (its runner, law and load point) belongs to this selection."""
-        return w.runner == self.runner and w.law == self.law and self._load(
+        return w.runner == self.runner and w.law == self.law and self.takes_load(
             w.load.concurrency if w.load.kind == "concurrency" else None, w.load.request_rate)
 
     @property

@@ -53,6 +53,8 @@ class ServedError(RuntimeError):
     "fallback"), `url` (the endpoint) and `what` (what failed, e.g. "connection refused",
     "HTTP 503: <body>", "timed out after 120 s")."""
 
+    names_its_place = True  # its message names runner and URL: reports add no source location
+
     def __init__(self, runner: str, url: str, what: str):
         super().__init__(f"runner {runner!r} at {url}: {what}")
         self.runner = runner
