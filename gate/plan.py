@@ -208,6 +208,7 @@ class Plan:
     exactness: ExactnessPlan
     baseline: Any = None
     tokenizer: Any = None  # the target's tokenizer validation loaded (gate check reuses it)
+    release: Any = None  # the pinned released target (gate.measure.identity.Release), or None
 
     @property
     def policy(self) -> Any:

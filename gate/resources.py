@@ -45,12 +45,13 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
     for name, d in policy.drafts.items():
         at = f"drafts.{name}"
         m = draft_kinds.model_config(name, d, ctx)
-        if m is None:  # no model: no cache, no weights
-            drafts.append(DraftBill(name, d.num_draft_tokens, None, 0, draft_kinds.has_distribution(d)))
+        if m is None:  # no model: no cache; weights only where its files hold some (trained heads)
+            own = draft_kinds.file_weight_bytes(name, d, loaded.path.parent)
+            drafts.append(DraftBill(name, d.num_draft_tokens, None, own, draft_kinds.has_distribution(d)))
             continue
         own = 0 if m.shares_target_weights else _weights(m.config, m.dtype, m.quantization, at)
         drafts.append(DraftBill(name, d.num_draft_tokens, _cache(m.config, kv_format(res, m.cache_dtype), at), own,
-                                draft_kinds.has_distribution(d)))
+                                draft_kinds.has_distribution(d), m.own_vocab_size))
     return bills_for(res, context, int(config.vocab_size), target_cache, target_bytes, drafts)
 
 

@@ -8,13 +8,13 @@ run with what it has.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any, Callable
 
 import torch
 
 from gate import interrupt
 from gate.drafts import registry as draft_kinds
+from gate.errors import describe_error
 from gate.measure.bill import bills_for, kv_format
 from gate.measure.kv import cache_model
 from gate.load.sequential import SEQUENTIAL
@@ -24,6 +24,7 @@ from gate.measure.overlap import position_overlaps
 from gate.models.load import dtype_name, weight_bytes
 from gate.law import law_probs
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
+from gate.measure.identity import measure_identity, modifies_target
 from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
 from gate.oracle import TargetOracle
 from gate.runners.interface import RequestResult, StreamResult
@@ -44,7 +45,10 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
     env = environment(session.device, seed)
     env.models = session.models
     m = Measurements(environment=env, laws=[law.name for law in session.laws])
-    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info) for name, d in session.drafts.items()}
+    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info, modifies_target(d.kind))
+                for name, d in session.drafts.items()}
+    # drafts with their own tokenizer (cross_tokenizer) compared it with the target's when built
+    m.tokenizers = [c for d in session.drafts.values() if (c := getattr(d, "tokenizer_comparison", None)) is not None]
     m.workload = session.workload
     requests = plan_requests(list(session.drafts), session.laws, session.prompts, max_new_tokens, repetitions, seed,
                              interleave)
@@ -66,6 +70,11 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
         if session.device.type == "cuda":
             m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
+    # After the peaks are read: the release model (a reference, never resident at serve time) moves none of them.
+    try:
+        _phase(m, FailureStage.IDENTITY, lambda: measure_identity(session, m, progress))
+    except KeyboardInterrupt:
+        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted while comparing the target with its release"))
     return m
 
 
@@ -200,14 +209,6 @@ def _phase(m: Measurements, stage: FailureStage, run: Callable[[], None]) -> Non
         m.failures.append(Failure(stage, "*", "*", stage.value, describe_error(e)))
 
 
-def describe_error(e: BaseException) -> str:
-    """A failure message for a report: the exception's type and text, plus where it was raised
-    unless it names its own place (a served runner's error names runner and URL)."""
-    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame and not getattr(e, "names_its_place", False) else ""
-    return f"{type(e).__name__}: {e}{where}"
-
-
 def _oracle(session: Session) -> TargetOracle:
     """The session's target oracle. Raises RuntimeError where there is no local target."""
     if session.oracle is None:
@@ -246,6 +247,7 @@ def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurr
         cpu_time_ms=g.cpu_time_ms, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m, threads=g.threads,
         concurrency=concurrency, request_rate=request_rate, queue_ms=g.queue_ms,
         server_draft_tokens=g.server_draft_tokens, server_accepted_tokens=g.server_accepted_tokens,
+        step_mapping_ms=g.step_mapping_ms, step_draft_tokens=g.step_draft_tokens,
     )
 
 

@@ -33,7 +33,8 @@ from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Fail
                           RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
 import torch
 
-from gate.run import describe_error, request_record
+from gate.errors import describe_error
+from gate.run import request_record
 from gate.runners.interface import RequestResult, Runner
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)

@@ -38,6 +38,7 @@ class Session:
     prompts: list[PlannedPrompt]
     models: list[ModelInfo] = field(default_factory=list)
     workload: WorkloadInfo | None = None
+    release: Any = None  # the pinned released target (gate.measure.identity.Release; loaded only to compare, never run)
 
 
 @dataclass
@@ -90,6 +91,6 @@ def open_session(plan: Plan) -> Session:
         if built.info is not None:
             infos.append(built.info)
     return Session(device, target, tokenizer, t.runner(drafts), oracle, drafts, list(plan.laws), list(plan.workload.prompts),
-                   infos, plan.workload.info)
+                   infos, plan.workload.info, getattr(plan, "release", None))
 
 

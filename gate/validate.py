@@ -15,6 +15,7 @@ from typing import Any
 from gate.baseline import load_baseline
 from gate.drafts import registry as draft_kinds
 from gate.errors import PolicyValueError
+from gate.measure.identity import load_release
 from gate.measure.kv import sliding_window
 from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
 from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
@@ -41,6 +42,8 @@ def validate(path: str | Path) -> Plan:
         tokenizer = _tokenizer(target, "target.model")
         for at, source in separate.items():
             check_tokenizers(tokenizer, _tokenizer(source, at), at)
+        for name, draft in policy.drafts.items():  # drafts with their own tokenizer (cross_tokenizer): it must load
+            draft_kinds.check_tokenizer(name, draft, tokenizer, loaded.path.parent)
         config = read_config(target, "target.model")
         _check_config(loaded, config)
         workload = build_workload(loaded, workload_source(loaded), tokenizer, config,
@@ -48,11 +51,12 @@ def validate(path: str | Path) -> Plan:
         weak = underpowered(policy, [p.category for p in workload.questions])
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
+        release = load_release(loaded)  # a missing report, or one without a probe, is bad input
     except PolicyValueError as e:
         raise loaded.error(e) from None
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     baseline = load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
-    plan = Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer)
+    plan = Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer, release)
     if policy.runner.served:
         _check_served(plan)
     return plan
@@ -94,6 +98,7 @@ def _check_config(loaded: LoadedPolicy, config: Any) -> None:
     limit = getattr(config, "max_position_embeddings", None) or 10**12
     for name, d in policy.drafts.items():
         draft_kinds.check_target_config(name, d, config)
+        draft_kinds.check_files(name, d, loaded.path.parent, config)
     if policy.resources.context_tokens and policy.resources.context_tokens > limit:
         raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
                                f"{limit} positions (max_position_embeddings)")

@@ -60,7 +60,7 @@ def test_every_bill_line_name_is_known_to_the_policy():
     from gate.measure.kv import cache_model
 
     c = cache_model(tiny_llama(0).config, "float32")
-    lines = bill_lines(BillInputs("d", c, 1, 96, 10, 1, 3, c, 1, True, 2, 1, 1, 1, 0.1))
+    lines = bill_lines(BillInputs("d", c, 1, 96, 10, 1, 3, c, 1, True, 2, 1, 1, 1, 0.1, draft_vocab_size=200))
     assert {x.name for x in lines} == set(BILL_LINES)
 
 

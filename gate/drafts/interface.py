@@ -33,10 +33,18 @@ DType = Literal["float32", "bfloat16", "float16"]  # weight dtypes a policy may 
 
 @dataclass
 class Proposal:
-    """`tokens` [n] proposed after the context, with `q` [n, V] float32 (one-hot for point masses)."""
+    """`tokens` [n] proposed after the context, with `q` [n, V] float32 (one-hot for point masses).
+
+    Cross-tokenizer drafts (gate.drafts.cross_tokenizer) also say what translating cost:
+    `mapping_ms`, the wall time (ms) this propose call spent translating between the two
+    tokenizers (decoding, re-encoding, mapping q; not the draft's forwards), and
+    `draft_tokens`, the tokens the draft proposed in its own vocabulary before translation
+    (None: the same as len(tokens))."""
 
     tokens: torch.Tensor
     q: torch.Tensor
+    mapping_ms: float = 0.0
+    draft_tokens: int | None = None
 
 
 class Draft(ABC):
@@ -46,9 +54,17 @@ class Draft(ABC):
     kind: str
     probability_info: ProbabilityInfo
     num_draft_tokens: int
+    # True: the runner passes the target's hidden state to observe_target_hidden after the
+    # prefill and after every verification (draft heads on the target's backbone, gate.drafts.heads)
+    uses_target_hidden: bool = False
 
     def start(self) -> None:
         """Forget any state of a previous request (caches)."""
+
+    def observe_target_hidden(self, hidden: torch.Tensor) -> None:
+        """The target's last-layer hidden state [H] (the input of its lm_head, after the final
+        norm) at the position whose logits gave the last committed token; called by the runner
+        before the next propose when `uses_target_hidden` is True. Ignored by default."""
 
     @abstractmethod
     def propose(self, context: list[int], n: int, law: Law, generator: torch.Generator | None) -> Proposal:
@@ -142,6 +158,7 @@ class DraftModelConfig:
     quantization: str = "none"
     kv_dtype: str | None = None  # None: dtype
     shares_target_weights: bool = False
+    own_vocab_size: int | None = None  # a draft with its own tokenizer (cross_tokenizer): its logits' width, billed apart
 
     @property
     def cache_dtype(self) -> str:
@@ -177,6 +194,18 @@ def _no_sources(name: str, spec: Any) -> list[ModelRef]:
 
 def _no_problems(name: str, spec: Any, target: Any) -> list[tuple[str, str]]:
     return []
+
+
+def _no_tokenizer_check(name: str, spec: Any, target_tokenizer: Any, policy_dir: Path) -> None:
+    return None
+
+
+def _no_files(name: str, spec: Any, policy_dir: Path, config: Any) -> None:
+    return None
+
+
+def _no_file_weights(name: str, spec: Any, policy_dir: Path) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -221,8 +250,19 @@ class DraftKind:
       match the target's (validation checks them without loading weights).
     - `policy_problems(name, spec, target_spec) -> [(yaml path, message)]`: cross-field checks
       against the policy's target section (e.g. a draft that is the target itself).
+    - `check_tokenizer(name, spec, target_tokenizer, policy_dir)`: validation of a draft that
+      brings its own tokenizer (cross_tokenizer: it loads); raises PolicyValueError.
     - `llama_server(name, spec, ctx: ServedContext) -> ServedDraft`: how llama.cpp's server runs
       it (runner kind llama_server); None: that runner cannot; raises PolicyValueError.
+    - `check_files(name, spec, policy_dir, config)`: validation of files the draft reads (a heads
+      checkpoint's header) against the target's config, without loading weights; relative
+      paths are relative to `policy_dir`; raises PolicyValueError.
+    - `file_weight_bytes(name, spec, policy_dir) -> int`: for a kind that runs no model of its own
+      (model_config None) but keeps weights (trained heads): their bytes, read from its files
+      without loading them, for `gate bill`; raises PolicyValueError.
+    - `modifies_target`: True for a kind whose draft ships a changed target (a jointly
+      fine-tuned backbone, merged adapters): the policy must pin `target.release`, and the
+      reports call the run's target an updated target for that draft (gate.measure.identity).
     """
 
     name: str
@@ -235,3 +275,7 @@ class DraftKind:
     tokenizer_sources: Callable[[str, Any], list[ModelRef]] = _no_sources
     policy_problems: Callable[[str, Any, Any], list[tuple[str, str]]] = _no_problems
     llama_server: Callable[[str, Any, ServedContext], ServedDraft] | None = None
+    check_tokenizer: Callable[[str, Any, Any, Path], None] = _no_tokenizer_check
+    check_files: Callable[[str, Any, Path, Any], None] = _no_files
+    file_weight_bytes: Callable[[str, Any, Path], int] = _no_file_weights
+    modifies_target: bool = False

@@ -30,6 +30,8 @@ BUILTIN = (
     "gate.drafts.model",
     "gate.drafts.prompt_lookup",
     "gate.drafts.early_exit",
+    "gate.drafts.cross_tokenizer",
+    "gate.drafts.heads",
 )
 
 def _well_formed(kind: DraftKind) -> None:
@@ -97,8 +99,10 @@ def model_config(name: str, spec: Any, ctx: ConfigContext) -> DraftModelConfig |
 
 
 def has_distribution(spec: Any) -> bool:
-    """Whether the draft's kind gives a full distribution q (the bill's draft probabilities)."""
-    return get(spec.kind).probability_info == "distribution"
+    """Whether the draft gives a full distribution q (the bill's draft probabilities): its
+    kind's probability_info, or the spec's own where it depends on a field (cross_tokenizer's
+    mapping)."""
+    return getattr(spec, "probability_info", get(spec.kind).probability_info) == "distribution"
 
 
 def loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:
@@ -119,6 +123,23 @@ def tokenizer_sources(name: str, spec: Any) -> list[ModelRef]:
     return get(spec.kind).tokenizer_sources(name, spec)
 
 
+def check_tokenizer(name: str, spec: Any, target_tokenizer: Any, policy_dir: Any) -> None:
+    """Validate draft `name`'s own tokenizer, where its kind brings one (cross_tokenizer).
+    Raises PolicyValueError at the draft's YAML path."""
+    get(spec.kind).check_tokenizer(name, spec, target_tokenizer, policy_dir)
+
+
 def policy_problems(name: str, spec: Any, target: Any) -> list[tuple[str, str]]:
     """(YAML path, message) for draft `name` against the policy's target section."""
     return get(spec.kind).policy_problems(name, spec, target)
+
+
+def check_files(name: str, spec: Any, policy_dir: Any, config: Any) -> None:
+    """Validate the files draft `name` reads (paths relative to `policy_dir`) against the
+    target's transformers config, without loading weights. Raises PolicyValueError."""
+    get(spec.kind).check_files(name, spec, policy_dir, config)
+
+
+def file_weight_bytes(name: str, spec: Any, policy_dir: Any) -> int:
+    """Weight bytes of draft `name` that runs no model of its own, from its files (0: none)."""
+    return get(spec.kind).file_weight_bytes(name, spec, policy_dir)

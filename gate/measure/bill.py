@@ -6,7 +6,8 @@ resident resource bill"): weights of target and draft (shared storage once), tar
 draft caches from each model's own config (gate.measure.kv), the temporary verification
 positions (num_draft_tokens + 1 per sequence and branch, plus the draft's proposals),
 target logits ((num_draft_tokens + 1) x vocab at the float32 sampling dtype) and the
-draft probabilities kept for the residual, declared workspace, graph captures and
+draft probabilities kept for the residual (a draft with its own tokenizer adds its logits at
+its own vocabulary size), declared workspace, graph captures and
 communication buffers, and a fragmentation allowance on top of their sum.
 Known values at 16 bits: Llama-2-7B 512 KiB per token, Llama-3-8B 128 KiB per token.
 """
@@ -43,6 +44,7 @@ class BillInputs:
     graph_capture_bytes: int = 0
     communication_bytes: int = 0
     fragmentation: float = 0.0
+    draft_vocab_size: int | None = None  # a draft with its own tokenizer (cross_tokenizer): its logits' width
 
 
 def bill_lines(b: BillInputs) -> list[BillLine]:
@@ -73,6 +75,12 @@ def bill_lines(b: BillInputs) -> list[BillLine]:
             "draft probabilities",
             f"{g} positions x {b.tree_branches} branches x {b.vocab_size} vocab x {SAMPLING_DTYPE_BYTES} B x {s} seq",
             g * b.tree_branches * b.vocab_size * SAMPLING_DTYPE_BYTES * s,
+        ))
+    if g and b.draft_vocab_size:  # the draft samples over its own vocabulary before translating (cross_tokenizer)
+        lines.append(BillLine(
+            "draft logits",
+            f"{g} positions x {b.tree_branches} branches x {b.draft_vocab_size} draft vocab x {SAMPLING_DTYPE_BYTES} B x {s} seq",
+            g * b.tree_branches * b.draft_vocab_size * SAMPLING_DTYPE_BYTES * s,
         ))
     for name, value in (("workspace", b.workspace_bytes), ("graph captures", b.graph_capture_bytes),
                         ("communication buffers", b.communication_bytes)):
@@ -118,13 +126,15 @@ def _total(b: BillInputs, **change: int) -> int:
 @dataclass(frozen=True)
 class DraftBill:
     """What the bill needs of one draft: its cache (None: no cache) and the weight bytes it
-    adds beyond the target's."""
+    adds beyond the target's; `vocab_size`: the width of its own logits when it has its own
+    tokenizer (a cross_tokenizer draft; None: it samples on the target's vocabulary)."""
 
     name: str
     num_draft_tokens: int
     cache: CacheModel | None
     own_weight_bytes: int
     has_distribution: bool
+    vocab_size: int | None = None
 
 
 def kv_format(resources: Any, model_dtype: str) -> KVFormat:
@@ -146,7 +156,7 @@ def bills_for(resources: Any, context_tokens: int, vocab_size: int, target_cache
     for d in drafts:
         out.append(build_bill(BillInputs(d.name, num_draft_tokens=d.num_draft_tokens, draft_cache=d.cache,
                                          draft_weight_bytes=d.own_weight_bytes, draft_has_distribution=d.has_distribution,
-                                         **common), capacity))
+                                         draft_vocab_size=d.vocab_size, **common), capacity))
     return out
 
 

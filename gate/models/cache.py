@@ -46,17 +46,29 @@ def crop_to(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0) -> torch.Tensor:
+def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0,
+            hidden: bool = False) -> Any:
     """Logits [batch, positions, V] of a causal LM, feeding `cache` when given.
 
     transformers renamed `past_key_values` to `cache`; the model's signature decides.
-    logits_to_keep=0 keeps every position."""
+    logits_to_keep=0 keeps every position. hidden=True returns (logits, hidden states)
+    instead, the hidden states [batch, positions, H] being the input of the model's output
+    embeddings (lm_head) at the kept positions: the last layer's state after the final norm,
+    captured by a forward hook, so no extra forward and no per-layer states are kept."""
     kwargs: dict[str, Any] = {"use_cache": cache is not None}
     if cache is not None:
         kwargs[_cache_kwarg(type(model))] = cache
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
-    return model(input_ids=input_ids, **kwargs).logits
+    if not hidden:
+        return model(input_ids=input_ids, **kwargs).logits
+    seen: list[torch.Tensor] = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    try:
+        logits = model(input_ids=input_ids, **kwargs).logits
+    finally:
+        handle.remove()
+    return logits, seen[-1]
 
 
 _KWARG: dict[type, str] = {}

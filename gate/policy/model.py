@@ -54,6 +54,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# A release's logits may differ from the loaded target's by this much (max |logit difference| on
+# the probe) and still be the same target: then every probability ratio is within exp(+-2e-3), so
+# the per-position TV is at most 1 - exp(-2e-3) < 0.002, fifty times below the exactness tests'
+# default detect_tv (0.1): no test gate runs could tell the two laws apart. Float32 re-runs of the same
+# weights (other threads, BLAS or device) differ by less on a small model; a bfloat16 re-quantization
+# moves logits by 1e-2 to 1e-1 and is an updated target.
+DEFAULT_TOLERANCE_LOGITS = 1e-3
+
+
+class ReleaseSpec(_Strict):
+    """The released target the loaded one is compared with (gate.measure.identity): exactly
+    one of `fingerprint`, `report` or `model`."""
+
+    fingerprint: str | None = Field(None, pattern=r"^[0-9a-f]{16}$", description="The released weights' fingerprint (16 "
+                                    "hex digits, as in a report's environment): identical or not, no tolerance or drift.")
+    report: str | None = Field(None, description="A saved gate JSON report of the release (relative to the policy file): "
+                               "its target fingerprint, config digest and logit probe.")
+    model: str | None = Field(None, description="The released weights themselves (as target.model): exact probe "
+                              "comparison and drift along the workload (target_drift_* metrics).")
+    gguf_file: str | None = Field(None, description="model: GGUF file name inside `model` when it is a directory.")
+    dtype: DType = Field("float32", description="model: the dtype the release ran at.")
+    tolerance_logits: float = Field(DEFAULT_TOLERANCE_LOGITS, ge=0.0, le=100.0, description="Largest max |logit "
+                                    "difference| on the probe for an unchanged target whose weights differ (default 1e-3: "
+                                    "per-position TV below 0.002, far below what exactness tests detect).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ReleaseSpec":
+        given = [k for k in ("fingerprint", "report", "model") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of fingerprint, report or model" + (f" (given: {', '.join(given)})" if given else ""))
+        if self.model is None:
+            for key in ("gguf_file", "dtype"):
+                if key in self.model_fields_set:
+                    raise FieldError(key, f"{key} applies to a release given by model, not by {given[0]}")
+        if self.fingerprint is not None and "tolerance_logits" in self.model_fields_set:
+            raise FieldError("tolerance_logits", "a release given by fingerprint has no probe: no tolerance applies")
+        return self
+
+
 class TargetSpec(_Strict):
     """The target (verifier) model whose declared law is the reference for exactness."""
 
@@ -65,6 +104,8 @@ class TargetSpec(_Strict):
     gguf_file: str | None = Field(None, description="GGUF file name inside `model` when `model` is a directory.")
     dtype: DType = Field("float32", description="Weight dtype the target runs at.")
     device: Literal["cpu", "cuda", "auto"] = Field("auto", description="auto: cuda when available, else cpu.")
+    release: ReleaseSpec | None = Field(None, description="The released target this one is compared with: the reports "
+                                        "say 'unchanged target' or 'updated target' (gate.measure.identity).")
 
 
 # The draft kinds' spec classes live in their own modules (gate/drafts/model.py, ...); this
@@ -171,7 +212,7 @@ class WorkloadSpec(_Strict):
 
 BILL_LINES = ("target weights", "target KV cache", "draft weights", "draft KV cache", "verification positions",
               "target logits", "draft probabilities", "workspace", "graph captures", "communication buffers",
-              "fragmentation allowance")
+              "fragmentation allowance", "draft logits")
 
 
 class ScopeSpec(_Strict):
@@ -491,10 +532,17 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
             problems.append((f"drafts.{reserved}", f"the draft name {reserved!r} is reserved for {why}"))
     for name, draft in policy.drafts.items():
         problems.extend(draft_kinds.policy_problems(name, draft, policy.target))
+        if draft_kinds.get(draft.kind).modifies_target and policy.target.release is None:
+            problems.append((f"drafts.{name}.kind", f"draft kind {draft.kind!r} ships a changed target: pin the released "
+                             "target (target.release) so its drift from the release is measured and reported"))
     seen: dict[str, int] = {}
     for i, rule in enumerate(policy.rules):
         if rule.metric in ("memory_headroom_bytes", "extra_sequences") and policy.resources.capacity is None:
             problems.append((f"rules[{i}].metric", f"{rule.metric} needs resources.capacity (the device memory the budget is for)"))
+        if rule.metric in DRIFT_METRICS and (policy.target.release is None or policy.target.release.model is None):
+            problems.append((f"rules[{i}].metric", f"{rule.metric} compares the target's law with the release's along the "
+                             "workload: it needs the released weights (target.release.model)"
+                             + ("" if policy.target.release is None else "; a release given by fingerprint or report has no law to compare")))
         if rule.line is not None and rule.line not in BILL_LINES:
             problems.append((f"rules[{i}].line", f"no bill line is called {rule.line!r}{_did_you_mean(rule.line, list(BILL_LINES))}; "
                              f"lines: {', '.join(BILL_LINES)}"))
@@ -519,11 +567,17 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
         if name not in policy.drafts:
             problems.append((f"baseline.drafts.{name}", f"unknown draft {name!r}; known: {', '.join(policy.drafts)}"))
     problems.extend(_runner_problems(policy))
+    if policy.target.release is not None and policy.runner.served:
+        problems.append(("target.release", "the target's identity is measured on gate's in-process runner (runner.kind "
+                         "transformers); served runners do not compare it with a release yet"))
     return problems
 
 
 # Metrics only the in-process runner measures (they need gate's own loop or a local model's caches).
-IN_PROCESS_ONLY = ("overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate")
+IN_PROCESS_ONLY = ("overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate", "mapping_ms", "mapping_share",
+                   "translation_loss")
+# The target's drift from its pinned release (gate.measure.identity): need target.release.model.
+DRIFT_METRICS = ("target_drift_tv", "target_drift_kl", "target_drift_top1")
 # Metrics only a served run has (measured windows at a load point).
 SERVED_ONLY = ("output_throughput", "request_throughput", "goodput", "queue_ms")
 

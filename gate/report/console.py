@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gate.measure.identity import identity_lines
+from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
@@ -56,6 +58,18 @@ class ConsoleReport(ReportFormat):
             rules.add_row(f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]", escape(o.name), o.level, escape(o.message))
         served = load_tables(report)
         tables = [summary, *slices, *served, rules] if report.measurements.requests else [rules]
+        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.measure.identity)
+            ident = Table(title="Target identity", title_justify="left", show_header=False)
+            ident.add_column("identity", overflow="fold")
+            for line in identity:
+                ident.add_row(escape(line))
+            tables.insert(0, ident)
+        if mapping := mapping_lines(report.measurements):  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
+            cross = Table(title="Cross-tokenizer drafts: tokenizers and mapping cost", title_justify="left", show_header=False)
+            cross.add_column("mapping", overflow="fold")
+            for line in mapping:
+                cross.add_row(escape(line))
+            tables.insert(tables.index(summary) + 1 if summary in tables else 0, cross)
         if report.notes:
             notes = Table(title="Notes", title_justify="left", show_header=False)
             notes.add_column("note", overflow="fold")

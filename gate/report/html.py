@@ -33,6 +33,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from gate.measure.identity import identity_lines
+from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
@@ -202,8 +204,14 @@ class HtmlReport(ReportFormat):
                f'<p class="meta">gate {esc(report.gate_version)}, {esc(report.created_utc)}; torch {esc(env.torch)}, '
                f"transformers {esc(env.transformers)}, {esc(env.device)} ({esc(env.device_name)}), seed {esc(env.seed)}"
                + (f", {env.cpu_count} CPUs, {env.threads} threads" if env.cpu_count else "") + ".</p>", "</header>"]
+        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.measure.identity)
+            out += ['<section id="target-identity"><h2>Target identity</h2><ul>'] + [f"<li>{esc(x)}</li>" for x in identity]
+            out.append("</ul></section>")
         out += self._not_passed(report)
         out += self._summary_table(report)
+        if mapping := mapping_lines(report.measurements):  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
+            out += ['<section id="cross-tokenizer"><h2>Cross-tokenizer drafts: tokenizers and mapping cost</h2><ul>']
+            out += [f"<li><pre>{esc(x)}</pre></li>" for x in mapping] + ["</ul></section>"]
         out.append('<section id="plots"><h2>Plots</h2>')
         if report.crossovers:
             out.append("<ul class=\"crossovers\">" + "".join(f"<li>{esc(c.message)}</li>" for c in report.crossovers) + "</ul>")

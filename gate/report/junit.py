@@ -17,6 +17,9 @@ Mapping (documented in the README):
 The package's traps are guarded: a failure or error without a message is silently a pass
 there, so every one carries a message; and the <testsuites> element's totals do not sum
 `skipped`, so gate sets it. Versions, device, seed and model fingerprints are suite properties.
+With a pinned release (policy target.release) the suite says whether the target is unchanged or
+updated: property `target.identity` and a passing case `target-identity` (class gate.target_identity)
+whose system-out carries the figures; rules on target_drift_* decide, as any rule.
 
 Times: a case's `time` is the summed E2E seconds of the timed requests its verdict rests on
 (none for bills and the process peak, which rest on no request); the suite's is every timed
@@ -31,6 +34,7 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
+from gate.measure.identity import identity_lines
 from gate.metrics import COMPUTED_ONCE
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
@@ -50,6 +54,12 @@ def _properties(report: Report) -> dict[str, str]:
                                                     if x)
     for c in report.crossovers:
         props[f"crossover.{c.draft}.{c.law}.{c.kind}"] = "none" if c.at is None else f"{c.at:g}"
+    ident = report.measurements.target_identity
+    if ident is not None:  # the loaded target's identity, and against a pinned release its classification
+        props["target.config_digest"] = ident.config_digest
+        if ident.release is not None:
+            props["target.identity"] = ident.release.classification
+            props["target.release"] = ident.release.release
     return props
 
 
@@ -97,6 +107,9 @@ class JunitReport(ReportFormat):
             elif o.status in (Status.WAIVED, Status.SKIPPED):
                 _mark(case, "skipped", message, "gate.skipped")
             cases.append(case)
+        identity = identity_lines(report.measurements)
+        if identity:  # a pinned release: the classification and its figures, a passing case (rules on drift decide)
+            cases.append(TestCase("target-identity", classname="gate.target_identity", stdout="\n".join(identity)))
         for f in report.measurements.failures:
             case = TestCase(f"measurement[{f.stage}/{f.draft}/{f.law}/{f.what}]", classname="gate.measurement", stdout=f.message)
             _mark(case, "error", f.message or "measurement failed", "gate.measurement_failed")

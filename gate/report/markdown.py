@@ -3,6 +3,8 @@ per-draft figures and every rule that did not pass (passing rules are counted)."
 
 from __future__ import annotations
 
+from gate.measure.identity import identity_lines
+from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
 from gate.report.console import BREAKDOWN_COLUMNS, LOAD_COLUMNS, breakdown_rows, load_rows
 from gate.report.interface import ReportFormat
@@ -36,6 +38,8 @@ class MarkdownReport(ReportFormat):
         out = [f"## gate: {verdict}", "",
                f"`{_cell(report.policy_file)}`: {counts} (exit code {report.exit_code}); torch {env.torch}, "
                f"transformers {env.transformers}, {env.device}, seed {env.seed}.", ""]
+        identity = identity_lines(report.measurements)  # unchanged or updated target (gate.measure.identity)
+        out += [f"- **{_cell(x.split(': ', 1)[0])}**: {_cell(x.split(': ', 1)[1])}" for x in identity] + ([""] if identity else [])
         if report.summary and report.measurements.requests:
             out += ["| draft | law | overlap | accept rate | mean acc len | tokens/s | speedup | slower | TTFT p50 | ITL p99 | bill |",
                     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -54,6 +58,8 @@ class MarkdownReport(ReportFormat):
                         "|---|---|---|" + "---:|" * (len(BREAKDOWN_COLUMNS) - 3)]
                 out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
                 out += ["", "</details>", ""]
+        if mapping := mapping_lines(report.measurements):  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
+            out += ["### Cross-tokenizer drafts: tokenizers and mapping cost", "", "```"] + mapping + ["```", ""]
         if report.load:
             out += ["### At each load point", "",
                     "| " + " | ".join(LOAD_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(LOAD_COLUMNS) - 3)]

@@ -152,7 +152,9 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     point = est.point()
     rng = np.random.default_rng(seed)
     draws = est.value(*[rng.integers(0, g[0].n, size=(64, g[0].n)) for g in est.groups])
-    if math.isfinite(point) and np.all(draws == point):  # every unit gives the same value
+    # every unit gives the same value; or every resample is infinite (a mean over an infinite
+    # sample, e.g. an infinite target_drift_kl): the interval is that infinity, and a ceiling fails
+    if not math.isnan(point) and np.all(draws == point):
         return Interval(point, point, level, "bootstrap: every resample equal", est.units)
     return None
 

@@ -15,7 +15,7 @@ import math
 from typing import Callable
 
 from gate.metrics import METRICS
-from gate.records import FALLBACK, Measurements, OverlapRecord, RequestRecord, RunRecord, SpecDecodeCounters
+from gate.records import FALLBACK, DriftRecord, Measurements, OverlapRecord, RequestRecord, RunRecord, SpecDecodeCounters
 from gate.rules.selection import Selection, aggregate
 
 # A metric's raw samples for one selection: (measurements, selection, bill line) -> values (NaNs allowed).
@@ -33,13 +33,27 @@ REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
                                  else [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)]),
     "request_acceptance_rate": lambda r: [r.counters.acceptance_rate] if r.counters is not None else [],
     "queue_ms": lambda r: [r.queue_ms] if r.queue_ms is not None else [],
+    "mapping_ms": lambda r: _mapping_steps(r),
+    "mapping_share": lambda r: ([r.mapping_ms / r.e2el_ms] if r.step_mapping_ms is not None and r.draft != FALLBACK
+                                and r.e2el_ms > 0 else []),
 }
 # pooled metric -> (numerator, denominator, offset) per request: value = offset + sum(num) / sum(den)
 POOLED: dict[str, tuple[Callable[[RequestRecord], float], Callable[[RequestRecord], float], float]] = {
     "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
     "acceptance_rate": (lambda r: _accepted(r), lambda r: _drafted(r), 0.0),
     "mean_acceptance_length": (lambda r: r.counters.num_committed_tokens, lambda r: r.counters.num_drafts, 0.0),
+    # 1 - verified / drafted, as offset + sum(-verified) / sum(drafted)
+    "translation_loss": (lambda r: -float(sum(r.step_proposed or [])), lambda r: float(r.draft_tokens or 0), 1.0),
 }
+
+
+def _mapping_steps(r: RequestRecord) -> list[float]:
+    """Mapping time (ms) of every step in which the draft was called (it drafted tokens in its
+    own vocabulary); none for the fallback or a request without per-step mapping times."""
+    if r.step_mapping_ms is None or r.draft == FALLBACK:
+        return []
+    drafted = r.step_draft_tokens or [0] * len(r.step_mapping_ms)
+    return [ms for ms, n in zip(r.step_mapping_ms, drafted) if n > 0]
 def _accepted(r: RequestRecord) -> float:
     """Proposals committed: from per-step counts, else the server's per-response count (llama.cpp)."""
     c = r.counters
@@ -106,6 +120,21 @@ CONTINUATION_SAMPLES: dict[str, Callable[[OverlapRecord], list[float | None]]] =
 }
 
 
+# metric -> one drift record's per-position samples: the run's target against the pinned release
+# (gate.records.DriftRecord); an infinite KL (stored as None: JSON has no infinity) is +inf here, so a ceiling fails.
+DRIFT_SAMPLES: dict[str, Callable[[DriftRecord], list[float | None]]] = {
+    "target_drift_tv": lambda d: d.tv,
+    "target_drift_kl": lambda d: [math.inf if v is None else v for v in d.kl],
+    "target_drift_top1": lambda d: d.top1,
+}
+
+
+def drift_records(m: Measurements, sel: Selection) -> list[DriftRecord]:
+    """The drift records of a selection's law and categories, whatever its runner: the
+    target drifted, so every draft's scope sees the same values."""
+    return [d for d in getattr(m, "drift", []) if sel.of(d.draft).takes(d)]
+
+
 def _requests(m: Measurements, sel: Selection) -> list[RequestRecord]:
     return [r for r in m.requests if sel.takes(r)]
 
@@ -147,12 +176,15 @@ def _budgets(m: Measurements, sel: Selection) -> list:
 # see pooled() and gate.rules.confidence.estimand). Every metric of gate.metrics has an entry.
 SAMPLES: dict[str, Extractor | None] = {
     **{name: _per_position(get) for name, get in CONTINUATION_SAMPLES.items()},
+    **{name: (lambda get: lambda m, sel, line: [float(v) for d in drift_records(m, sel) for v in get(d) if v is not None])(get)
+       for name, get in DRIFT_SAMPLES.items()},
     "acceptance_rate": None,
     "mean_acceptance_length": None,
     "speedup": None,
     "output_throughput": None,
     "request_throughput": None,
     "goodput": None,
+    "translation_loss": None,
     "request_speedup": lambda m, sel, line: [v for _, v in paired_speedups(m, sel)],
     **{name: _per_request(get) for name, get in REQUEST_SAMPLES.items()},
     "memory_bill_bytes": lambda m, sel, line: [float(b.total_bytes) for b in m.bills if b.draft == sel.runner],
@@ -223,6 +255,10 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
         return counters.acceptance_rate, len(reqs)
     if metric == "mean_acceptance_length":
         return counters.mean_acceptance_length, len(reqs)
+    if metric in POOLED:  # a ratio of per-request totals (translation_loss)
+        num, den, offset = POOLED[metric]
+        total = sum(den(r) for r in reqs)
+        return (offset + sum(num(r) for r in reqs) / total if total > 0 else float("nan")), len(reqs)
     raise KeyError(f"metric {metric!r} has no pooled aggregation")
 
 

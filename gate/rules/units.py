@@ -18,8 +18,8 @@ import numpy as np
 
 from gate.metrics import METRICS
 from gate.records import Measurements
-from gate.rules.samples import (CONTINUATION_SAMPLES, POOLED, REQUEST_SAMPLES, WINDOW_POOLED, Selection, aggregate,
-                                has_counts, paired_speedups, request_key, uses_windows, window_key,
+from gate.rules.samples import (CONTINUATION_SAMPLES, DRIFT_SAMPLES, POOLED, REQUEST_SAMPLES, WINDOW_POOLED, Selection, aggregate,
+                                drift_records, has_counts, paired_speedups, request_key, uses_windows, window_key,
                                 windows)
 
 # every metric with a sampling distribution: all but those computed or measured once (bills, process peaks)
@@ -98,6 +98,16 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
                     seen[o.prompt_id] = seen.get(o.prompt_id, -1) + 1
                     out.keys.append((o.prompt_id, seen[o.prompt_id]))
                     out.values.append(vals)
+        return out
+    if metric in DRIFT_SAMPLES:  # one continuation of the target against the release
+        out = UnitSet(aggregation, "continuation")
+        seen = {}
+        for d in drift_records(m, sel):
+            vals = np.array([float(v) for v in DRIFT_SAMPLES[metric](d) if v is not None], dtype=float)
+            if len(vals):
+                seen[d.prompt_id] = seen.get(d.prompt_id, -1) + 1
+                out.keys.append((d.prompt_id, seen[d.prompt_id]))
+                out.values.append(vals)
         return out
     if aggregation == "pooled" and metric in WINDOW_POOLED and uses_windows(metric, m, sel):
         num_w, den_w = WINDOW_POOLED[metric]  # one unit per measured window, paired by load point and repetition

@@ -71,6 +71,8 @@ class StreamResult:
     queue_ms: float | None = None  # client-side wait between the scheduled arrival and the send (served runners)
     server_draft_tokens: int | None = None  # proposals the server made for this request (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
+    step_mapping_ms: list[float] | None = None  # per step: ms the draft spent translating between tokenizers (in-process)
+    step_draft_tokens: list[int] | None = None  # per step: tokens the draft proposed in its own vocabulary (in-process)
 
 
 RequestResult = Union[StreamResult, Exception]

@@ -103,6 +103,16 @@ class TransformersRunner(Runner):
     def _forward(self, tokens: list[int], cache: object, keep: int) -> torch.Tensor:
         return forward(self.model, torch.tensor([tokens], device=self.device), cache, keep)[0, -keep:]
 
+    def _score(self, tokens: list[int], cache: object, keep: int,
+               draft: Draft | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [keep, V] at the last `keep` positions and, when `draft` uses the target's
+        hidden states (draft heads), the hidden states [keep, H] there from the same forward
+        (else None)."""
+        if draft is None or not draft.uses_target_hidden:
+            return self._forward(tokens, cache, keep), None
+        logits, hidden = forward(self.model, torch.tensor([tokens], device=self.device), cache, keep, hidden=True)
+        return logits[0, -keep:], hidden[0, -keep:]
+
     @torch.inference_mode()
     def _generate(self, prompt_ids: list[int], draft: Draft | None, law: Law, max_new_tokens: int,
                   generator: torch.Generator | None) -> StreamResult:
@@ -119,10 +129,12 @@ class TransformersRunner(Runner):
         committed: list[int] = []
         proposed: list[int] = []
         accepted: list[int] = []
+        mapping_ms: list[float] = []  # per step: the draft's tokenizer translation time (cross-tokenizer drafts)
+        draft_tokens: list[int] = []  # per step: tokens the draft proposed in its own vocabulary
         stop = ""
         stop_string: str | None = None
 
-        def commit(tokens: list[int], n_accepted: int, n_proposed: int) -> str:
+        def commit(tokens: list[int], n_accepted: int, n_proposed: int, proposal: object = None) -> str:
             nonlocal stop_string
             count, reason, matched = self._cut(out, tokens, max_new_tokens)
             stop_string = matched or stop_string
@@ -132,11 +144,16 @@ class TransformersRunner(Runner):
             committed.append(count)
             proposed.append(n_proposed)
             accepted.append(min(n_accepted, count))  # the committed prefix of a block is its accepted proposals
+            mapping_ms.append(float(getattr(proposal, "mapping_ms", 0.0)))
+            drafted = getattr(proposal, "draft_tokens", None)
+            draft_tokens.append(n_proposed if drafted is None else int(drafted))
             context.extend(tokens[:count])
             return reason
 
         # Prefill: the first token comes from the target alone (TTFT).
-        logits = self._forward(context, cache, 1)
+        logits, hidden = self._score(context, cache, 1, draft)
+        if hidden is not None:  # the state whose logits give the first token
+            draft.observe_target_hidden(hidden[-1])
         stop = commit([sample(law_probs(logits[-1], law), generator)], 0, 0)
         while not stop:
             remaining = max_new_tokens - len(out)
@@ -145,11 +162,14 @@ class TransformersRunner(Runner):
             k = int(proposal.tokens.shape[0]) if proposal is not None else 0
             fed = cache.get_seq_length()
             feed = context[fed:] + (proposal.tokens.tolist() if k else [])
-            p = law_probs(self._forward(feed, cache, k + 1), law)
+            scored, hidden = self._score(feed, cache, k + 1, draft)
+            p = law_probs(scored, law)
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
+            if hidden is not None:  # the row whose p gave next_token
+                draft.observe_target_hidden(hidden[verdict.accepted])
             crop_to(cache, len(context) + verdict.accepted)
             tokens = (proposal.tokens[: verdict.accepted].tolist() if k else []) + [verdict.next_token]
-            stop = commit(tokens, verdict.accepted, k)
+            stop = commit(tokens, verdict.accepted, k, proposal)
         e2el_ms = (self._now() - t0) * 1e3
         # An output that ends inside an accepted block leaves the cache holding proposals past
         # its end: the resident cache of a finished request is its prompt and output at most.
@@ -167,6 +187,8 @@ class TransformersRunner(Runner):
             kv_cache_tokens=int(cache.get_seq_length()),
             kv_cache_bytes=cache_tensor_bytes(cache),
             draft_kv_cache_bytes=draft.cache_bytes() if draft is not None else 0,
+            step_mapping_ms=mapping_ms,
+            step_draft_tokens=draft_tokens,
         )
 
     def _cut(self, out: list[int], tokens: list[int], max_new_tokens: int) -> tuple[int, str, str | None]:
@@ -202,10 +224,13 @@ class TransformersRunner(Runner):
         not apply: these samples test the law, they are not requests."""
         cache = new_cache(self.model.config)
         prompt = list(prompt_ids)
+        hidden = None
         if len(prompt) > 1:
-            self._forward(prompt[:-1], cache, 1)
+            _, hidden = self._score(prompt[:-1], cache, 1, draft)
         base = int(cache.get_seq_length())
         draft.start()
+        if hidden is not None:  # every sample starts after the prompt: one state for all
+            draft.observe_target_hidden(hidden[-1])
         steps: list[list[int]] = []
         for _ in range(n):
             crop_to(cache, base)
