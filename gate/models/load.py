@@ -256,27 +256,28 @@ CROSS_TOKENIZER_HINT = ("; a draft with its own tokenizer is declared as kind: c
                         "re-encoded into target ids, gate.drafts.cross_tokenizer)")
 
 
-def check_tokenizers(target: Any, draft: Any, yaml_path: str) -> None:
-    """Target and draft must map ids to the same tokens and agree on special tokens.
+def check_tokenizers(target: Any, draft: Any, yaml_path: str, other: str = "draft", hint: str = CROSS_TOKENIZER_HINT) -> None:
+    """Target and `other` (a draft, or the pinned release) must map ids to the same tokens and
+    agree on special tokens.
 
     Raises PolicyValueError naming the first difference (vocab size, an id's token, or a
-    special token), since the verifier compares token ids directly.
+    special token), since the verifier compares token ids directly; `hint` ends the message.
     """
     if len(target) != len(draft):
-        raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, draft {len(draft)}"
-                               f"{CROSS_TOKENIZER_HINT}")
+        raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, {other} {len(draft)}"
+                               f"{hint}")
     tv, dv = target.get_vocab(), draft.get_vocab()
     if tv != dv:
         t_ids, d_ids = {i: tok for tok, i in tv.items()}, {i: tok for tok, i in dv.items()}
         first = min(i for i in set(t_ids) | set(d_ids) if t_ids.get(i) != d_ids.get(i))
         shown = [repr(ids[first]) if first in ids else "no token" for ids in (t_ids, d_ids)]
         raise PolicyValueError(yaml_path, f"tokenizer mismatch: id {first} is {shown[0]} in the target but {shown[1]} in the "
-                               "draft; target and draft must share one vocabulary (the verifier compares token ids)"
-                               f"{CROSS_TOKENIZER_HINT}")
+                               f"{other}; target and {other} must share one vocabulary (token ids are compared directly)"
+                               f"{hint}")
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
         if getattr(target, attr, None) != getattr(draft, attr, None):
             raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, "
-                                   f"{getattr(draft, attr, None)} in the draft{CROSS_TOKENIZER_HINT}")
+                                   f"{getattr(draft, attr, None)} in the {other}{hint}")
 
 
 class _quiet:

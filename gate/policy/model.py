@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from datetime import date
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -78,6 +78,16 @@ class ReleaseSpec(_Strict):
     tolerance_logits: float = Field(DEFAULT_TOLERANCE_LOGITS, ge=0.0, le=100.0, description="Largest max |logit "
                                     "difference| on the probe for an unchanged target whose weights differ (default 1e-3: "
                                     "per-position TV below 0.002, far below what exactness tests detect).")
+
+    @field_validator("fingerprint", mode="before")
+    @classmethod
+    def _fingerprint_text(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f"YAML read this fingerprint as the number {value!r}: quote it ('0123...'), 16 hex digits as a "
+                             "report's environment gives them")
+        if isinstance(value, str) and len(value) == 16 and value.lower() != value:
+            raise ValueError(f"fingerprints are lower-case hex digits, as reports write them: {value.lower()!r}")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> "ReleaseSpec":
@@ -543,6 +553,14 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
             problems.append((f"rules[{i}].metric", f"{rule.metric} compares the target's law with the release's along the "
                              "workload: it needs the released weights (target.release.model)"
                              + ("" if policy.target.release is None else "; a release given by fingerprint or report has no law to compare")))
+        if rule.metric in MAPPING_METRICS:
+            unmapped = [d for d in (rule.scope.drafts or list(policy.drafts))
+                        if d in policy.drafts and policy.drafts[d].kind != TRANSLATING_KIND]
+            if unmapped:
+                problems.append((f"rules[{i}].scope.drafts" if rule.scope.drafts else f"rules[{i}].metric",
+                                 f"{rule.metric} is the tokenizer mapping cost of {TRANSLATING_KIND} drafts; "
+                                 f"{', '.join(unmapped)} {'translates' if len(unmapped) == 1 else 'translate'} nothing: scope the rule "
+                                 f"to the {TRANSLATING_KIND} drafts (scope: {{drafts: [...]}})"))
         if rule.line is not None and rule.line not in BILL_LINES:
             problems.append((f"rules[{i}].line", f"no bill line is called {rule.line!r}{_did_you_mean(rule.line, list(BILL_LINES))}; "
                              f"lines: {', '.join(BILL_LINES)}"))
@@ -576,6 +594,9 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
 # Metrics only the in-process runner measures (they need gate's own loop or a local model's caches).
 IN_PROCESS_ONLY = ("overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate", "mapping_ms", "mapping_share",
                    "translation_loss")
+# The tokenizer mapping cost, measured only for drafts of the kind that translates between tokenizers.
+MAPPING_METRICS = ("mapping_ms", "mapping_share", "translation_loss")
+TRANSLATING_KIND = "cross_tokenizer"
 # The target's drift from its pinned release (gate.measure.identity): need target.release.model.
 DRIFT_METRICS = ("target_drift_tv", "target_drift_kl", "target_drift_top1")
 # Metrics only a served run has (measured windows at a load point).
