@@ -84,7 +84,7 @@ def open_session(plan: Plan) -> Session:
     t = open_target(loaded, plan.tokenizer if plan.tokenizer is not None else True)
     device, target, tokenizer, oracle, infos = t.device, t.model, t.tokenizer, t.oracle, [t.info]
     drafts: dict[str, Draft] = {}
-    ctx = BuildContext(target, tokenizer, device, oracle.vocab_size, policy.target.dtype, loaded.path.parent)
+    ctx = BuildContext(target, tokenizer, device, oracle.vocab_size, policy.target.dtype, loaded.path.parent, t.info.fingerprint)
     for name, spec in policy.drafts.items():  # each kind builds its own (gate.drafts.registry)
         built = draft_kinds.build_draft(name, spec, ctx)
         drafts[name] = built.draft

@@ -285,10 +285,11 @@ def check_header_config(header: dict[str, Any], config: Any, yaml_path: str) -> 
                                    f"{HEADER}, {ours!r} in the target's config")
 
 
-def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fingerprint: bool = True) -> tuple[MedusaHeads, dict[str, Any]]:
+def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fingerprint: bool = True,
+               target_fingerprint: str | None = None) -> tuple[MedusaHeads, dict[str, Any]]:
     """The heads of a checkpoint folder for `target`, on its device and at its lm_head's
     dtype, and their header. Checks the header (read_header, check_header_config), that the
-    base fingerprint equals the target's (gate.models.load.fingerprint; heads are trained on
+    base fingerprint equals the target's (`target_fingerprint` when the caller has it, else gate.models.load.fingerprint; heads are trained on
     one backbone's hidden states) and the tensors' shapes. Raises PolicyValueError at
     `yaml_path`."""
     from safetensors import SafetensorError
@@ -299,7 +300,7 @@ def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fing
     header = read_header(folder, yaml_path)
     check_header_config(header, target.config, yaml_path)
     if check_fingerprint:
-        ours = fingerprint(target)
+        ours = target_fingerprint or fingerprint(target)  # the session's, when given: hashing the target is seconds
         if header["base"].get("fingerprint") != ours:
             raise PolicyValueError(yaml_path, f"the heads were trained on another backbone: base fingerprint "
                                    f"{header['base'].get('fingerprint')!r} in {HEADER} (dtype {header['base'].get('dtype')}), the "
@@ -469,7 +470,7 @@ def _build(name: str, spec: HeadsDraftSpec, ctx: BuildContext) -> BuiltDraft:
         output_head(ctx.target)
     except ValueError as e:
         raise PolicyValueError(at, str(e)) from None
-    heads, header = load_heads(folder, ctx.target, at)
+    heads, header = load_heads(folder, ctx.target, at, target_fingerprint=ctx.target_fingerprint)
     _check_heads(name, spec, header)
     draft = HeadsDraft(name, ctx.target, heads, spec.num_draft_tokens, ctx.device, vocab_size=ctx.vocab_size)
     return BuiltDraft(draft, model_info(name, str(folder), "heads", dtype_name(heads), heads))

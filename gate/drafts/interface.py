@@ -116,7 +116,8 @@ class ModelRef:
 class BuildContext:
     """What building an in-process draft may use: the loaded target (module, tokenizer,
     device), the width of the target's logits (`vocab_size`, token ids), the target's dtype
-    name ("float32", ...) and the policy file's folder (relative model paths)."""
+    name ("float32", ...), the policy file's folder (relative model paths) and the target's
+    weights fingerprint when already computed (gate.models.load.fingerprint; None: not yet)."""
 
     target: torch.nn.Module
     tokenizer: Any
@@ -124,6 +125,7 @@ class BuildContext:
     vocab_size: int
     target_dtype: str
     policy_dir: Path
+    target_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)

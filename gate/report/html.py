@@ -683,24 +683,27 @@ def _cdf(report: Report, colors: dict[str, Any], values: Callable[[Any], list[fl
     return fig, n
 
 
-def _ttft_cdf(report: Report, colors: dict[str, Any]) -> Plot | str:
-    got = _cdf(report, colors, lambda r: [r.ttft_ms], "ttft-cdf", "time to first token (ms, log scale)")
-    if got is None:
-        return "no timed speculative request with token times"
-    fig, n = got
-    return Plot("", "", n, _svg(fig, "ttft-cdf"),
-                "Distribution of time to first token per request, each draft (solid) against the fallback (dashed), per law: "
-                "a curve to the right is slower.")
+def _cdf_plot(values: Callable[[Any], list[float]], key: str, xlabel: str, empty: str,
+              caption: str) -> Callable[[Report, dict[str, Any]], Plot | str]:
+    """A per-law CDF plot of `values` (one request record -> its samples): the plot, or
+    `empty` when no timed speculative request gives a sample."""
+    def plot(report: Report, colors: dict[str, Any]) -> Plot | str:
+        got = _cdf(report, colors, values, key, xlabel)
+        if got is None:
+            return empty
+        fig, n = got
+        return Plot("", "", n, _svg(fig, key), caption)
+    return plot
 
 
-def _itl_cdf(report: Report, colors: dict[str, Any]) -> Plot | str:
-    got = _cdf(report, colors, lambda r: r.itl_ms, "itl-cdf", "inter-token latency (ms, log scale above 1)")
-    if got is None:
-        return "no timed speculative request with two or more tokens"
-    fig, n = got
-    return Plot("", "", n, _svg(fig, "itl-cdf"),
-                "Distribution of token-by-token inter-token latency, each draft (solid) against the fallback (dashed), per "
-                "law; tokens committed by one verification step share a time (ITL 0), so a draft's curve starts with a jump.")
+_ttft_cdf = _cdf_plot(lambda r: [r.ttft_ms], "ttft-cdf", "time to first token (ms, log scale)",
+                      "no timed speculative request with token times",
+                      "Distribution of time to first token per request, each draft (solid) against the fallback (dashed), per law: "
+                      "a curve to the right is slower.")
+_itl_cdf = _cdf_plot(lambda r: r.itl_ms, "itl-cdf", "inter-token latency (ms, log scale above 1)",
+                     "no timed speculative request with two or more tokens",
+                     "Distribution of token-by-token inter-token latency, each draft (solid) against the fallback (dashed), per "
+                     "law; tokens committed by one verification step share a time (ITL 0), so a draft's curve starts with a jump.")
 
 
 def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
