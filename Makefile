@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example example-served test clean llama-server heads example-heads example-gemma
+.PHONY: setup example example-served test clean llama-server heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,12 @@ heads: setup $(HEADS)/heads.json
 example-heads: heads
 	@$(BIN)/gate check examples/heads/policy.yaml --junit out/heads-junit.xml --json out/heads-report.json \
 	  --html out/heads-report.html --markdown out/heads-summary.md; \
+	code=$$?; echo "gate exit code: $$code"; exit $$code
+
+# The whole declared law and a JSON-schema workload (README, "Declared law and constraints").
+example-constrained: setup
+	@$(BIN)/gate check examples/constrained/policy.yaml --junit out/constrained-junit.xml --json out/constrained-report.json \
+	  --html out/constrained-report.html --markdown out/constrained-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # Cross-tokenizer drafts (README, "Drafts with another tokenizer"): Gemma 3 270M drafting for SmolLM2 and the reverse.

@@ -15,15 +15,25 @@ decides them as `gate exactness` does (gate.rules.exactness_tests, the default r
 Setups: explicit position-dependent tables (V 8, target randn x 1.5, draft = target + randn,
 one table pair per prompt) under two laws, and a random tiny Llama (vocab 96, head x 20 so
 its laws have shape) with a noisy copy as the draft (head noise 0.15: overlap about 0.7),
-random prompts, two weight seeds. For each fault the first-position TV is measured (20,000
-first tokens per prompt against the exact law; the largest over the prompts), and for each
-size the counts of fail / pass / inconclusive over --reps runs.
+random prompts, two weight seeds. The law setups (`laws`, `llama-laws`) add the law's
+history-dependent parts (issue 13): penalties (with a prompt that holds likely tokens: on
+tables the target's likeliest token at each of the first gamma + 1 positions, on the Llama
+the random prompt extended greedily by 4 tokens), min-p, a prefix-dependent grammar
+(gate.reference.toy_grammar) and, on tables, all of them at once; every position is judged
+against the target's law given its own prefix. The faults in those parts
+(gate.reference.LAW_PART_FAULTS) run only on setups whose law has the part. For each fault the
+first-position TV is measured (20,000 first tokens per prompt against the exact law; the
+largest over the prompts), and TV2, the same at the second position after each first token
+that >= 2,000 of them share (a stale penalty history shows only after a proposal: the first
+position always starts a block); for each size the counts of fail / pass / inconclusive over
+--reps runs.
 
 Summaries: the tokens needed for 90% detection by each procedure, how often a fault whose
-first-position TV is >= 0.1 passes (gate's claim: at most 1 - power = 10% at TV 0.1 itself,
-and far less above it), and the false-alarm rate of the correct sampler.
+first- or second-position TV is >= 0.1 passes (gate's claim: at most 1 - power = 10% at TV
+0.1 itself, and far less above it), and the false-alarm rate of the correct sampler.
 
-    python benchmarks/exactness_power.py [--reps 20] [--sizes 25,50,...] [--setups tables,llama]
+    python benchmarks/exactness_power.py [--reps 20] [--sizes 25,50,...] [--setups tables,llama,laws,llama-laws]
+                                         [--faults none,penalty_draft_only,...]
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import functools
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -45,7 +55,8 @@ import gate.measure.exactness as mx
 import gate.rules.exactness_tests as ex
 from gate.law import Law, law_probs
 from gate.rules.exactness import context_test
-from gate.reference import LAW_PRESERVING, Fault, LogitFn, model_logits, speculative_sample, table_logits
+from gate.reference import (LAW_PRESERVING, Fault, GrammarFn, LogitFn, fault_applies, model_logits, position_law,
+                            speculative_sample, table_logits, toy_grammar)
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
 RULE = SimpleNamespace(significance=ALPHA, power=POWER, detect_tv=DETECT_TV)  # gate's default exactness rule
@@ -55,24 +66,40 @@ V_TABLE, V_LLAMA = 8, 96
 
 @dataclass
 class Setup:
-    """One target/draft pair per prompt, under one law."""
+    """One target/draft pair per prompt, under one law: the prompt ids of each pair (the
+    penalties' history before the output; none for tables without penalties) and a grammar
+    on the output (None: unconstrained)."""
 
     name: str
     law: Law
     pairs: list[tuple[LogitFn, LogitFn]]
+    prompts: list[list[int]] = field(default_factory=list)
+    grammar: GrammarFn | None = None
+
+    def prompt(self, i: int) -> list[int]:
+        return self.prompts[i] if self.prompts else []
+
+    def one(self, i: int) -> Setup:
+        """The setup of prompt i alone."""
+        return Setup(self.name, self.law, [self.pairs[i]], [self.prompt(i)], self.grammar)
 
 
-def table_setup(law: Law, seed: int) -> Setup:
-    pairs = []
+def table_setup(law: Law, seed: int, grammar: bool = False) -> Setup:
+    """Explicit tables; for a law with penalties, each prompt is the target's most likely
+    token at each of the first gamma + 1 positions (so the repetition penalty moves mass at
+    the first); `grammar`: under toy_grammar."""
+    pairs, prompts = [], []
     for i in range(PROMPTS):
         g = torch.Generator().manual_seed(seed + i)
         target = torch.randn(LENGTH + GAMMA + 1, V_TABLE, generator=g) * 1.5
         draft = target + torch.randn(LENGTH + GAMMA + 1, V_TABLE, generator=g) * 1.0
         pairs.append((table_logits(target), table_logits(draft)))
-    return Setup(f"tables {law.name}", law, pairs)
+        prompts.append(list(dict.fromkeys(target[:GAMMA + 1].argmax(-1).tolist())) if law.needs_history else [])
+    return Setup(f"tables {law.name}" + (" grammar" if grammar else ""), law, pairs, prompts,
+                 toy_grammar(V_TABLE) if grammar else None)
 
 
-def llama_setup(law: Law, seed: int) -> Setup:
+def llama_setup(law: Law, seed: int, grammar: bool = False) -> Setup:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=V_LLAMA, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -90,19 +117,33 @@ def llama_setup(law: Law, seed: int) -> Setup:
         models.append(model)
     g = torch.Generator().manual_seed(seed + 2)
     prompts = [torch.randint(4, V_LLAMA, (4,), generator=g).tolist() for _ in range(PROMPTS)]
-    return Setup(f"tiny llama seed {seed} {law.name}", law,
-                 [(model_logits(models[0], pr), model_logits(models[1], pr)) for pr in prompts])
+    if law.needs_history:  # extend each prompt greedily, so it holds tokens the target likes (repetition penalty)
+        prompts = [greedy_extend(models[0], pr, 4) for pr in prompts]
+    return Setup(f"tiny llama seed {seed} {law.name}" + (" grammar" if grammar else ""), law,
+                 [(model_logits(models[0], pr), model_logits(models[1], pr)) for pr in prompts], prompts,
+                 toy_grammar(V_LLAMA) if grammar else None)
+
+
+@torch.no_grad()
+def greedy_extend(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids
 
 
 def sample(setup: Setup, fault: Fault, n: int, length: int, seed: int) -> list[torch.Tensor]:
     """[n, length] tokens per prompt."""
-    return [speculative_sample(t, d, setup.law, GAMMA, n, length, torch.Generator().manual_seed(seed + 101 * i), fault)
+    return [speculative_sample(t, d, setup.law, GAMMA, n, length, torch.Generator().manual_seed(seed + 101 * i), fault,
+                               setup.prompt(i), setup.grammar)
             for i, (t, d) in enumerate(setup.pairs)]
 
 
-def target_law(fn: LogitFn, law: Law, prefix: tuple[int, ...]) -> torch.Tensor:
+def target_law(setup: Setup, i: int, prefix: tuple[int, ...]) -> torch.Tensor:
+    """The target's law [V] of the output token after `prefix` from prompt i."""
     tokens = torch.tensor([list(prefix) + [0]], dtype=torch.long)
-    return law_probs(fn(tokens, torch.tensor([[len(prefix)]]))[0, 0], law)
+    at = torch.tensor([[len(prefix)]])
+    return position_law(setup.pairs[i][0](tokens, at), setup.law, tokens, at, setup.prompt(i), setup.grammar)[0, 0]
 
 
 def decide_run(setup: Setup, outs: list[torch.Tensor], seed: int) -> tuple[str, str]:
@@ -112,10 +153,10 @@ def decide_run(setup: Setup, outs: list[torch.Tensor], seed: int) -> tuple[str, 
     g = torch.Generator().manual_seed(seed)
     for i, ((target, _), out) in enumerate(zip(setup.pairs, outs)):
         at = torch.arange(out.shape[1]).expand(out.shape[0], -1)
-        probs = law_probs(target(out, at), setup.law)  # [n, L, V]
+        probs = position_law(target(out, at), setup.law, out, at, setup.prompt(i), setup.grammar)  # [n, L, V]
         pit += mx.randomized_pit(probs.reshape(-1, probs.shape[-1]), out.reshape(-1), g).tolist()
         for prefix, tokens in mx.contexts(out.tolist()):
-            nt = mx.sparse_counts(f"p{i}", tokens, target_law(target, setup.law, prefix), prefix=prefix)
+            nt = mx.sparse_counts(f"p{i}", tokens, target_law(setup, i, prefix), prefix=prefix)
             tests.append(context_test(nt, RULE))
     ks = ex.pit_test(np.asarray(pit), ALPHA, POWER, DETECT_TV)
     ex.decide(tests + [ks], ALPHA)
@@ -125,15 +166,23 @@ def decide_run(setup: Setup, outs: list[torch.Tensor], seed: int) -> tuple[str, 
     return gate_verdict, old
 
 
-def first_position_tv(setup: Setup, fault: Fault, draws: int = 20_000) -> float:
-    """max over prompts of TV(law of the first output token, the target's law there)."""
-    worst = 0.0
-    for i, (target, _) in enumerate(setup.pairs):
-        out = sample(Setup(setup.name, setup.law, [setup.pairs[i]]), fault, draws, 1, 7)[0][:, 0]
-        p = target_law(target, setup.law, ())
-        freq = torch.bincount(out, minlength=p.shape[-1]).double() / draws
-        worst = max(worst, 0.5 * float((freq - p.double()).abs().sum()))
-    return worst
+def position_tvs(setup: Setup, fault: Fault, draws: int = 20_000, min_share: int = 2_000) -> tuple[float, float]:
+    """(TV1, TV2): max over prompts of TV(law of the first output token, the target's law
+    there), and the same at the second output token after each first token that at least
+    `min_share` of the `draws` samples share."""
+    tv1 = tv2 = 0.0
+    for i in range(len(setup.pairs)):
+        out = sample(setup.one(i), fault, draws, 2, 7)[0]
+        p = target_law(setup, i, ())
+        freq = torch.bincount(out[:, 0], minlength=p.shape[-1]).double() / draws
+        tv1 = max(tv1, 0.5 * float((freq - p.double()).abs().sum()))
+        for first in out[:, 0].unique().tolist():
+            nexts = out[out[:, 0] == first, 1]
+            if nexts.numel() >= min_share:
+                p = target_law(setup, i, (first,))
+                freq = torch.bincount(nexts, minlength=p.shape[-1]).double() / nexts.numel()
+                tv2 = max(tv2, 0.5 * float((freq - p.double()).abs().sum()))
+    return tv1, tv2
 
 
 class memoized_power:  # noqa: N801 - a context manager
@@ -152,13 +201,17 @@ def tokens(n: int) -> int:
     return n * PROMPTS * LENGTH
 
 
-def run_setup(setup: Setup, sizes: list[int], reps: int, summary: dict[str, list]) -> None:
+def run_setup(setup: Setup, sizes: list[int], reps: int, summary: dict[str, list], faults: list[Fault]) -> None:
+    """The faults of `faults` that apply to the setup's law (fault_applies), at every size."""
     print(f"\n{setup.name}: {PROMPTS} prompts x n sequences x {LENGTH} tokens, gamma {GAMMA}; "
           f"{reps} runs per size; F/P/I = fail/pass/inconclusive counts", flush=True)
-    print(f"{'fault':<26} {'TV1':>5}  " + "  ".join(f"{tokens(n):>6}tok" for n in sizes) + "   | pit-ks alone: F/P", flush=True)
+    print(f"{'fault':<26} {'TV1':>5} {'TV2':>5}  " + "  ".join(f"{tokens(n):>6}tok" for n in sizes)
+          + "   | pit-ks alone: F/P", flush=True)
     for fi, fault in enumerate(Fault):
+        if fault not in faults or not fault_applies(fault, setup.law, setup.grammar):
+            continue
         t0 = time.perf_counter()
-        tv = first_position_tv(setup, fault)
+        tv, tv2 = position_tvs(setup, fault)
         cells, old_cells = [], []
         for n in sizes:
             verdicts = [decide_run(setup, sample(setup, fault, n, LENGTH, 10_000 * fi + 97 * r + n), 5 * r + n)
@@ -167,9 +220,9 @@ def run_setup(setup: Setup, sizes: list[int], reps: int, summary: dict[str, list
             of, op = (sum(v[1] == s for v in verdicts) for s in (ex.FAIL, ex.PASS))
             cells.append(f"{f:>2}/{p:>2}/{i:>2}")
             old_cells.append(f"{of}/{op}")
-            summary["rows"].append((setup.name, fault, tv, n, f, p, i, of, op, reps))
+            summary["rows"].append((setup.name, fault, tv, n, f, p, i, of, op, reps, tv2))
         tag = " (exact)" if fault in LAW_PRESERVING else ""
-        print(f"{fault.value + tag:<26} {tv:>5.3f}  " + "  ".join(f"{c:>9}" for c in cells)
+        print(f"{fault.value + tag:<26} {tv:>5.3f} {tv2:>5.3f}  " + "  ".join(f"{c:>9}" for c in cells)
               + "   | " + " ".join(old_cells) + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
@@ -185,33 +238,38 @@ def report(summary: dict[str, list], sizes: list[int]) -> None:
     rows = summary["rows"]
     setups = list(dict.fromkeys(r[0] for r in rows))
     print("\nTokens for 90% detection at significance 0.01 (gate | PIT-KS alone); '>' = not within the grid")
-    print(f"{'fault':<26} " + "  ".join(f"{s[:22]:>22}" for s in setups))
+    print(f"{'fault':<26} " + "  ".join(f"{s[:26]:>26}" for s in setups))
     for fault in Fault:
-        if fault in LAW_PRESERVING:
+        if fault in LAW_PRESERVING or not any(r[1] is fault for r in rows):
             continue
         cells = []
         for s in setups:
+            if not any(r[0] == s and r[1] is fault for r in rows):
+                cells.append("-")  # not run on this setup (its law lacks the part, or not selected)
+                continue
             a, b = needed(rows, s, fault, 4), needed(rows, s, fault, 7)
             last = tokens(max(r[3] for r in rows if r[0] == s))
             show = lambda x: f"{x:,}" if x else f">{last:,}"  # noqa: E731
             cells.append(f"{show(a)} | {show(b)}")
-        print(f"{fault.value:<26} " + "  ".join(f"{c:>22}" for c in cells))
+        print(f"{fault.value:<26} " + "  ".join(f"{c:>26}" for c in cells))
     faulty = [r for r in rows if r[1] not in LAW_PRESERVING]
-    big = [r for r in faulty if r[2] >= DETECT_TV]
+    big = [r for r in faulty if max(r[2], r[10]) >= DETECT_TV]
     print(f"\nPasses of faulty samplers, all setups and sizes: gate {sum(r[5] for r in faulty)} of {sum(r[9] for r in faulty)} "
           f"runs; PIT-KS alone {sum(r[8] for r in faulty)} of {sum(r[9] for r in faulty)}")
-    print(f"  of which first-position TV >= {DETECT_TV}: gate {sum(r[5] for r in big)} of {sum(r[9] for r in big)}; "
+    print(f"  of which first- or second-position TV >= {DETECT_TV}: gate {sum(r[5] for r in big)} of {sum(r[9] for r in big)}; "
           f"PIT-KS alone {sum(r[8] for r in big)} of {sum(r[9] for r in big)}")
     for r in faulty:
         if r[5]:
             print(f"  gate passed {r[1].value} on {r[0]} at {tokens(r[3]):,} tokens in {r[5]} of {r[9]} runs "
-                  f"(first-position TV {r[2]:.3f})")
+                  f"(TV1 {r[2]:.3f}, TV2 {r[10]:.3f})")
     exact = [r for r in rows if r[1] in LAW_PRESERVING]
     print(f"Exact samplers (none, bonus_skipped): gate failed {sum(r[4] for r in exact)} of {sum(r[9] for r in exact)} runs, "
           f"passed {sum(r[5] for r in exact)}")
 
 
 def false_alarms(setup: Setup, n: int, runs: int) -> None:
+    if runs <= 0:
+        return
     t0 = time.perf_counter()
     verdicts = [decide_run(setup, sample(setup, Fault.NONE, n, LENGTH, 500_000 + 13 * r), r)[0] for r in range(runs)]
     rate = sum(v == ex.FAIL for v in verdicts) / runs
@@ -268,6 +326,17 @@ def smollm2_timing(repeats: int, length: int) -> None:
 SETUPS: dict[str, Callable[[], list[Setup]]] = {
     "tables": lambda: [table_setup(Law("t0.8-k6", 0.8, top_k=6), 2), table_setup(Law("t1-p0.9", 1.0, top_p=0.9), 20)],
     "llama": lambda: [llama_setup(Law("t0.8", 0.8), 0), llama_setup(Law("t1-k20", 1.0, top_k=20), 1)],
+    # the law's history-dependent parts and the faults in them (issue 13)
+    "laws": lambda: [table_setup(Law("t1-rep2-pres1-freq1", 1.0, repetition_penalty=2.0, presence_penalty=1.0,
+                                     frequency_penalty=1.0), 2),
+                     table_setup(Law("t1-minp0.2", 1.0, min_p=0.2), 2),
+                     table_setup(Law("t1", 1.0), 2, grammar=True),
+                     table_setup(Law("t1-all", 1.0, min_p=0.1, repetition_penalty=1.5, presence_penalty=0.5,
+                                     frequency_penalty=0.5, logit_bias=((0, 0.5),)), 20, grammar=True)],
+    "llama-laws": lambda: [llama_setup(Law("t0.8-rep1.5-pres1-freq1", 0.8, repetition_penalty=1.5, presence_penalty=1.0,
+                                           frequency_penalty=1.0), 0),
+                           llama_setup(Law("t0.8-minp0.2", 0.8, min_p=0.2), 0),
+                           llama_setup(Law("t0.8", 0.8), 0, grammar=True)],
 }
 
 
@@ -277,20 +346,24 @@ def main() -> None:
     ap.add_argument("--sizes", default="25,50,100,200,400,800,1600", help="sequences per prompt, tables")
     ap.add_argument("--llama-reps", type=int, default=10, help="runs per size, tiny llama")
     ap.add_argument("--llama-sizes", default="50,200,800", help="sequences per prompt, tiny llama")
-    ap.add_argument("--setups", default="tables,llama")
+    ap.add_argument("--setups", default="tables,llama,laws,llama-laws", help=f"of {', '.join(SETUPS)}")
+    ap.add_argument("--faults", default=",".join(f.value for f in Fault),
+                    help="faults to run (those a setup's law lacks the part for are skipped there)")
     ap.add_argument("--false-alarm-runs", type=int, default=100)
     ap.add_argument("--false-alarm-n", type=int, default=400)
     ap.add_argument("--smollm2", action="store_true", help="also time PIT values on SmolLM2")
     args = ap.parse_args()
     start = time.perf_counter()
     torch.set_num_threads(1)
-    grids = {"tables": ([int(x) for x in args.sizes.split(",")], args.reps),
-             "llama": ([int(x) for x in args.llama_sizes.split(",")], args.llama_reps)}
+    tables = ([int(x) for x in args.sizes.split(",")], args.reps)
+    llama = ([int(x) for x in args.llama_sizes.split(",")], args.llama_reps)
+    grids = {"tables": tables, "llama": llama, "laws": tables, "llama-laws": llama}
+    faults = [Fault(x) for x in args.faults.split(",")]
     setups = [(s, *grids[name]) for name in args.setups.split(",") for s in SETUPS[name]()]
     summary: dict[str, list] = {"rows": []}
     with memoized_power():
         for setup, sizes, reps in setups:
-            run_setup(setup, sizes, reps, summary)
+            run_setup(setup, sizes, reps, summary, faults)
         report(summary, max((g[0] for g in grids.values()), key=max))
         print()
         for setup, _, _ in setups:

@@ -20,7 +20,7 @@ from gate.measure.environment import environment
 from gate.models.load import resolve_device
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.metrics import REPEATABLE
-from gate.records import DraftInfo, Failure, FailureStage, Measurements
+from gate.records import FALLBACK, DraftInfo, Failure, FailureStage, Measurements
 from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
@@ -229,6 +229,29 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     return m
 
 
+def speculation_off_notes(m: Measurements) -> list[str]:
+    """A note per draft that made no proposal on any request under one constraint label while
+    it did under another: engines have turned speculation off for structured-output requests
+    without saying so, and acceptance there then measures nothing. Proposals are gate's step
+    counters (in-process) or the server's per-request draft count (llama.cpp); requests with
+    neither, or with one output token, are not counted."""
+    made: dict[tuple[str, str], list[int]] = {}
+    for r in m.requests:
+        if r.draft == FALLBACK or r.constraint is None or len(r.output_ids or []) < 2:
+            continue
+        n = sum(r.step_proposed) if r.step_proposed else r.server_draft_tokens
+        if n is not None:
+            made.setdefault((r.draft, r.constraint), []).append(int(n))
+    out = []
+    for (draft, label), counts in sorted(made.items()):
+        others = [c for (d, lb), cs in made.items() if d == draft and lb != label for c in cs]
+        if counts and not any(counts) and any(others):
+            out.append(f"draft {draft} made no proposal on its {len(counts)} request(s) under constraint {label!r}, though it "
+                       "did under the others: the engine may turn speculation off for such requests (acceptance there "
+                       "measures nothing)")
+    return out
+
+
 def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[str],
            rules: list[Any] | None = None, baseline: Baseline | None = None) -> CheckResult:
     """Evaluate `rules` (default: the policy's) on `m` and build the report and exit code."""
@@ -244,6 +267,7 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     busy = contention_note(m, settings.max_cpu_stall)
     if busy:
         notes = [*notes, busy]
+    notes = [*notes, *speculation_off_notes(m)]
     outcomes = evaluate(loaded.policy.rules if rules is None else rules, m, settings)
     code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)

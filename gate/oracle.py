@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gate.law import Law, law_probs
+from gate.law import AnyLaw, law_probs
 from gate.models.cache import forward
 
 
@@ -33,6 +33,8 @@ class TargetOracle:
             raise ValueError("teacher forcing needs at least one token of prefix (start >= 1)")
         return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1:]
 
-    def target_probs(self, ids: list[int], start: int, law: Law) -> torch.Tensor:
-        """Teacher-forced target law at positions start..len(ids)-1: float32 [len(ids) - start, V]."""
-        return law_probs(self.target_logits(ids, start), law)
+    def target_probs(self, ids: list[int], start: int, law: AnyLaw) -> torch.Tensor:
+        """Teacher-forced target law at positions start..len(ids)-1: float32 [len(ids) - start, V],
+        row i under the law's penalties and grammar given ids[:start + i] (a RequestLaw,
+        gate.law.Law.bind, where the law has them)."""
+        return law_probs(self.target_logits(ids, start), law, ids, start)

@@ -10,9 +10,10 @@ is measured along. Without interleaving each runner's requests form one block.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
+from gate.constraints.interface import ResponseFormat
 from gate.errors import PolicyValueError
 from gate.law import Law
 from gate.records import FALLBACK, WorkloadInfo
@@ -23,12 +24,19 @@ from gate.workloads.interface import Prompt, WorkloadSource, choose
 @dataclass(frozen=True)
 class PlannedPrompt:
     """A prompt with its token ids (chat template applied when the policy says so).
-    `context_length`: the length (tokens) a context-sweep prompt was built to, else None."""
+    `context_length`: the length (tokens) a context-sweep prompt was built to, else None.
+    `response_format`: the grammar constraint its output runs under (None: unconstrained);
+    `constraint`: the label of the workload.constraints entry it was planned for ('none',
+    'prompt' or the entry's name), None without workload.constraints. Each entry makes its
+    own request of a prompt: its id is '<prompt id>#<label>' (after '@<length>' in a context
+    sweep), so seeds, overlap continuations and records keep the variants apart."""
 
     id: str
     category: str
     token_ids: tuple[int, ...]
     context_length: int | None = None
+    response_format: ResponseFormat | None = None
+    constraint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,17 +108,92 @@ class Workload:
     `prompts`: every prompt to run, tokenized (chat template applied) and, for a context
     sweep, built to each length; `info`: how they were chosen (for the report);
     `questions`: the source prompts selected (before context building); `categories`: every
-    category the source offers (for the did-you-mean of scopes)."""
+    category the source offers (for the did-you-mean of scopes). Each prompt runs under each
+    workload.constraints entry (under_constraints)."""
 
     prompts: list[PlannedPrompt]
     info: WorkloadInfo
     questions: list[Prompt]
     categories: list[str]
+    source: WorkloadSource | None = None  # where the prompts came from (its origin() names a prompt's file and line)
+
+
+def law_of(spec: Any) -> Law:
+    """One declared law (gate.policy.model.LawSpec: a policy's or a samples line's) as the
+    plain record gate.law applies, named by its label."""
+    return Law(spec.label, spec.temperature, spec.top_k, spec.top_p, min_p=spec.min_p,
+               repetition_penalty=spec.repetition_penalty, presence_penalty=spec.presence_penalty,
+               frequency_penalty=spec.frequency_penalty, logit_bias=spec.logit_bias_pairs, convention=spec.convention)
 
 
 def laws_of(policy: Any) -> list[Law]:
-    """The policy's declared laws as plain records, in policy order."""
-    return [Law(s.label, s.temperature, s.top_k, s.top_p) for s in policy.laws]
+    """The policy's declared laws as plain records (gate.law.Law), in policy order."""
+    return [law_of(s) for s in policy.laws]
+
+
+PROMPT_FORMAT = object()  # a workload.constraints entry 'prompt': each prompt's own response_format
+
+
+@dataclass(frozen=True)
+class ConstraintEntry:
+    """One workload.constraints entry, resolved: its `label`, and the ResponseFormat every
+    prompt runs under (None for 'none'; PROMPT_FORMAT for 'prompt'). `where`: its YAML path."""
+
+    label: str
+    format: Any
+    where: str
+
+
+def constraint_entries(loaded: Any) -> list[ConstraintEntry]:
+    """workload.constraints resolved to response formats; a schema_file is read (relative to
+    the policy file). [] when the policy has none. Raises PolicyValueError at
+    workload.constraints[i].schema_file for a missing file or one that is not a JSON object."""
+    import json
+
+    out = []
+    for i, entry in enumerate(loaded.policy.workload.constraints or []):
+        where = f"workload.constraints[{i}]"
+        if entry == "none":
+            out.append(ConstraintEntry("none", None, where))
+        elif entry == "prompt":
+            out.append(ConstraintEntry("prompt", PROMPT_FORMAT, where))
+        elif entry.type == "regex":
+            out.append(ConstraintEntry(entry.name, ResponseFormat("regex", entry.pattern), where))
+        elif entry.type == "choice":
+            out.append(ConstraintEntry(entry.name, ResponseFormat.of_choices(entry.choices), where))
+        else:
+            schema = entry.schema_
+            if schema is None:
+                path = loaded.resolve(entry.schema_file)
+                try:
+                    schema = json.loads(path.read_text(encoding="utf-8"))
+                except FileNotFoundError:
+                    raise PolicyValueError(f"{where}.schema_file", f"schema file not found: {path}") from None
+                except (OSError, UnicodeDecodeError) as e:
+                    raise PolicyValueError(f"{where}.schema_file", f"cannot read schema file {path}: {e}") from None
+                except json.JSONDecodeError as e:
+                    raise PolicyValueError(f"{where}.schema_file", f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+                if not isinstance(schema, dict):
+                    raise PolicyValueError(f"{where}.schema_file", f"{path} holds a JSON {type(schema).__name__}, not a "
+                                           "JSON schema object")
+            out.append(ConstraintEntry(entry.name, ResponseFormat.of_schema(json.loads(json.dumps(schema))), where))
+    return out
+
+
+def under_constraints(prompts: list[PlannedPrompt], questions: dict[str, Prompt], entries: list[ConstraintEntry]) -> list[PlannedPrompt]:
+    """Every prompt under each constraint entry, the entries of one prompt next to each other
+    (so the variants of one prompt run close in time); without entries, each prompt under its
+    own response_format. `questions`: source prompt id -> Prompt (whose response_format
+    'prompt' takes); a context-sweep prompt '<id>@<length>' takes its question's."""
+    def own(p: PlannedPrompt) -> ResponseFormat | None:
+        q = questions.get(p.id if p.context_length is None else p.id.rsplit("@", 1)[0])
+        return q.response_format if q is not None else None
+
+    if not entries:
+        return [replace(p, response_format=own(p)) for p in prompts]
+    return [replace(p, id=f"{p.id}#{e.label}", constraint=e.label,
+                    response_format=own(p) if e.format is PROMPT_FORMAT else e.format)
+            for p in prompts for e in entries]
 
 
 def encoder(tokenizer: Any, chat_template: bool) -> Encode:
@@ -160,7 +243,8 @@ def build_workload(loaded: Any, source: WorkloadSource, tokenizer: Any, config: 
         prompt_ids=[p.id for p in chosen.prompts], path=str(loaded.resolve(w.path)) if w.path else None,
         skipped=source.skipped(), examined=chosen.examined, pruned=chosen.pruned,
         length_filter=w.length_filter.model_dump() if accept is not None else None,
-        context_lengths=list(w.context_lengths or []), stop=list(w.stop), notes=source.notes())
+        context_lengths=list(w.context_lengths or []), stop=list(w.stop), notes=source.notes(),
+        constraints=w.constraint_labels)
     encode = encoder(tokenizer, w.chat_template)
     if not w.context_lengths:
         prompts = [PlannedPrompt(p.id, p.category, tuple(encode(p.messages))) for p in chosen.prompts]
@@ -168,7 +252,8 @@ def build_workload(loaded: Any, source: WorkloadSource, tokenizer: Any, config: 
         builder = ContextBuilder(everything, tokenizer, encode, w.seed)
         prompts = [c for i, length in enumerate(w.context_lengths)
                    for c in _contexts(builder, chosen.prompts, length, i, info)]
-    return Workload(prompts, info, chosen.prompts, categories)
+    prompts = under_constraints(prompts, {p.id: p for p in chosen.prompts}, constraint_entries(loaded))
+    return Workload(prompts, info, chosen.prompts, categories, source)
 
 
 def _contexts(builder: ContextBuilder, questions: list[Prompt], length: int, index: int, info: WorkloadInfo) -> list[PlannedPrompt]:

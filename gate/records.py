@@ -154,6 +154,7 @@ class RequestRecord:
     draft_kv_cache_bytes: int | None  # measured bytes of the draft's cache tensors at the end (with its last proposals)
     context_length: int | None = None  # the requested length of a context-sweep prompt (tokens), else None
     stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
+    constraint: str | None = None  # the workload.constraints label it ran under ('none', 'prompt', a name), else None
     # Contention (gate.measure.contention), over the request's wall time; None where not
     # measured (a runner without the cpu_accounting capability).
     cpu_time_ms: float | None = None  # this process's CPU time, user + system, all threads
@@ -258,6 +259,7 @@ class OverlapRecord:
     overlap: list[float | None]
     top1: list[bool | None]
     context_length: int | None = None  # the requested length of a context-sweep prompt (tokens), else None
+    constraint: str | None = None  # the workload.constraints label of the prompt variant, else None
 
 
 @dataclass
@@ -425,7 +427,9 @@ class WorkloadInfo:
     `examined` candidates the length filter ran on (in seeded order) and `pruned` of them by
     reason, under `length_filter` (ShareGPT, in target tokens); `prompt_ids`: the selected
     prompts in run order. Context sweeps: `context_lengths` requested (tokens) and
-    `context_skipped`, the '<prompt id>@<length>' a prompt alone is too long for."""
+    `context_skipped`, the '<prompt id>@<length>' a prompt alone is too long for.
+    `constraints`: the workload.constraints labels every prompt ran under ('<prompt id>#<label>'),
+    [] without them."""
 
     source: str
     seed: int
@@ -440,6 +444,7 @@ class WorkloadInfo:
     context_skipped: list[str] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -640,6 +645,7 @@ class DriftRecord:
     top1: list[bool]
     context_length: int | None = None
     draft: str = "target"  # what drifted: the run's target (rules on drift apply to every draft's scope)
+    constraint: str | None = None  # the workload.constraints label of the prompt variant, else None
 
 
 @dataclass

@@ -22,10 +22,11 @@ from gate.measure.contention import Handling, is_contended, pooled_stall_share
 from gate.measure.environment import environment, process_peak_rss_bytes, record_load
 from gate.measure.overlap import position_overlaps
 from gate.models.load import dtype_name, weight_bytes
-from gate.law import law_probs
+from gate.constraints import bind
+from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.measure.identity import measure_identity, modifies_target
-from gate.plan import ExactnessPlan, Request, plan_requests, request_seed
+from gate.plan import ExactnessPlan, PlannedPrompt, Request, plan_requests, request_seed
 from gate.oracle import TargetOracle
 from gate.runners.interface import RequestResult, StreamResult
 from gate.records import (FALLBACK, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements, OfferedLoad, OverlapRecord,
@@ -243,12 +244,19 @@ def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurr
         step_proposed=g.step_proposed, step_accepted=g.step_accepted, stop_reason=g.stop_reason, e2el_ms=g.e2el_ms,
         num_draft_tokens=num_draft_tokens, kv_cache_tokens=g.kv_cache_tokens,
         kv_cache_bytes=g.kv_cache_bytes, draft_kv_cache_bytes=g.draft_kv_cache_bytes,
-        context_length=req.prompt.context_length, stop_string=g.stop_string,
+        context_length=req.prompt.context_length, constraint=req.prompt.constraint, stop_string=g.stop_string,
         cpu_time_ms=g.cpu_time_ms, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m, threads=g.threads,
         concurrency=concurrency, request_rate=request_rate, queue_ms=g.queue_ms,
         server_draft_tokens=g.server_draft_tokens, server_accepted_tokens=g.server_accepted_tokens,
         step_mapping_ms=g.step_mapping_ms, step_draft_tokens=g.step_draft_tokens,
     )
+
+
+def _bound(session: Session, law: Law, prompt: PlannedPrompt) -> RequestLaw:
+    """`law` for one request on `prompt`: its prompt length (penalties) and a fresh matcher of
+    its response format, if it has one (grammar). Raises ValueError when the format does not
+    compile."""
+    return bind(law, len(prompt.token_ids), prompt.response_format, session.grammars)
 
 
 @torch.inference_mode()
@@ -271,6 +279,7 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
         prompt = list(prompts[rec.prompt_id].token_ids)
         ids = prompt + rec.output_ids
         try:
+            law = _bound(session, laws[rec.law], prompts[rec.prompt_id])
             p = _oracle(session).target_probs(ids, len(prompt), law)
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure(FailureStage.OVERLAP, "*", rec.law, f"overlap {rec.prompt_id}: target forward", describe_error(e)))
@@ -283,7 +292,7 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
                 m.failures.append(Failure(FailureStage.OVERLAP, name, rec.law, f"overlap {rec.prompt_id}", describe_error(e)))
                 continue
             m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1,
-                                            rec.context_length))
+                                            rec.context_length, constraint=rec.constraint))
     progress("overlap", len(runs), len(runs))
 
 
@@ -305,21 +314,25 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
         try:
             for r in (r for r in m.requests if r.draft == name and r.law == law_name and r.output_ids):
                 prompt = list(prompts[r.prompt_id].token_ids)
-                logits = _oracle(session).target_logits(prompt + r.output_ids, len(prompt))
+                ids = prompt + r.output_ids
+                logits = _oracle(session).target_logits(ids, len(prompt))
+                bound = _bound(session, law, prompts[r.prompt_id])  # the penalties and grammar of each position
                 if law.greedy:
                     rec.compared += 1
-                    rec.divergences += greedy_divergences(logits, r.output_ids, r.prompt_id)
+                    rec.divergences += greedy_divergences(law_logits(logits, bound, ids, len(prompt)), r.output_ids, r.prompt_id)
                 else:
-                    u = randomized_pit(law_probs(logits, law).cpu(), torch.tensor(r.output_ids), pit_generator)
+                    u = randomized_pit(law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator)
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
             n = plan.next_token_samples.get((name, law_name), 0)
             if n and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     ids = list(prompt.token_ids)
-                    steps = session.runner.first_steps(ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0))
+                    fmt = prompt.response_format
+                    steps = session.runner.first_steps(ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt)
                     # the first position (a claim test) and prefixes many steps share (evidence)
+                    bound = _bound(session, law, prompt)
                     for prefix, tokens in contexts(steps):
-                        p = _oracle(session).target_probs(ids + list(prefix) + [0], len(ids), law)[-1]
+                        p = _oracle(session).target_probs(ids + list(prefix) + [0], len(ids), bound)[-1]
                         rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu(), prefix=prefix))
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure(FailureStage.EXACTNESS, name, law_name, "exactness", describe_error(e)))

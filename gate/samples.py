@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from gate.check import CheckResult, Options, finish
 from gate.errors import InputError, PolicyValueError, Problem
-from gate.law import Law, law_probs
+from gate.law import Law, law_logits, law_probs
+from gate.plan import law_of
 from gate.measure.environment import environment
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.policy.load import load_policy
@@ -116,7 +117,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     records: dict[tuple[str, str], ExactnessRecord] = {}
     groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = defaultdict(list)  # line indices sampled alike
     for i, line in enumerate(lines):
-        law = Law(line.law.label, line.law.temperature, line.law.top_k, line.law.top_p)
+        law = law_of(line.law)
         if laws.get(law.name, law) != law:
             raise InputError([Problem(str(samples_path), "law.name", i + 1, f"law name {law.name!r} was used on an earlier line "
                                       "with other settings; give each law a distinct name")])
@@ -137,11 +138,12 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
         try:
             ids = line.prompt_ids + line.output_ids
             logits = target.oracle.target_logits(ids, len(line.prompt_ids)).float()
+            bound = law.bind(len(line.prompt_ids))  # penalties count the line's own prompt and output
             if law.greedy:
                 rec.compared += 1
-                rec.divergences += greedy_divergences(logits, line.output_ids, ident)
+                rec.divergences += greedy_divergences(law_logits(logits, bound, ids, len(line.prompt_ids)), line.output_ids, ident)
                 continue
-            probs = law_probs(logits, law).cpu()
+            probs = law_probs(logits, bound, ids, len(line.prompt_ids)).cpu()
             u = randomized_pit(probs, torch.tensor(line.output_ids), pit_generator)
             rec.pit += [None if v != v else float(v) for v in u.tolist()]
             key = (line.source, law.name, tuple(line.prompt_ids))

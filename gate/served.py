@@ -26,6 +26,7 @@ from typing import Any, Callable
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import ServedContext
 from gate.errors import PolicyValueError
+from gate.law import law_logits
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe
 from gate.plan import Plan, PlannedPrompt, Request, request_seed
@@ -83,9 +84,66 @@ def eos_ids(tokenizer: Any) -> set[int]:
 
 
 def build_runner(plan: Plan) -> Runner:
-    """The served runner of the policy (runner.kind openai or llama_server). Raises
+    """The served runner of the policy (runner.kind openai or llama_server), checked to
+    apply every declared law and constraint as gate does (check_served_law). Raises
     PolicyValueError naming the YAML path (a draft llama-server cannot run, a missing
-    binary, a GGUF that cannot be written)."""
+    binary, a GGUF that cannot be written, a law field or constraint the server cannot
+    honour)."""
+    runner = _build_runner(plan)
+    check_served_law(plan, runner)
+    return runner
+
+
+def law_path(policy: Any, i: int) -> str:
+    """The YAML path of the policy's i-th law: `law` for a single mapping, `law[i]` for a list."""
+    return f"law[{i}]" if isinstance(getattr(policy, "law", None), list) else "law"
+
+
+def constraint_path(plan: Plan, fmt: Any) -> str:
+    """The YAML path that declares constraint `fmt`: workload.constraints[j] for the first
+    entry whose prompts carry it (a prompt's `constraint` label is the entry's name), else
+    workload.path (a prompt's own response_format in the prompt file)."""
+    for j, entry in enumerate(getattr(plan.policy.workload, "constraints", None) or []):
+        name = getattr(entry, "name", None)
+        if name is not None and any(getattr(p, "constraint", None) == name and getattr(p, "response_format", None) == fmt
+                                    for p in plan.workload.prompts):
+            return f"workload.constraints[{j}]"
+    return "workload.path"
+
+
+def check_served_law(plan: Plan, runner: Runner) -> None:
+    """Raise PolicyValueError at law[i].<field> (law.<field> for a single law), or at the
+    constraint's path (constraint_path), for the first declared law, constraint, or law
+    under a constraint that a runner of the policy cannot apply as gate does (the runner's
+    law_refusals: the sources are there). Runners without law_refusals are not checked."""
+    refusals = getattr(runner, "law_refusals", None)
+    if refusals is None:
+        return
+    formats: dict[Any, str] = {}  # constraint -> the first prompt that has it
+    for p in plan.workload.prompts:
+        fmt = getattr(p, "response_format", None)
+        if fmt is not None and fmt not in formats:
+            formats[fmt] = p.id
+    names = [FALLBACK, *plan.policy.drafts]
+    for i, law in enumerate(plan.laws):
+        for fmt in [None, *formats]:
+            for name in names:
+                try:
+                    found = refusals(name, law, fmt)
+                except (KeyError, ValueError):  # a runner name without an endpoint: validated elsewhere
+                    continue
+                for field, why in found:
+                    if field == "constraint":
+                        raise PolicyValueError(constraint_path(plan, fmt),
+                                               f"runner {name!r} cannot apply the {fmt.describe()} constraint of prompt "
+                                               f"{formats[fmt]!r} as gate does: {why}")
+                    under = f" under the {fmt.describe()} constraint of prompt {formats[fmt]!r}" if fmt is not None else ""
+                    raise PolicyValueError(f"{law_path(plan.policy, i)}.{field}",
+                                           f"runner {name!r} cannot apply {field} of law {law.name!r}{under} as gate "
+                                           f"does: {why}")
+
+
+def _build_runner(plan: Plan) -> Runner:
     from gate.runners.registry import runner_class
 
     policy = plan.policy
@@ -298,16 +356,21 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
     far the draft runner's token lies below the local target's top logit there when `oracle`
     is given, else an infinite gap (every divergence is a fault). The fallback runner is the
     control for the server's numerics: the largest such gap of its own tokens is recorded
-    (ExactnessRecord.numerical_tolerance); the rules call a divergence within it undecidable."""
+    (ExactnessRecord.numerical_tolerance); the rules call a divergence within it undecidable.
+    Gaps are taken under the law as greedy decoding sees it: logit bias, penalties with each
+    position's own history, and the grammar of the prompt's constraint (_gaps)."""
     from gate.rules.samples import request_key
     from gate.runners.openai import UNKNOWN_ID
 
     prompts = {p.id: p for p in plan.workload.prompts}
+    laws = {law.name: law for law in plan.laws}
     greedy = {law.name for law in plan.laws if law.greedy}
+    grammars = _Grammars(plan, oracle)
     for law in sorted({law for _, law in plan.exactness.pairs} & greedy):
         drafts = sorted(d for d, x in plan.exactness.pairs if x == law)
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
         recs = {d: ExactnessRecord(d, law, greedy=True) for d in drafts}
+        outside = 0
         found: dict[tuple, list[tuple[ExactnessRecord, int, int]]] = {}  # fallback cell -> (record, position, draft token)
         no_ids = dict.fromkeys(drafts, 0)
         try:
@@ -323,7 +386,7 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
                 if pos is not None:
                     found.setdefault(request_key(f), []).append((recs[r.draft], pos, r.output_ids[pos]))
             if oracle is not None:
-                control = _gaps(oracle, prompts, fallback, found)
+                control, outside = _gaps(oracle, prompts, fallback, found, laws[law], grammars)
             else:  # no local target: every divergence is a fault
                 control, found = None, {k: [(*hit, float("inf")) for hit in hits] for k, hits in found.items()}
         except Exception as e:  # noqa: BLE001
@@ -335,33 +398,85 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
                 f = fallback[key]
                 rec.divergences += [Divergence(f.prompt_id, pos, f.output_ids[pos], token, gap)
                                     for owner, pos, token, gap in hits if owner is rec]
+            notes = []
             if no_ids[d]:
-                rec.note = (f"{no_ids[d]} request pair(s) came back without token ids (this api returns counts only: use "
-                            "api llama_cpp, or a server that returns token ids)")
+                notes.append(f"{no_ids[d]} request pair(s) came back without token ids (this api returns counts only: use "
+                             "api llama_cpp, or a server that returns token ids)")
+            if outside:
+                notes.append(f"{outside} token(s) of the fallback runner lie outside gate's grammar for their prompt's "
+                             "constraint (the server's grammar differs, e.g. in JSON whitespace): left out of the control")
+            rec.note = "; ".join(notes) or None
             m.exactness.append(rec)
 
 
+class _Grammars:
+    """Grammar matchers for the oracle side of served exactness: one per constraint, from the
+    plan's grammar engine (plan.grammar_engine) or gate's (gate.constraints.grammar_engine) over the target's
+    tokenizer and the oracle's vocabulary, made on first use."""
+
+    def __init__(self, plan: Plan, oracle: Any):
+        self.plan = plan
+        self.oracle = oracle
+        self.engine: Any = getattr(plan, "grammar_engine", None)
+        self.matchers: dict[Any, Any] = {}
+
+    def matcher(self, fmt: Any) -> Any:
+        """The Matcher of constraint `fmt` (None: None). Raises ValueError when it does not compile."""
+        if fmt is None:
+            return None
+        if fmt not in self.matchers:
+            if self.engine is None:
+                from gate.constraints import grammar_engine
+
+                self.engine = grammar_engine(self.plan.tokenizer, int(self.oracle.vocab_size))
+            self.matchers[fmt] = self.engine.matcher(fmt)
+        return self.matchers[fmt]
+
+
 def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, RequestRecord],
-          found: dict[tuple, list]) -> float | None:
+          found: dict[tuple, list], law: Any = None, grammars: _Grammars | None = None) -> tuple[float | None, int]:
     """One teacher-forced pass of the local target along each fallback output gives both
     the control (the largest gap below the local top logit of any token the fallback runner
     emitted; None without token ids) and, in place, the gap of each divergence found at that
     cell (its context is the fallback's prefix): `found` entries become (record, position,
-    token, gap). Divergences without a local target keep an infinite gap."""
+    token, gap). Divergences without a local target keep an infinite gap.
+
+    Logits are the law's (gate.law.law_logits: logit bias, penalties with the request's own history,
+    the grammar of the prompt's constraint) when `law` (a gate.law.Law) has any of them, else
+    raw. Returns (control, outside): outside counts the fallback's tokens gate's grammar
+    forbids (a server grammar that differs from gate's): left out of the control; a
+    divergence to a token gate's grammar forbids has an infinite gap."""
     from gate.runners.openai import UNKNOWN_ID
 
     worst: float | None = None
+    outside = 0
+    processed = law is not None and bool(getattr(law, "logit_bias", ()) or getattr(law, "needs_history", False))
     for key, f in fallback.items():
         if not f.output_ids or UNKNOWN_ID in f.output_ids:
             continue
-        ids = list(prompts[f.prompt_id].token_ids)
-        logits = oracle.target_logits(ids + f.output_ids, len(ids)).float()  # [T, V]: row i given the fallback's prefix
+        prompt = prompts[f.prompt_id]
+        ids = list(prompt.token_ids)
+        full = ids + f.output_ids
+        logits = oracle.target_logits(full, len(ids)).float()  # [T, V]: row i given the fallback's prefix
+        fmt = prompt.response_format
+        if law is not None and (processed or fmt is not None):
+            grammar = grammars.matcher(fmt) if grammars is not None else None
+            logits = law_logits(logits, law.bind(len(ids), grammar), full, len(ids))
         top = logits.max(dim=-1).values
         chosen = logits.gather(-1, torch.tensor(f.output_ids)[:, None]).squeeze(-1)
-        gap = float((top - chosen).max())
-        worst = gap if worst is None else max(worst, gap)
-        found[key] = [(rec, pos, token, float(top[pos] - logits[pos, token])) for rec, pos, token in found.get(key, [])]
-    return worst
+        allowed = torch.isfinite(chosen)
+        outside += int((~allowed).sum())
+        if bool(allowed.any()):
+            gap = float((top - chosen)[allowed].max())
+            worst = gap if worst is None else max(worst, gap)
+        found[key] = [(rec, pos, token, _gap(top[pos], logits[pos, token])) for rec, pos, token in found.get(key, [])]
+    return worst, outside
+
+
+def _gap(top: torch.Tensor, value: torch.Tensor) -> float:
+    """top - value, infinite when the token is forbidden (value -inf) or the row is empty."""
+    gap = float(top - value)
+    return gap if gap == gap else float("inf")  # nan: -inf - -inf, a row the grammar left empty
 
 
 def _bills(plan: Plan, m: Measurements) -> None:

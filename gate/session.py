@@ -17,6 +17,8 @@ from gate.runners.interface import Runner
 from gate.runners.stop import StopStrings
 from gate.runners.registry import runner_class
 from gate.errors import PolicyValueError
+from gate.constraints import grammar_engine
+from gate.constraints.interface import GrammarEngine
 from gate.law import Law
 from gate.models import load as models
 from gate.plan import Plan, PlannedPrompt
@@ -39,6 +41,7 @@ class Session:
     models: list[ModelInfo] = field(default_factory=list)
     workload: WorkloadInfo | None = None
     release: Any = None  # the pinned released target (gate.measure.identity.Release; loaded only to compare, never run)
+    grammars: GrammarEngine | None = None  # compiles requests' response formats on the target's tokenizer
 
 
 @dataclass
@@ -53,11 +56,13 @@ class Target:
     info: ModelInfo
     eos_token_ids: set[int] = field(default_factory=set)
     stop: StopStrings | None = None
+    grammars: GrammarEngine | None = None  # None: no tokenizer loaded (no constraint can be compiled)
 
     def runner(self, drafts: dict[str, Draft]) -> Runner:
         """The in-process runner (kind "transformers", gate.runners.registry) on this target
         for `drafts` (name -> draft)."""
-        return runner_class("transformers")(self.model, self.eos_token_ids, self.device, self.stop, drafts)  # type: ignore[call-arg]
+        return runner_class("transformers")(self.model, self.eos_token_ids, self.device, self.stop, drafts,  # type: ignore[call-arg]
+                                            self.grammars)
 
 
 def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
@@ -73,7 +78,9 @@ def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
            for i in (i if isinstance(i, list) else [i]) if i is not None}
     info = models.model_info("target", str(source), "target", policy.target.dtype, target)
     stop = StopStrings(tok, policy.workload.stop) if policy.workload.stop and tok is not None else None
-    return Target(device, target, tok, TargetOracle(target, device), info, eos, stop)
+    oracle = TargetOracle(target, device)
+    grammars = grammar_engine(tok, oracle.vocab_size) if tok is not None else None
+    return Target(device, target, tok, oracle, info, eos, stop, grammars)
 
 
 def open_session(plan: Plan) -> Session:
@@ -91,6 +98,6 @@ def open_session(plan: Plan) -> Session:
         if built.info is not None:
             infos.append(built.info)
     return Session(device, target, tokenizer, t.runner(drafts), oracle, drafts, list(plan.laws), list(plan.workload.prompts),
-                   infos, plan.workload.info, getattr(plan, "release", None))
+                   infos, plan.workload.info, getattr(plan, "release", None), t.grammars)
 
 

@@ -57,6 +57,9 @@ def validate(path: str | Path) -> Plan:
         weak = underpowered(policy, [p.category for p in workload.questions])
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
+        vocab_size = int(getattr(config, "vocab_size", None) or len(tokenizer))
+        _check_logit_bias(policy, vocab_size)
+        _check_constraints(policy, workload, tokenizer, vocab_size)
         release = load_release(loaded)  # a missing report, or one without a probe, is bad input
     except PolicyValueError as e:
         raise loaded.error(e) from None
@@ -95,6 +98,65 @@ def _check_categories(policy: Any, known: list[str]) -> None:
             close = difflib.get_close_matches(c, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise PolicyValueError(f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}")
+
+
+def _check_logit_bias(policy: Any, vocab_size: int) -> None:
+    """Every biased token id must be a row of the target's logits (ids 0..vocab_size - 1).
+    Raises PolicyValueError at law[i].logit_bias.<id>."""
+    at = "law" if not isinstance(policy.law, list) else "law[{}]"
+    for i, law in enumerate(policy.laws):
+        for token in law.logit_bias:
+            if token >= vocab_size:
+                raise PolicyValueError(f"{at.format(i)}.logit_bias.{token}", f"token id {token} is outside the target's "
+                                       f"vocabulary (ids 0 to {vocab_size - 1}, config vocab_size)")
+
+
+def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: int) -> None:
+    """Every distinct response format the plan runs (workload.constraints entries and the
+    prompts' own response_format) must compile with the grammar engine against the target's
+    tokenizer. Raises PolicyValueError at workload.constraints[i], or at workload.path naming
+    the prompt file and line, with the engine's message."""
+    formats = {p.response_format for p in workload.prompts if p.response_format is not None}
+    if not formats:
+        return
+    from gate.constraints.interface import ResponseFormat
+    from gate.constraints.llguidance import LLGuidanceEngine
+
+    try:
+        engine = LLGuidanceEngine(tokenizer, vocab_size)
+        engine.check(ResponseFormat("regex", "a"))  # the engine reads the tokenizer on first use: fail here, not per format
+    except Exception as e:  # noqa: BLE001 - a tokenizer the engine cannot use is bad input for constraints
+        raise PolicyValueError("workload.constraints" if policy.workload.constraints else "workload.path",
+                               f"the grammar engine cannot use the target's tokenizer: {type(e).__name__}: {e}") from None
+    entries = {}  # format -> the YAML path of the first workload.constraints entry that declares it
+    for i, entry in enumerate(policy.workload.constraints or []):
+        if not isinstance(entry, str):
+            entries.setdefault(_entry_format(entry, workload), f"workload.constraints[{i}]")
+    checked: set[Any] = set()
+    for p in workload.prompts:
+        fmt = p.response_format
+        if fmt is None or fmt in checked:
+            continue
+        checked.add(fmt)
+        try:
+            error = engine.check(fmt)
+        except Exception as e:  # noqa: BLE001 - the engine's own failure on a format is its verdict on it
+            error = f"{type(e).__name__}: {e}"
+        if not error:
+            continue
+        if fmt in entries:
+            raise PolicyValueError(entries[fmt], f"the grammar engine ({engine.name}) cannot compile this {fmt.kind} "
+                                   f"constraint: {error}")
+        question = next((q for q in workload.questions if q.response_format == fmt), None)
+        origin = workload.source.origin(question.id) if question is not None and workload.source is not None else None
+        where = origin or (f"prompt {question.id!r}" if question is not None else "a prompt")
+        raise PolicyValueError("workload.path", f"{where}: response_format: the grammar engine ({engine.name}) cannot "
+                               f"compile this {fmt.kind}: {error}")
+
+
+def _entry_format(entry: Any, workload: Any) -> Any:
+    """The ResponseFormat the prompts planned for a workload.constraints mapping carry."""
+    return next((p.response_format for p in workload.prompts if p.constraint == entry.name), None)
 
 
 def _check_config(loaded: LoadedPolicy, config: Any) -> None:

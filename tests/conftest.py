@@ -72,13 +72,14 @@ def tiny_draft_dir(tmp_path_factory) -> Path:
     return path
 
 
-def sharp_llama(noise: float = 0.0, noise_seed: int = 1):
-    """tiny_llama(0) with its head scaled x20 (random tiny models have near-flat logits, std
-    ~0.1; this gives std ~2.3, so laws have real shape), plus optional Gaussian noise on the
-    head: noise 0.15 gives a draft whose overlap with the unnoised target is about 0.7."""
-    model = tiny_llama(0)
+def sharp_llama(noise: float = 0.0, noise_seed: int = 1, scale: float = 20.0, **overrides):
+    """tiny_llama(0, **overrides) with its head scaled x`scale` (random tiny models have
+    near-flat logits, std ~0.1; x20 gives std ~2.3, so laws have real shape), plus optional
+    Gaussian noise on the head: noise 0.15 gives a draft whose overlap with the unnoised target
+    is about 0.7."""
+    model = tiny_llama(0, **overrides)
     with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
+        model.lm_head.weight.mul_(scale)
         if noise:
             g = torch.Generator().manual_seed(noise_seed)
             model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape, generator=g) * noise)
@@ -165,3 +166,21 @@ def check_cut_example(tmp_path: Path, example: Path, **workload) -> tuple[object
     report = json.loads((tmp_path / "r.json").read_text()) if (tmp_path / "r.json").exists() else {}
     return result, report
 
+
+def byte_tokenizer():
+    """A byte-level tokenizer (GPT-2's byte alphabet, no merges: one token per byte) plus
+    <pad> <s> </s>: 259 ids. Grammar engines (llguidance) read it, as they read real BPE
+    tokenizers; the word-level tiny_tokenizer has no decoder they understand."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, [], unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast

@@ -92,7 +92,7 @@ def test_few_samples_are_inconclusive_never_pass(tmp_path, tiny_model_dir, promp
 
 @pytest.mark.parametrize("line, where, words", [
     ({"prompt_ids": [1, 2], "output_ids": [500], "law": {"temperature": 1.0}}, "output_ids", "outside the target's vocabulary"),
-    ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": 1.0, "min_p": 0.1}}, "law.min_p", "Extra inputs"),
+    ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": 1.0, "typical_p": 0.1}}, "law.typical_p", "Extra inputs"),
     ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": -1}}, "law.temperature", "greater than or equal"),
     ({"prompt_ids": [], "output_ids": [5], "law": {"temperature": 1}}, "prompt_ids", "at least 1"),
 ])

@@ -11,7 +11,8 @@ Two mappings (policy field `mapping`):
      tokenizer, after the prefix (BOS) the draft's tokenizer adds before plain text; the draft's KV cache is kept over the common prefix
      with what it was fed before (as gate.drafts.model.ModelDraft does);
   2. the draft samples up to n tokens in its own vocabulary under the declared law (stopping
-     at its EOS);
+     at its EOS) without its penalties, logit bias and grammar, which are defined on target
+     ids (own_law); the target's p carries them;
   3. translate the proposal: its text is the draft's decoding of (context tail + proposal)
      minus the decoding of the tail (so a leading space survives SentencePiece decoding);
      it is encoded by the target's tokenizer after the decoded tail of the target context,
@@ -40,7 +41,8 @@ Two mappings (policy field `mapping`):
   target ids (-inf elsewhere), and the declared law is applied to them: q is a full
   distribution over the target vocabulary, zero outside the shared tokens, equal to the
   draft's law restricted to them and renormalised (plain temperature; with top-k/top-p the
-  law's cut is taken among the shared tokens). The draft samples x ~ q and continues from
+  law's cut is taken among the shared tokens; penalties, logit bias and grammar apply on target ids, with the
+  target-id history). The draft samples x ~ q and continues from
   the draft id with that text. Probability information: a distribution. Correctness: any
   q with x ~ q is exact under rejection sampling (Leviathan et al. 2023, Thm 1); tokens
   outside the shared set are never proposed but still reach the output through the residual.
@@ -73,7 +75,7 @@ from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draf
                                    DType, Proposal, bill_from_modules, model_info)
 from gate.drafts.model import _common_prefix
 from gate.errors import PolicyValueError
-from gate.law import Law, law_probs
+from gate.law import AnyLaw, Law, RequestLaw, law_probs
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.measure.tokenizers import (added_prefix, canonical, compare_tokenizers, shared_token_map, special_ids,
@@ -85,6 +87,15 @@ from gate.speculative import sample
 Mapping = Literal["retokenize", "shared_vocab"]
 TAIL_TOKENS = 8  # context tokens decoded with a proposal, so its text is cut at the right boundary
 TEACHER_FORCED_SEED = 0  # the generator of sampled first proposals in teacher_forced (reproducible overlap)
+
+
+def own_law(law: AnyLaw) -> Law:
+    """The law a retokenizing draft samples its own tokens under: the declared law without
+    its penalties, logit bias and grammar, which are defined on target token ids. Its
+    proposals are point masses verified against the target's p under the whole law, so the
+    output law is exact whatever law chose them (module docstring)."""
+    base = law.law if isinstance(law, RequestLaw) else law
+    return Law(base.name, base.temperature, base.top_k, base.top_p, base.min_p, convention=base.convention)
 
 
 class Translator:
@@ -241,7 +252,7 @@ class CrossTokenizerDraft(Draft):
             drafted: list[int] = []
             ids = list(draft_ctx)
             for _ in range(n):
-                x = sample(law_probs(self._logits_after(ids), law), generator)
+                x = sample(law_probs(self._logits_after(ids), own_law(law)), generator)
                 drafted.append(x)
                 ids.append(x)
                 if x == self.translator.draft_eos:
@@ -258,7 +269,7 @@ class CrossTokenizerDraft(Draft):
         for _ in range(n):
             logits = self._logits_after(ids)
             clock = time.perf_counter()
-            q = law_probs(self.translator.mapped_logits(logits), law)
+            q = law_probs(self.translator.mapped_logits(logits), law, context + chosen)
             mapping_s += time.perf_counter() - clock
             x = sample(q, generator)
             chosen.append(x)
@@ -279,10 +290,10 @@ class CrossTokenizerDraft(Draft):
                 draft_ctx = self.translator.draft_context(ids[:i])
                 logits = self._logits_after(draft_ctx)
                 if self.mapping == "shared_vocab":
-                    q = law_probs(self.translator.mapped_logits(logits), law)
+                    q = law_probs(self.translator.mapped_logits(logits), law, ids[:i])
                     rows[row, :min(vocab_size, q.shape[-1])] = q[:vocab_size]
                     continue
-                x = sample(law_probs(logits, law), generator)
+                x = sample(law_probs(logits, own_law(law)), generator)
                 first = self.translator.to_target(ids[:i], self.translator.proposal_text(draft_ctx, [x]))
                 if x == self.translator.draft_eos and self.translator.target_eos is not None:
                     first = [self.translator.target_eos]

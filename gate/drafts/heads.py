@@ -145,9 +145,13 @@ class HeadsDraft(Draft):
         n = min(n, self.heads.num_heads)
         if self._hidden is None or n <= 0:
             return Proposal(torch.empty(0, dtype=torch.long, device=self.device), torch.empty(0))
-        q = law_probs(self._aligned(head_logits(self.heads, self.lm_head, self._hidden.reshape(1, -1), n)[:, 0]), law)
-        tokens = [sample(q[j], generator) for j in range(n)]
-        return Proposal(torch.tensor(tokens, device=self.device, dtype=torch.long), q)
+        logits = self._aligned(head_logits(self.heads, self.lm_head, self._hidden.reshape(1, -1), n)[:, 0])
+        tokens: list[int] = []
+        qs = []
+        for j in range(n):  # head j's law after the context and the proposals before it (penalties, grammar)
+            qs.append(law_probs(logits[j], law, context + tokens))
+            tokens.append(sample(qs[-1], generator))
+        return Proposal(torch.tensor(tokens, device=self.device, dtype=torch.long), torch.stack(qs))
 
     @torch.inference_mode()
     def teacher_forced(self, ids: list[int], start: int, law: Law, vocab_size: int) -> torch.Tensor:
@@ -180,7 +184,7 @@ class HeadsDraft(Draft):
                 continue
             rows = hidden[first - j - 1: len(ids) - j - 1]
             logits = head_logits(self.heads, self.lm_head, rows, j)[j - 1]
-            q = law_probs(_fit(logits, vocab_size), law).cpu()
+            q = law_probs(_fit(logits, vocab_size), law, ids, first).cpu()
             out[j - 1, first - start:] = q
         return out
 

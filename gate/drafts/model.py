@@ -56,7 +56,7 @@ class ModelDraft(Draft):
         for _ in range(n):
             logits = forward(self.model, torch.tensor([new], device=self.device), self._cache, 1)
             self._fed += new
-            q = law_probs(self._aligned(logits[0, -1]), law)
+            q = law_probs(self._aligned(logits[0, -1]), law, context + tokens)
             x = sample(q, generator)
             tokens.append(x)
             qs.append(q)
@@ -65,7 +65,7 @@ class ModelDraft(Draft):
 
     def teacher_forced(self, ids: list[int], start: int, law: Law, vocab_size: int) -> torch.Tensor:
         logits = forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0]
-        return law_probs(self._aligned(logits[start - 1:]), law)
+        return law_probs(self._aligned(logits[start - 1:]), law, ids, start)
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits [..., V_draft] on the target's vocabulary [..., V_target]: padded ids a

@@ -50,7 +50,8 @@ from typing import Any, Callable
 import torch
 
 from gate.errors import InputError, PolicyValueError
-from gate.law import Law, law_probs
+from gate.constraints import bind
+from gate.law import AnyLaw, Law, law_probs
 from gate.records import (FALLBACK, DriftRecord, Failure, FailureStage, Measurements, ProbeSequence, ReleaseComparison,
                           TargetIdentity)
 
@@ -330,11 +331,13 @@ def classify(identity: TargetIdentity, release: Release, probe: ProbeDiff | None
         probe_tv_error=probe.tv_error if probe and probe.positions else None, modifying_drafts=list(modifying or []))
 
 
-def drift_along(logits: torch.Tensor, release_logits: torch.Tensor, law: Law) -> tuple[list[float], list[float | None], list[bool]]:
+def drift_along(logits: torch.Tensor, release_logits: torch.Tensor, law: AnyLaw, ids: list[int] | None = None,
+                start: int | None = None) -> tuple[list[float], list[float | None], list[bool]]:
     """Per position, the loaded target's law p against the release's r, both from teacher-forced
-    logits [T, V] processed by `law` (gate.law.law_probs): TV(p, r), KL(p || r) (None where
-    infinite) and whether the raw argmaxes agree."""
-    p, r = law_probs(logits, law), law_probs(release_logits, law)
+    logits [T, V] at positions start.. of `ids`, processed by `law` with each position's history
+    (gate.law.law_probs): TV(p, r), KL(p || r) (None where infinite) and whether the raw
+    argmaxes agree."""
+    p, r = law_probs(logits, law, ids, start), law_probs(release_logits, law, ids, start)
     tv = tv_distance(p, r).tolist()
     kl = [None if math.isinf(v) else v for v in kl_divergence(p, r).tolist()]
     top1 = (logits.argmax(dim=-1) == release_logits.argmax(dim=-1)).tolist()
@@ -447,12 +450,14 @@ def _drift(session: Any, m: Measurements, release: Any) -> None:
         prompt = list(prompts[rec.prompt_id].token_ids)
         ids = prompt + rec.output_ids
         try:
+            planned = prompts[rec.prompt_id]
+            law = bind(laws[rec.law], len(prompt), planned.response_format, getattr(session, "grammars", None))
             tv, kl, top1 = drift_along(session.oracle.target_logits(ids, len(prompt)).float().cpu(),
-                                       release.target_logits(ids, len(prompt)).float().cpu(), laws[rec.law])
+                                       release.target_logits(ids, len(prompt)).float().cpu(), law, ids, len(prompt))
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure(FailureStage.DRIFT, "*", rec.law, f"target drift {rec.prompt_id}", _describe(e)))
             continue
-        m.drift.append(DriftRecord(rec.law, rec.prompt_id, rec.category, tv, kl, top1, rec.context_length))
+        m.drift.append(DriftRecord(rec.law, rec.prompt_id, rec.category, tv, kl, top1, rec.context_length, constraint=rec.constraint))
 
 
 def identity_lines(m: Any) -> list[str]:

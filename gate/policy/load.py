@@ -227,7 +227,7 @@ def _unknown_key(error: dict[str, Any]) -> tuple[str, str | None]:
     """The message for an unknown key and the key it probably meant."""
     key = str(error["loc"][-1])
     model = _model_at(tuple(error["loc"][:-1]))
-    known = list(model.model_fields) if model else []
+    known = [f.alias or n for n, f in model.model_fields.items()] if model else []  # as YAML spells them (schema_: schema)
     guess = _close(key, known) if known else _close(key, _known_keys())
     if guess:
         return f"unknown key {key!r}; did you mean {guess!r}?", guess
@@ -292,7 +292,7 @@ _EXPECTED = {"int_parsing": "an integer", "int_type": "an integer", "int_from_fl
              "bool_type": "true or false", "string_type": "a string"}
 
 
-_UNION_MEMBERS = {"LawSpec", "list[LawSpec]", "int", "list[int]", "str", "float"}
+_UNION_MEMBERS = {"LawSpec", "list[LawSpec]", "int", "list[int]", "str", "float", "ConstraintSpec"}
 
 
 def _union_branch(loc: tuple[Any, ...], data: Any) -> tuple[tuple[Any, ...], str, Any] | None:
@@ -362,9 +362,16 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _member(part: Any) -> Any:
+    """A union member's tag without pydantic's validator wrapper: a model with an after
+    validator is tagged 'function-after[_check(), LawSpec]' in error locations; -> 'LawSpec'
+    ('list[function-after[...]]' -> 'list[LawSpec]')."""
+    return re.sub(r"function-\w+\[\w+\(\), (\w+)\]", r"\1", part) if isinstance(part, str) else part
+
+
 def _problems(e: ValidationError, data: Any, source: SourceMap) -> list[Problem]:
     """One problem per thing wrong, at the YAML path and line it is about."""
-    errors = _branches(list(e.errors()), data)
+    errors = _branches([{**x, "loc": tuple(_member(p) for p in x["loc"])} for x in e.errors()], data)
     found: list[tuple[str, dict[str, Any]]] = []
     for error in errors:
         path = yaml_path(_clean_loc(tuple(error["loc"]), data))

@@ -7,10 +7,11 @@ that output, checked in, and a test fails when they drift.
 from __future__ import annotations
 
 import math
+import re
 from datetime import date
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gate.drafts import registry as draft_kinds
@@ -124,30 +125,107 @@ DraftSpec = draft_spec_union()
 
 
 class LawSpec(_Strict):
-    """A declared target sampling law, applied to p and q exactly as the verifier does.
+    """A declared target sampling law, applied to p and q exactly as the verifier does
+    (gate.law). Every setting but temperature is off unless given.
 
-    Order (as Hugging Face logits warpers): temperature, then top-k, then top-p."""
+    Order, convention vllm (the default; vllm/v1/sample/sampler.py, Sampler.forward): logit
+    bias, grammar mask, penalties, then greedy argmax, or temperature, min-p, top-k, top-p.
+    Convention transformers (transformers/generation/utils.py, _get_logits_processor): logit
+    bias, repetition penalty, grammar mask, then greedy argmax, or temperature, top-k, top-p,
+    min-p; it has no presence or frequency penalty. The repetition penalty counts the prompt's
+    and the output's tokens; the presence and frequency penalties count output tokens only
+    (OpenAI's definition, as vLLM). Each position is penalised on its own committed prefix."""
 
-    name: str | None = Field(None, pattern=NAME, description="Default: 'greedy' or built from the settings, e.g. 't0.7-k50'.")
+    name: str | None = Field(None, pattern=NAME, description="Default: 'greedy' or built from the settings, e.g. "
+                             "'t0.7-k50' or 't0.7-mp0.05-rp1.2' (see `label`).")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy (argmax).")
     top_k: int | None = Field(None, ge=1, description="Keep the k most likely tokens.")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Keep the smallest set with probability >= top_p.")
+    min_p: float | None = Field(None, gt=0.0, le=1.0, description="Keep the tokens whose probability is at least min_p "
+                                "times the largest one, after temperature (Nguyen et al. 2024); vllm: before top-k and "
+                                "top-p, transformers: after them.")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description="Over every token of the prompt and the "
+                                             "output so far: a logit x > 0 becomes x / r, else x * r (CTRL, as vLLM and "
+                                             "transformers apply it); 1 is off.")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="OpenAI's presence penalty a (vllm "
+                                           "convention only): x - a for every token already in the output (not the prompt).")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="OpenAI's frequency penalty f (vllm "
+                                            "convention only): x - f * count for each token's count in the output so far.")
+    logit_bias: dict[int, float] = Field(
+        default_factory=dict, description="Token id -> bias in [-100, 100] added to the raw logits (OpenAI's logit_bias; "
+        "keys may be written as numbers or digit strings), first in both conventions.",
+        json_schema_extra={"propertyNames": {"pattern": r"^[0-9]+$"}, "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
+    convention: Literal["vllm", "transformers"] = Field(
+        "vllm", description="Whose order and definitions apply. vllm (vllm/v1/sample/sampler.py): logit_bias -> grammar "
+        "mask -> penalties -> greedy argmax, or temperature -> min_p -> top_k -> top_p. transformers (transformers/"
+        "generation/utils.py, _get_logits_processor): logit_bias -> repetition_penalty -> grammar mask -> temperature -> "
+        "top_k -> top_p -> min_p; it has no presence or frequency penalty.")
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias(cls, value: Any) -> Any:
+        """Token id keys as numbers or digit strings (OpenAI's JSON writes strings); biases in
+        [-100, 100]. Returns the mapping with int keys, sorted by id. FieldError names the key."""
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            return value  # pydantic says "expected a mapping"
+        out: dict[int, float] = {}
+        for key, bias in value.items():
+            if isinstance(key, bool) or not (isinstance(key, int) or (isinstance(key, str) and re.fullmatch(r"[0-9]+", key))):
+                raise FieldError(str(key), f"logit_bias keys are token ids (non-negative integers, or digit strings as "
+                                 f"OpenAI's JSON writes them), got {key!r}")
+            if isinstance(key, int) and key < 0:
+                raise FieldError(str(key), f"token id {key} is negative")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+                raise FieldError(str(key), f"the bias of token {key} must be a number from -100 to 100, got {bias!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise FieldError(str(key), f"the bias of token {key} is {bias:g}; OpenAI's range is -100 to 100")
+            tid = int(key)
+            if tid in out:
+                raise FieldError(str(key), f"token id {tid} is given twice")
+            out[tid] = float(bias)
+        return dict(sorted(out.items()))
+
+    @model_validator(mode="after")
+    def _convention(self) -> "LawSpec":
+        if self.convention == "transformers":
+            for key in ("presence_penalty", "frequency_penalty"):
+                if getattr(self, key) is not None:
+                    raise FieldError(key, f"{key} is not part of convention 'transformers': transformers has no such "
+                                     "logits processor (_get_logits_processor); use convention: vllm, or drop it")
+        return self
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs sorted by id (gate.law.Law.logit_bias)."""
+        return tuple(sorted(self.logit_bias.items()))
+
+    @property
     def label(self) -> str:
+        """`name`, else built from the settings that change the law, joined by '-': 'greedy' or
+        t<temperature>, then k<top_k>, p<top_p>, mp<min_p> (sampling only: greedy ignores
+        them), rp<repetition_penalty>, pp<presence_penalty>, fp<frequency_penalty>,
+        lb<number of biased tokens>, and 'tf' under convention transformers. Two laws that
+        differ only in their biases get the same label: name them."""
         if self.name:
             return self.name
-        if self.greedy:
-            return "greedy"
-        parts = [f"t{self.temperature:g}"]
-        if self.top_k is not None:
-            parts.append(f"k{self.top_k}")
-        if self.top_p is not None:
-            parts.append(f"p{self.top_p:g}")
+        parts = ["greedy" if self.greedy else f"t{self.temperature:g}"]
+        if not self.greedy:
+            for prefix, value in (("k", self.top_k), ("p", self.top_p), ("mp", self.min_p)):
+                if value is not None:
+                    parts.append(f"{prefix}{value:g}")
+        for prefix, value in (("rp", self.repetition_penalty), ("pp", self.presence_penalty), ("fp", self.frequency_penalty)):
+            if value is not None:
+                parts.append(f"{prefix}{value:g}")
+        if self.logit_bias:
+            parts.append(f"lb{len(self.logit_bias)}")
+        if self.convention == "transformers":
+            parts.append("tf")
         return "-".join(parts)
 
 
@@ -158,6 +236,55 @@ class LengthFilterSpec(_Strict):
     min_tokens: int = Field(4, ge=0, description="Prune a candidate whose prompt or reference output is shorter.")
     max_prompt_tokens: int = Field(1024, ge=1, description="Prune a candidate whose prompt is longer.")
     max_total_tokens: int = Field(2048, ge=1, description="Prune a candidate whose prompt plus reference output is longer.")
+
+
+CONSTRAINT_KEYWORDS = ("none", "prompt")  # workload.constraints entries that are not mappings
+
+
+class ConstraintSpec(_Strict):
+    """One named grammar constraint every selected prompt also runs under (a mask on p and q
+    alike, enforced by the grammar engine, gate.constraints): a JSON schema (inline `schema`
+    or `schema_file`), a regular expression (`pattern`) or a choice among strings (`choices`)."""
+
+    name: str = Field(..., pattern=NAME, description="The constraint's label in reports, scopes and prompt ids "
+                      "('<prompt id>#<name>'); not 'none' or 'prompt'.")
+    type: Literal["json_schema", "regex", "choice"] = Field(..., description="What the output must match.")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="json_schema: the JSON schema, inline.")
+    schema_file: str | None = Field(None, min_length=1, description="json_schema: a JSON file holding the schema, "
+                                    "relative to the policy file.")
+    pattern: str | None = Field(None, min_length=1, description="regex: the pattern the whole output must match.")
+    choices: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1, description="choice: the "
+                                                                      "strings the output must be one of.")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "ConstraintSpec":
+        if self.name in CONSTRAINT_KEYWORDS:
+            raise FieldError("name", f"{self.name!r} is reserved for the entry {self.name!r}; choose another name")
+        wanted = {"json_schema": ("schema", "schema_file"), "regex": ("pattern",), "choice": ("choices",)}[self.type]
+        given = {"schema": self.schema_, "schema_file": self.schema_file, "pattern": self.pattern, "choices": self.choices}
+        for key, value in given.items():
+            if value is not None and key not in wanted:
+                raise FieldError(key, f"{key} does not apply to type {self.type!r} (it takes {' or '.join(wanted)})")
+        present = [k for k in wanted if given[k] is not None]
+        if len(present) != 1:
+            raise FieldError("type", f"type {self.type!r} needs {'exactly one of ' if len(wanted) > 1 else ''}"
+                             f"{' or '.join(wanted)}" + (f" (given: {', '.join(present)})" if present else ""))
+        return self
+
+
+def _constraint_tag(value: Any) -> str:
+    """Which member of a workload.constraints entry the YAML meant: a keyword string or a mapping."""
+    return "str" if isinstance(value, str) else "ConstraintSpec"
+
+
+ConstraintEntry = Annotated[
+    Union[Annotated[Literal["none", "prompt"], Tag("str")], Annotated[ConstraintSpec, Tag("ConstraintSpec")]],
+    Discriminator(_constraint_tag)]
+
+
+def constraint_label(entry: str | ConstraintSpec) -> str:
+    """A workload.constraints entry's label: 'none', 'prompt' or the mapping's name."""
+    return entry if isinstance(entry, str) else entry.name
 
 
 class WorkloadSpec(_Strict):
@@ -182,6 +309,12 @@ class WorkloadSpec(_Strict):
     stop: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list, description="Stop strings, matched on the decoded output (a string may span tokens); the "
         "output ends with the token that completes one (stop_reason 'stop'), as an EOS ends it.")
+    constraints: list[ConstraintEntry] | None = Field(
+        None, min_length=1, description="Grammar constraints (a mask on p and q alike): every selected prompt runs under "
+        "each entry, as its own request ('<prompt id>#<label>'): 'none' (unconstrained), 'prompt' (each prompt's own "
+        "response_format from its JSONL line; none where it has none), or a mapping {name, type: json_schema | regex | "
+        "choice, schema | schema_file | pattern | choices}. Labels ('none', 'prompt' or the name) are unique. Absent: "
+        "each prompt runs once under its own response_format, without a label.")
 
     @field_validator("max_new_tokens")
     @classmethod
@@ -217,7 +350,17 @@ class WorkloadSpec(_Strict):
         for i, length in enumerate(self.context_lengths or []):
             if length in self.context_lengths[:i]:
                 raise FieldError(f"context_lengths[{i}]", f"context length {length} is listed twice")
+        labels = self.constraint_labels
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                raise FieldError(f"constraints[{i}]", f"constraint label {label!r} is listed twice (first at "
+                                 f"constraints[{labels.index(label)}]); labels must be unique")
         return self
+
+    @property
+    def constraint_labels(self) -> list[str]:
+        """The labels of workload.constraints in order ([] when absent)."""
+        return [constraint_label(c) for c in self.constraints or []]
 
 
 BILL_LINES = ("target weights", "target KV cache", "draft weights", "draft KV cache", "verification positions",
@@ -233,6 +376,8 @@ class ScopeSpec(_Strict):
     categories: list[str] | None = Field(None, min_length=1)
     concurrency: list[int] | None = Field(None, min_length=1, description="Load points (load.concurrency values) in scope.")
     request_rate: list[float] | None = Field(None, min_length=1, description="Load points (load.request_rate values) in scope.")
+    constraints: list[str] | None = Field(None, min_length=1, description="Grammar constraints (labels of "
+                                          "workload.constraints: 'none', 'prompt' or a name) in scope.")
 
 
 class EndpointSpec(_Strict):
@@ -358,8 +503,9 @@ class RuleSpec(_Strict):
                                     "per prompt for the next-token goodness-of-fit test (0: PIT only).")
     next_token_prompts: int = Field(1, ge=1, description="exactness: prompts used for the next-token test.")
     scope: ScopeSpec = Field(default_factory=ScopeSpec)
-    per: Literal["category", "context_length", "max_new_tokens", "concurrency", "request_rate"] | None = Field(
-        None, description="One outcome per prompt category, context-sweep length, max_new_tokens value or load point, each decided on "
+    per: Literal["category", "context_length", "constraint", "max_new_tokens", "concurrency", "request_rate"] | None = Field(
+        None, description="One outcome per prompt category, context-sweep length, grammar constraint (workload.constraints), "
+        "max_new_tokens value or load point, each decided on "
         "its own requests: with speedup >= 0.95x, no category may be slower than 0.95x the fallback.")
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
@@ -382,7 +528,7 @@ class RuleSpec(_Strict):
             for key in ("metric", "comparison", "threshold", "relative_to", "line"):
                 if getattr(self, key) is not None:
                     raise FieldError(key, f"an exactness rule takes no {key}: it tests the declared law itself")
-            if self.scope.categories or self.per:
+            if self.scope.categories or self.scope.constraints or self.per:
                 raise FieldError("per" if self.per else "scope", "an exactness rule covers every prompt; scope it by drafts and laws only")
             return self
         for key in ("metric", "comparison", "threshold"):
@@ -566,6 +712,14 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                              f"lines: {', '.join(BILL_LINES)}"))
         if rule.per == "context_length" and not policy.workload.context_lengths:
             problems.append((f"rules[{i}].per", "per: context_length needs workload.context_lengths (a context-length sweep)"))
+        constraints = policy.workload.constraint_labels
+        if rule.per == "constraint" and not constraints:
+            problems.append((f"rules[{i}].per", "per: constraint needs workload.constraints (the grammar constraints each prompt runs under)"))
+        for j, value in enumerate(rule.scope.constraints or []):
+            if value not in constraints:
+                known = f"known: {', '.join(constraints)}{_did_you_mean(value, constraints)}" if constraints else \
+                    "workload.constraints declares none"
+                problems.append((f"rules[{i}].scope.constraints[{j}]", f"unknown constraint {value!r}; {known}"))
         problems.extend(_served_rule_problems(policy, i, rule))
         if rule.relative_to == "baseline" and policy.baseline is None:
             problems.append((f"rules[{i}].relative_to", "relative_to: baseline needs a `baseline` section naming the saved report"))

@@ -50,7 +50,8 @@ class ConsoleReport(ReportFormat):
                 _f(r.itl_p99_ms, ".1f") + (" ms" if r.itl_p99_ms is not None else ""),
                 format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-",
             )
-        slices = [t for t in (breakdown_table(report, "category"), breakdown_table(report, "context_length")) if t is not None]
+        slices = [t for t in (breakdown_table(report, "category"), breakdown_table(report, "context_length"),
+                              constraint_table(report)) if t is not None]
         rules = Table(title="Rules", title_justify="left")
         for col in ("status", "rule", "level", "message"):
             rules.add_column(col, overflow="fold")
@@ -176,6 +177,50 @@ def breakdown_table(report: Report, by: str) -> Table | None:
     t = Table(title=f"{title}: counters and tokens pooled per slice", title_justify="left")
     for col in BREAKDOWN_COLUMNS:
         t.add_column(by.replace("_", " ") if col == "slice" else col, justify="left" if col in ("draft", "law", "slice") else "right")
+    for row in rows:
+        t.add_row(*(escape(x) for x in row))
+    return t
+
+
+CONSTRAINT_FIGURES = (("overlap", "overlap_mean", ".3f"), ("accept rate", "acceptance_rate", ".3f"),
+                      ("mean acc len", "mean_acceptance_length", ".2f"))
+
+
+def constraint_labels(report: Report) -> list[str]:
+    """The grammar-constraint labels (workload.constraints) the summary rows break down by,
+    in the workload's order; fewer than two: nothing to set side by side."""
+    return list(dict.fromkeys(c for r in report.summary for c in r.by_constraint))
+
+
+def constraint_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Acceptance under each grammar constraint side by side, one row per draft and law:
+    (column names, rows). Columns: draft, law, then per constraint label its overlap, accept
+    rate and mean acceptance length ('<label>: <figure>'). ([], []) with fewer than two labels."""
+    labels = constraint_labels(report)
+    if len(labels) < 2:
+        return [], []
+    columns = ["draft", "law"] + [f"{c}: {name}" for c in labels for name, _, _ in CONSTRAINT_FIGURES]
+    rows = []
+    for r in report.summary:
+        if r.runner == "fallback":
+            continue
+        row = [r.runner, r.law]
+        for c in labels:
+            b = r.by_constraint.get(c)
+            row += [_f(None if b is None else getattr(b, key), fmt) for _, key, fmt in CONSTRAINT_FIGURES]
+        rows.append(row)
+    return columns, rows
+
+
+def constraint_table(report: Report) -> Table | None:
+    """Overlap, acceptance rate and mean acceptance length under each grammar constraint,
+    side by side (counters pooled per constraint); None with fewer than two constraints."""
+    columns, rows = constraint_rows(report)
+    if not rows:
+        return None
+    t = Table(title="By grammar constraint (workload.constraints): counters pooled per constraint", title_justify="left")
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("draft", "law") else "right")
     for row in rows:
         t.add_row(*(escape(x) for x in row))
     return t

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable
 from gate.measure.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
+from gate.report.console import CONSTRAINT_FIGURES, constraint_labels, constraint_rows
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
@@ -209,6 +210,7 @@ class HtmlReport(ReportFormat):
             out.append("</ul></section>")
         out += self._not_passed(report)
         out += self._summary_table(report)
+        out += self._constraint_table(report)
         if mapping := mapping_lines(report.measurements):  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
             out += ['<section id="cross-tokenizer"><h2>Cross-tokenizer drafts: tokenizers and mapping cost</h2><ul>']
             out += [f"<li><pre>{esc(x)}</pre></li>" for x in mapping] + ["</ul></section>"]
@@ -306,6 +308,24 @@ class HtmlReport(ReportFormat):
                        f"<td>{f(r.committed_tokens_per_s, '.1f')}</td><td>{esc(speedup)}</td>"
                        f"<td>{f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')}</td>"
                        f"<td>{f(r.ttft_p50_ms, '.0f', ' ms')}</td><td>{f(r.itl_p99_ms, '.1f', ' ms')}</td><td>{esc(bill)}</td></tr>")
+        out += ["</tbody></table>", "</section>"]
+        return out
+
+    def _constraint_table(self, report: Report) -> list[str]:
+        """Overlap, acceptance rate and mean acceptance length of each draft and law under each
+        grammar constraint (workload.constraints), side by side; nothing with fewer than two."""
+        labels = constraint_labels(report)
+        _, rows = constraint_rows(report)
+        if not rows:
+            return []
+        figures = [name for name, _, _ in CONSTRAINT_FIGURES]
+        out = ['<section id="constraints"><h2>Acceptance under each grammar constraint</h2>',
+               "<p>Counters pooled per constraint (workload.constraints): the same prompts, each run under every "
+               "constraint as its own request; the grammar masks p and q alike.</p>",
+               '<table><thead><tr><th rowspan="2">draft</th><th rowspan="2">law</th>'
+               + "".join(f'<th colspan="{len(figures)}">{esc(c)}</th>' for c in labels) + "</tr><tr>"
+               + "".join(f"<th>{esc(x)}</th>" for _ in labels for x in figures) + "</tr></thead><tbody>"]
+        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
         out += ["</tbody></table>", "</section>"]
         return out
 

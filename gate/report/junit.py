@@ -1,7 +1,7 @@
 """JUnit XML through the junit-xml package (it escapes; no string-built XML).
 
 One test case per rule and scope, named "<rule_id>[<scope>]" (scope "draft/law" or
-"draft/law/categories") with the classname "gate.<rule_id>": both depend only on the
+"draft/law/categories", "/constraint=<label>" when scoped by grammar constraint) with the classname "gate.<rule_id>": both depend only on the
 policy, so they are stable from run to run, and unique (GitLab drops duplicate names).
 Passing cases are always present (message in system-out).
 

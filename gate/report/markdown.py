@@ -6,7 +6,7 @@ from __future__ import annotations
 from gate.measure.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
-from gate.report.console import BREAKDOWN_COLUMNS, LOAD_COLUMNS, breakdown_rows, load_rows
+from gate.report.console import BREAKDOWN_COLUMNS, LOAD_COLUMNS, breakdown_rows, constraint_rows, load_rows
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
 from gate.rules.status import Status
@@ -58,6 +58,11 @@ class MarkdownReport(ReportFormat):
                         "|---|---|---|" + "---:|" * (len(BREAKDOWN_COLUMNS) - 3)]
                 out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows]
                 out += ["", "</details>", ""]
+        columns, rows = constraint_rows(report)  # acceptance under each grammar constraint, side by side
+        if rows:
+            out += ["### By grammar constraint", "", "| " + " | ".join(_cell(c) for c in columns) + " |",
+                    "|---|---|" + "---:|" * (len(columns) - 2)]
+            out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in rows] + [""]
         if mapping := mapping_lines(report.measurements):  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
             out += ["### Cross-tokenizer drafts: tokenizers and mapping cost", "", "```"] + mapping + ["```", ""]
         if report.load:

@@ -117,7 +117,8 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
     cats = tuple(rule.scope.categories) if rule.scope.categories else None
     conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
     rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
-    base = Selection(draft, law, cats, concurrency=conc, request_rate=rates)
+    cons = tuple(rule.scope.constraints) if getattr(rule.scope, "constraints", None) else None
+    base = Selection(draft, law, cats, concurrency=conc, request_rate=rates, constraints=cons)
     if not rule.per:
         return [base]
     if rule.per in ("concurrency", "request_rate") and declared and declared.get(rule.per):
@@ -130,6 +131,10 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
         return [base]  # nothing measured: one outcome says so
     if rule.per == "category":
         return [replace(base, categories=(v,)) for v in values]
+    if rule.per == "constraint":  # in the workload's order ('none' before the constraints, as declared)
+        declared = list(getattr(m.workload, "constraints", None) or []) if m.workload is not None else []
+        values = sorted(values, key=lambda v: (declared.index(v) if v in declared else len(declared), v))
+        return [replace(base, constraints=(v,)) for v in values]
     if rule.per in ("concurrency", "request_rate"):  # one load point each (an open loop's points have no concurrency)
         other = "request_rate" if rule.per == "concurrency" else "concurrency"
         return [replace(base, **{rule.per: (v,), other: None}) for v in values]
@@ -137,7 +142,7 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
 
 
 def scope_key(where: Selection, per: str | None = None) -> str:
-    """The stable scope key of an outcome: draft/law[/categories][/per=value]."""
+    """The stable scope key of an outcome: draft/law[/categories][/per=value][/constraint=labels]."""
     key = f"{where.runner}/{where.law}"
     if per == "category" and where.categories:
         return key + f"/category={where.categories[0]}"
@@ -145,6 +150,8 @@ def scope_key(where: Selection, per: str | None = None) -> str:
         key += "/" + ",".join(where.categories)
     if per in ("context_length", "max_new_tokens") and getattr(where, per) is not None:
         key += f"/{per}={getattr(where, per)}"
+    if where.constraints is not None:
+        key += "/constraint=" + ",".join(where.constraints)
     for name in ("concurrency", "request_rate"):
         values = getattr(where, name)
         if values is not None:
@@ -164,6 +171,8 @@ def parse_scope(scope: str) -> Selection:
             where = replace(where, categories=(v,))
         elif name in ("context_length", "max_new_tokens"):
             where = replace(where, **{name: int(v)})
+        elif name == "constraint":
+            where = replace(where, constraints=tuple(v.split(",")))
         elif name == "concurrency":
             where = replace(where, concurrency=tuple(int(x) for x in v.split(",")))
         elif name == "request_rate":

@@ -32,6 +32,7 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
     measurement.repetitions (extra repetitions run only when a verdict is inconclusive)."""
     w, ms = policy.workload, policy.measurement
     lengths = len(w.context_lengths or []) or 1
+    labels = w.constraint_labels  # each prompt runs under every workload.constraints entry
     out: list[tuple[str, str]] = []
     for i, rule in enumerate(policy.rules):
         if rule.kind != "metric" or rule.level == "off" or rule.metric not in METRICS:
@@ -41,6 +42,8 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
             prompts = min((scoped.count(c) for c in set(scoped)), default=0)
         else:
             prompts = len(scoped)
+        if labels and rule.per != "constraint":
+            prompts *= len([c for c in labels if not rule.scope.constraints or c in rule.scope.constraints])
         cells = (prompts * (1 if rule.per == "context_length" else lengths) * ms.repetitions
                  * (1 if rule.per == "max_new_tokens" else len(w.max_new_tokens_list)))
         if METRICS[rule.metric].sampling == "position":  # one continuation per prompt, measured once

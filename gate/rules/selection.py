@@ -22,6 +22,7 @@ class Selection:
     max_new_tokens: int | None = None
     concurrency: tuple[int, ...] | None = None  # served load points (closed loop); None: all
     request_rate: tuple[float, ...] | None = None  # served load points (open loop, requests/s); None: all
+    constraints: tuple[str, ...] | None = None  # workload.constraints labels; None: all
 
     def takes(self, record: RequestRecord | OverlapRecord) -> bool:
         """Whether a request or overlap record belongs to this selection."""
@@ -29,6 +30,7 @@ class Selection:
                 and (self.categories is None or record.category in self.categories)
                 and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
                 and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens)
+                and (self.constraints is None or getattr(record, "constraint", None) in self.constraints)
                 and self.takes_load(getattr(record, "concurrency", None), getattr(record, "request_rate", None)))
 
     def takes_load(self, concurrency: int | None, request_rate: float | None) -> bool:
@@ -45,8 +47,9 @@ class Selection:
 
     @property
     def whole_windows(self) -> bool:
-        """Whether the selection takes whole windows (no filter by category, length or context)."""
-        return self.categories is None and self.context_length is None and self.max_new_tokens is None
+        """Whether the selection takes whole windows (no filter by category, length, context or constraint)."""
+        return (self.categories is None and self.context_length is None and self.max_new_tokens is None
+                and self.constraints is None)
 
     def of(self, runner: str) -> "Selection":
         """The same cells for another runner (the fallback, or a baseline's draft)."""

@@ -60,6 +60,7 @@ class SummaryRow:
     request_speedup_p10: float | None = None  # the slowest decile of per-request speedups
     by_category: dict[str, Breakdown] = field(default_factory=dict)
     by_context_length: dict[str, Breakdown] = field(default_factory=dict)
+    by_constraint: dict[str, Breakdown] = field(default_factory=dict)  # workload.constraints label -> figures, in policy order
 
 
 def _clean(x: float) -> float | None:
@@ -96,6 +97,15 @@ def _slower_share(m: Measurements, sel: Selection) -> float | None:
     """Share of the runner's paired requests with lower committed tokens/s than their fallback request."""
     ratios = samples("request_speedup", m, sel) if sel.runner != FALLBACK else []
     return sum(x < 1 for x in ratios) / len(ratios) if ratios else None
+
+
+def _by_constraint(m: Measurements, sel: Selection, reqs: list) -> dict[str, Breakdown]:
+    """Pooled figures per workload.constraints label, in the workload's order (first seen
+    when the report has no workload record); empty when the requests carry no label."""
+    seen = [r.constraint for r in reqs if getattr(r, "constraint", None) is not None]
+    declared = list(m.workload.constraints) if m.workload is not None and getattr(m.workload, "constraints", None) else []
+    labels = [c for c in declared if c in seen] + [c for c in dict.fromkeys(seen) if c not in declared]
+    return {c: breakdown(m, replace(sel, constraints=(c,))) for c in labels}
 
 
 def summarize(m: Measurements) -> list[SummaryRow]:
@@ -136,5 +146,6 @@ def summarize(m: Measurements) -> list[SummaryRow]:
                 by_category={c: breakdown(m, replace(sel, categories=(c,))) for c in sorted({r.category for r in reqs})},
                 by_context_length={str(n): breakdown(m, replace(sel, context_length=n))
                                    for n in sorted({r.context_length for r in reqs if r.context_length is not None})},
+                by_constraint=_by_constraint(m, sel, reqs),
             ))
     return rows

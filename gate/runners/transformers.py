@@ -26,7 +26,9 @@ from typing import Sequence
 import torch
 
 from gate.drafts.interface import Draft
-from gate.law import Law, law_probs
+from gate.constraints import bind
+from gate.constraints.interface import GrammarEngine, ResponseFormat
+from gate.law import AnyLaw, Law, law_probs
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
@@ -52,8 +54,10 @@ class TransformersRunner(Runner):
                                 cpu_accounting=True, max_concurrency=1, server_counters=False)
 
     def __init__(self, model: torch.nn.Module, eos_token_ids: set[int], device: torch.device,
-                 stop: StopStrings | None = None, drafts: dict[str, Draft] | None = None):
+                 stop: StopStrings | None = None, drafts: dict[str, Draft] | None = None,
+                 grammars: GrammarEngine | None = None):
         self.model = model
+        self.grammars = grammars  # compiles a request's response format (None: constrained requests fail)
         self.eos_token_ids = set(eos_token_ids)
         self.device = device
         self.stop = stop
@@ -87,7 +91,9 @@ class TransformersRunner(Runner):
         draft = None if req.draft == FALLBACK else self.drafts[req.draft]
         probe = self._probe or Probe()
         started = probe.start()
-        g = self._generate(list(req.prompt.token_ids), draft, req.law, req.max_new_tokens, self._generator(req.seed))
+        prompt = list(req.prompt.token_ids)
+        law = bind(req.law, len(prompt), req.prompt.response_format, self.grammars)
+        g = self._generate(prompt, draft, law, req.max_new_tokens, self._generator(req.seed))
         load = probe.stop(started)
         return replace(g, cpu_time_ms=load.cpu_time_ms, cpu_stall_ms=load.cpu_stall_ms, load_avg_1m=load.load_avg_1m,
                        threads=torch.get_num_threads())
@@ -114,10 +120,12 @@ class TransformersRunner(Runner):
         return logits[0, -keep:], hidden[0, -keep:]
 
     @torch.inference_mode()
-    def _generate(self, prompt_ids: list[int], draft: Draft | None, law: Law, max_new_tokens: int,
+    def _generate(self, prompt_ids: list[int], draft: Draft | None, law: AnyLaw, max_new_tokens: int,
                   generator: torch.Generator | None) -> StreamResult:
         """One request: `prompt_ids` -> up to `max_new_tokens` committed tokens under `law`
-        (draft None: the fallback). gate's speculative loop; no CPU accounting."""
+        (draft None: the fallback; a RequestLaw carries the penalties' prompt length and the
+        grammar: p and q of every position are processed with that position's history, the
+        accepted proposals before it included). gate's speculative loop; no CPU accounting."""
         started_s = time.time()
         t0 = self._now()
         cache = new_cache(self.model.config)
@@ -154,7 +162,7 @@ class TransformersRunner(Runner):
         logits, hidden = self._score(context, cache, 1, draft)
         if hidden is not None:  # the state whose logits give the first token
             draft.observe_target_hidden(hidden[-1])
-        stop = commit([sample(law_probs(logits[-1], law), generator)], 0, 0)
+        stop = commit([sample(law_probs(logits[-1], law, context), generator)], 0, 0)
         while not stop:
             remaining = max_new_tokens - len(out)
             n = min(draft.num_draft_tokens, remaining - 1) if draft is not None else 0
@@ -163,7 +171,7 @@ class TransformersRunner(Runner):
             fed = cache.get_seq_length()
             feed = context[fed:] + (proposal.tokens.tolist() if k else [])
             scored, hidden = self._score(feed, cache, k + 1, draft)
-            p = law_probs(scored, law)
+            p = law_probs(scored, law, context + (proposal.tokens.tolist() if k else []), len(context))
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
             if hidden is not None:  # the row whose p gave next_token
                 draft.observe_target_hidden(hidden[verdict.accepted])
@@ -208,15 +216,18 @@ class TransformersRunner(Runner):
                 return hit[0], "stop", hit[1]
         return count, reason, None
 
-    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int) -> list[list[int]]:
+    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int,
+                    response_format: ResponseFormat | None = None) -> list[list[int]]:
         """`n` independent speculative first steps of the draft named `draft` after
         `prompt_ids`, drawn with a generator seeded by `seed` on the runner's device: the
         tokens each commits (its accepted proposals, then the correction or bonus token;
-        1..num_draft_tokens + 1 tokens). Raises KeyError for an unknown draft."""
-        return self._first_steps(prompt_ids, self.drafts[draft], law, n, self._generator(seed))
+        1..num_draft_tokens + 1 tokens), under `law` and the request's `response_format`
+        (None: unconstrained). Raises KeyError for an unknown draft."""
+        bound = bind(law, len(prompt_ids), response_format, self.grammars)
+        return self._first_steps(prompt_ids, self.drafts[draft], bound, n, self._generator(seed))
 
     @torch.inference_mode()
-    def _first_steps(self, prompt_ids: list[int], draft: Draft, law: Law, n: int,
+    def _first_steps(self, prompt_ids: list[int], draft: Draft, law: AnyLaw, n: int,
                      generator: torch.Generator | None) -> list[list[int]]:
         """Each sample is one full speculative step from the prompt's last token (draft
         proposals, one verification forward, acceptance, residual or bonus); the prompt's
@@ -236,7 +247,8 @@ class TransformersRunner(Runner):
             crop_to(cache, base)
             proposal = draft.propose(prompt, draft.num_draft_tokens, law, generator)
             k = int(proposal.tokens.shape[0])
-            p = law_probs(self._forward(prompt[base:] + proposal.tokens.tolist(), cache, k + 1), law)
+            p = law_probs(self._forward(prompt[base:] + proposal.tokens.tolist(), cache, k + 1), law,
+                          prompt + proposal.tokens.tolist(), len(prompt))
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
             steps.append(proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token])
         return steps

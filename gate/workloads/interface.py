@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gate.constraints.interface import ResponseFormat
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -19,12 +21,14 @@ class Prompt:
     answer) and its category. `reply` is a real answer to it where the source has one
     (ShareGPT's gpt turn, MT-bench's reference answer, HumanEval's canonical solution):
     ShareGPT's output-length filter measures it, and context sweeps use it as the
-    assistant turn when the prompt serves as history."""
+    assistant turn when the prompt serves as history. `response_format`: the structured
+    output the prompt asks for (a JSONL line's response_format), None for free text."""
 
     id: str
     category: str
     messages: list[dict[str, str]] = field(default_factory=list)
     reply: str | None = None
+    response_format: ResponseFormat | None = None
 
 
 def packaged_file(module: str, relative: Path) -> Path | None:
@@ -66,6 +70,11 @@ class WorkloadSource(ABC):
     def notes(self) -> list[str]:
         """What the last load() found worth reporting about the data itself."""
         return []
+
+    def origin(self, prompt_id: str) -> str | None:
+        """Where the last load() read a prompt ('file:line'), for messages about its own
+        fields (a response_format the grammar engine refuses); None when the source cannot say."""
+        return None
 
 
 Accept = Callable[[Prompt], "str | None"]  # None keeps a candidate; else the reason it is pruned

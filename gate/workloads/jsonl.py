@@ -5,8 +5,18 @@
 
 `category` defaults to "default" and `id` to "<file stem>-<line>"; ids are unique; roles are
 system, user or assistant, and the last message is the user turn the model answers (earlier
-turns are the conversation so far, sent through the chat template as they are). Errors
-name the file and the line."""
+turns are the conversation so far, sent through the chat template as they are).
+
+A line may carry the structured output it asks for, `response_format` (OpenAI's and vLLM's
+field), enforced as a grammar mask on p and q alike (workload.constraints decides which
+prompts run under it):
+
+    {"type": "json_schema", "schema": {...}}                         (also OpenAI's form:
+    {"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}})
+    {"type": "regex", "pattern": "..."}
+    {"type": "choice", "choices": ["yes", "no"]}
+
+Errors name the file and the line."""
 
 from __future__ import annotations
 
@@ -14,11 +24,13 @@ import difflib
 import json
 from pathlib import Path
 
+from gate.constraints.interface import ResponseFormat
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource
 from gate.workloads.registry import SourceKind, register
 
-KEYS = {"id", "category", "prompt", "messages"}
+KEYS = {"id", "category", "prompt", "messages", "response_format"}
+FORMAT_KEYS = {"json_schema": {"schema", "json_schema"}, "regex": {"pattern"}, "choice": {"choices"}}
 ROLES = ("system", "user", "assistant")
 
 
@@ -41,6 +53,7 @@ class JsonlPrompts(WorkloadSource):
             raise PolicyValueError(self.yaml_path, f"cannot read prompt file {self.path}: {e}") from None
         prompts = []
         seen: dict[str, int] = {}
+        self.lines: dict[str, int] = {}
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -74,10 +87,56 @@ class JsonlPrompts(WorkloadSource):
             if ident in seen:
                 raise self._bad(n, f"id {ident!r} is used twice (first on line {seen[ident]})")
             seen[ident] = n
-            prompts.append(Prompt(ident, str(row.get("category", "default")), messages))
+            fmt = self._format(n, row["response_format"]) if row.get("response_format") is not None else None
+            prompts.append(Prompt(ident, str(row.get("category", "default")), messages, response_format=fmt))
         if not prompts:
             raise PolicyValueError(self.yaml_path, f"prompt file {self.path} holds no prompts")
+        self.lines = dict(seen)
         return prompts
+
+    def origin(self, prompt_id: str) -> str | None:
+        """'file:line' of a prompt of the last load()."""
+        n = getattr(self, "lines", {}).get(prompt_id)
+        return f"{self.path}:{n}" if n is not None else None
+
+    def _format(self, n: int, value: object) -> ResponseFormat:
+        """Line `n`'s response_format as a ResponseFormat (its form, not whether the grammar
+        engine compiles it: gate validate asks the engine). Raises PolicyValueError naming
+        the file and line."""
+        def bad(message: str) -> PolicyValueError:
+            return self._bad(n, f"response_format: {message}")
+
+        kinds = ", ".join(FORMAT_KEYS)
+        if not isinstance(value, dict) or "type" not in value:
+            raise bad(f"expected an object with a 'type' ({kinds})")
+        kind = value["type"]
+        if kind not in FORMAT_KEYS:
+            close = difflib.get_close_matches(str(kind), list(FORMAT_KEYS), n=1)
+            raise bad(f"unknown type {kind!r}" + (f"; did you mean {close[0]!r}?" if close else "") + f" (types: {kinds})")
+        unknown = sorted(set(value) - FORMAT_KEYS[kind] - {"type"})
+        if unknown:
+            raise bad(f"unknown key {unknown[0]!r} for type {kind!r} (it takes {' or '.join(sorted(FORMAT_KEYS[kind]))})")
+        if kind == "json_schema":
+            if ("schema" in value) == ("json_schema" in value):
+                raise bad("type json_schema takes exactly one of 'schema' (the schema) or 'json_schema' (OpenAI's "
+                          "{\"name\": ..., \"schema\": {...}})")
+            schema = value.get("schema")
+            if "json_schema" in value:
+                wrapper = value["json_schema"]
+                if not isinstance(wrapper, dict) or not isinstance(wrapper.get("schema"), dict):
+                    raise bad("'json_schema' must be an object with a 'schema' object (OpenAI's form)")
+                schema = wrapper["schema"]
+            if not isinstance(schema, dict):
+                raise bad("'schema' must be a JSON object (a JSON schema)")
+            return ResponseFormat.of_schema(schema)
+        if kind == "regex":
+            if not isinstance(value.get("pattern"), str) or not value["pattern"]:
+                raise bad("type regex needs 'pattern', a non-empty string")
+            return ResponseFormat("regex", value["pattern"])
+        choices = value.get("choices")
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise bad("type choice needs 'choices', a non-empty list of non-empty strings")
+        return ResponseFormat.of_choices(choices)
 
 
 register(SourceKind("jsonl", JsonlPrompts, "your file", path="a JSONL file, relative to the policy file"))

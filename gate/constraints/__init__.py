@@ -1,0 +1,27 @@
+"""Grammar constraints (structured output): a response format, and the engine that turns it
+into a per-position mask over the target's vocabulary (gate.law applies it to p and q)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.constraints.interface import GrammarEngine, ResponseFormat
+
+
+def grammar_engine(tokenizer: Any, vocab_size: int) -> GrammarEngine:
+    """The grammar engine for a target's tokenizer and logits width (llguidance; its
+    tokenizer is converted on first use, so an unconstrained run pays nothing)."""
+    from gate.constraints.llguidance import LLGuidanceEngine
+
+    return LLGuidanceEngine(tokenizer, vocab_size)
+
+
+def bind(law: Any, prompt_len: int, fmt: ResponseFormat | None, engine: GrammarEngine | None) -> Any:
+    """`law` (gate.law.Law) bound to one request: its prompt length and, when the request has a
+    response format, a fresh grammar matcher from `engine`. Raises ValueError when a format is
+    given without an engine, or does not compile."""
+    if fmt is None:
+        return law.bind(prompt_len)
+    if engine is None:
+        raise ValueError(f"a {fmt.describe()} constraint needs a grammar engine")
+    return law.bind(prompt_len, engine.matcher(fmt))
