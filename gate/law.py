@@ -52,8 +52,8 @@ class Law:
     """A target sampling law. temperature 0 means greedy (argmax, ties to the lowest id,
     after the logit bias, the grammar mask and the penalties).
 
-    `min_p` (0..1], `repetition_penalty` (> 0), `presence_penalty` and `frequency_penalty`
-    (OpenAI's [-2, 2]): None means off. `logit_bias`: (token id, bias) pairs added to the
+    `min_p` [0, 1], `repetition_penalty` (> 0), `presence_penalty` and `frequency_penalty`
+    (OpenAI's [-2, 2]): None (or min-p 0, repetition 1, presence and frequency 0) means off. `logit_bias`: (token id, bias) pairs added to the
     raw logits. `convention`: whose order and definitions apply (module docstring)."""
 
     name: str

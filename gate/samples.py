@@ -27,7 +27,7 @@ from gate.plan import law_of
 from gate.measure.environment import environment
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.policy.load import load_policy
-from gate.policy.model import LawSpec
+from gate.policy.model import FieldError, LawSpec
 from gate.records import RECORDED_SAMPLES, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements
 from gate.session import open_target
 
@@ -79,10 +79,18 @@ def read_samples(path: Path, vocab_size: int) -> list[SampleLine]:
         except ValidationError as e:
             for err in e.errors()[:3]:
                 where = ".".join(str(x) for x in err["loc"])
+                cause = (err.get("ctx") or {}).get("error")
+                if isinstance(cause, FieldError):  # a check about one field of the mapping: name that field
+                    where = f"{where}.{cause.field}" if where else cause.field
                 msg = err["msg"].removeprefix("Value error, ")
                 if err["type"] == "string_pattern_mismatch":
                     msg = "use letters, digits, '_', '.' and '-', starting with a letter or digit"
                 problems.append(Problem(name, where or "(line)", n, msg))
+            continue
+        biased = [t for t in line.law.logit_bias if not 0 <= t < vocab_size]
+        if biased:
+            problems.append(Problem(name, f"law.logit_bias.{biased[0]}", n, f"token id {biased[0]} is outside the target's "
+                                    f"vocabulary (0..{vocab_size - 1}): a bias on it is no law the target can express"))
             continue
         bad = [t for t in line.prompt_ids + line.output_ids if not 0 <= t < vocab_size]
         if bad:

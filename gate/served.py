@@ -101,10 +101,11 @@ def law_path(policy: Any, i: int) -> str:
 
 def constraint_path(plan: Plan, fmt: Any) -> str:
     """The YAML path that declares constraint `fmt`: workload.constraints[j] for the first
-    entry whose prompts carry it (a prompt's `constraint` label is the entry's name), else
-    workload.path (a prompt's own response_format in the prompt file)."""
+    entry whose prompts carry it (a prompt's `constraint` label is the entry's name, or
+    'prompt' for the entry that runs each prompt's own format), else workload.path (a
+    prompt's own response_format in the prompt file, without workload.constraints)."""
     for j, entry in enumerate(getattr(plan.policy.workload, "constraints", None) or []):
-        name = getattr(entry, "name", None)
+        name = entry if entry == "prompt" else getattr(entry, "name", None)
         if name is not None and any(getattr(p, "constraint", None) == name and getattr(p, "response_format", None) == fmt
                                     for p in plan.workload.prompts):
             return f"workload.constraints[{j}]"
@@ -404,7 +405,8 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
                              "api llama_cpp, or a server that returns token ids)")
             if outside:
                 notes.append(f"{outside} token(s) of the fallback runner lie outside gate's grammar for their prompt's "
-                             "constraint (the server's grammar differs, e.g. in JSON whitespace): left out of the control")
+                             "constraint, left out of the control: the server's grammar or its end tokens differ from "
+                             "gate's (llama.cpp ends a grammar at any end-of-generation token, gate at the target's EOS)")
             rec.note = "; ".join(notes) or None
             m.exactness.append(rec)
 

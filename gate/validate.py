@@ -115,15 +115,23 @@ def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: i
     """Every distinct response format the plan runs (workload.constraints entries and the
     prompts' own response_format) must compile with the grammar engine against the target's
     tokenizer. Raises PolicyValueError at workload.constraints[i], or at workload.path naming
-    the prompt file and line, with the engine's message."""
+    the prompt file and line, with the engine's message. A 'prompt' entry where no selected
+    prompt has a response_format of its own is refused too: its label would call
+    unconstrained requests constrained."""
+    for i, entry in enumerate(policy.workload.constraints or []):
+        if entry == "prompt" and not any(p.response_format is not None for p in workload.prompts if p.constraint == "prompt"):
+            raise PolicyValueError(f"workload.constraints[{i}]", "'prompt' runs each prompt under its own response_format, "
+                                   "but no selected prompt has one (a JSONL line's response_format): these requests would "
+                                   "run unconstrained under the label 'prompt'; give the lines a response_format, or list "
+                                   "a format here ({name, type, schema | pattern | choices})")
     formats = {p.response_format for p in workload.prompts if p.response_format is not None}
     if not formats:
         return
+    from gate.constraints import grammar_engine
     from gate.constraints.interface import ResponseFormat
-    from gate.constraints.llguidance import LLGuidanceEngine
 
     try:
-        engine = LLGuidanceEngine(tokenizer, vocab_size)
+        engine = grammar_engine(tokenizer, vocab_size)
         engine.check(ResponseFormat("regex", "a"))  # the engine reads the tokenizer on first use: fail here, not per format
     except Exception as e:  # noqa: BLE001 - a tokenizer the engine cannot use is bad input for constraints
         raise PolicyValueError("workload.constraints" if policy.workload.constraints else "workload.path",

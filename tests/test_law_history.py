@@ -229,3 +229,6 @@ def test_a_draft_silent_under_one_constraint_gets_a_note():
     m.requests = [rec("fallback", "none", 0), rec("d", "none", 3), rec("d", "prompt", 0), rec("e", "none", 3), rec("e", "prompt", 2)]
     notes = speculation_off_notes(m)
     assert len(notes) == 1 and "draft d made no proposal" in notes[0] and "'prompt'" in notes[0]
+    m.requests = [rec("fallback", "none", 0), rec("d", "none", 0), rec("d", "prompt", 0)]
+    assert speculation_off_notes(m) == ["draft d made no proposal on any of its 2 request(s) (gate's step counters or the "
+                                        "server's draft count): its acceptance metrics have nothing to measure"]

@@ -85,7 +85,7 @@ def test_law_fields_reach_the_plan_with_compact_labels(tmp_path, model_dir):
 
 
 @pytest.mark.parametrize("law, where, words", [
-    ("{temperature: 0.7, min_p: 0}", "law[0].min_p", "greater than 0"),
+    ("{temperature: 0.7, min_p: -0.1}", "law[0].min_p", "greater than or equal to 0"),
     ("{temperature: 0.7, min_p: 1.5}", "law[0].min_p", "less than or equal to 1"),
     ("{temperature: 0.7, repetition_penalty: 0}", "law[0].repetition_penalty", "greater than 0"),
     ("{temperature: 0.7, repetition_penalty: 11}", "law[0].repetition_penalty", "less than or equal to 10"),
@@ -115,6 +115,25 @@ def test_a_biased_token_outside_the_vocabulary_is_refused_at_validate(tmp_path, 
     assert code == 2 and "law[1].logit_bias.500" in out and "outside the target's vocabulary (ids 0 to 95" in out, out
     line = next(n for n, x in enumerate(text.splitlines(), start=1) if "logit_bias" in x)
     assert f"policy.yaml:{line}:" in out, out
+
+
+def test_off_values_are_off_and_name_no_part_of_the_label(tmp_path, model_dir):
+    # min-p 0, repetition 1, presence and frequency 0 are off (vLLM's defaults), under either convention
+    laws = "  - {temperature: 0.7, min_p: 0, presence_penalty: 0, frequency_penalty: 0, convention: transformers}\n"
+    loaded = load_policy(write_policy(tmp_path, _policy(model_dir, _prompts(tmp_path, ROWS), laws=laws)))
+    assert [law.label for law in loaded.policy.laws] == ["t0.7-tf"]
+    # an off repetition penalty is the plain greedy law: listing both is a duplicate
+    laws = "  - temperature: 0\n  - {temperature: 0, repetition_penalty: 1.0}\n"
+    code, out = _validate(write_policy(tmp_path, _policy(model_dir, _prompts(tmp_path, ROWS), laws=laws)))
+    assert code == 2 and "'greedy' is used twice" in out, out
+
+
+def test_a_prompt_entry_without_any_prompt_format_is_refused(tmp_path, model_dir):
+    rows = [{k: v for k, v in row.items() if k != "response_format"} for row in ROWS]
+    text = _policy(model_dir, _prompts(tmp_path, rows), workload="  constraints: [none, prompt]\n")
+    code, out = _validate(write_policy(tmp_path, text))
+    assert code == 2 and "workload.constraints[1]" in out and "no selected prompt has one" in out, out
+    assert "Traceback" not in out
 
 
 def test_two_laws_that_differ_only_in_their_biases_must_be_named(tmp_path, model_dir):

@@ -95,6 +95,10 @@ def test_few_samples_are_inconclusive_never_pass(tmp_path, tiny_model_dir, promp
     ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": 1.0, "typical_p": 0.1}}, "law.typical_p", "Extra inputs"),
     ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": -1}}, "law.temperature", "greater than or equal"),
     ({"prompt_ids": [], "output_ids": [5], "law": {"temperature": 1}}, "prompt_ids", "at least 1"),
+    ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": 0, "logit_bias": {"500": 1}}}, "law.logit_bias.500",
+     "outside the target's vocabulary"),
+    ({"prompt_ids": [1, 2], "output_ids": [5], "law": {"temperature": 1, "presence_penalty": 0.5, "convention": "transformers"}},
+     "law.presence_penalty", "not part of convention 'transformers'"),
 ])
 def test_bad_sample_lines_name_file_and_line(tmp_path, tiny_model_dir, prompts_file, recorded, line, where, words):
     lines, _ = recorded

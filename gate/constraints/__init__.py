@@ -3,17 +3,19 @@ into a per-position mask over the target's vocabulary (gate.law applies it to p 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from gate.constraints.interface import GrammarEngine, ResponseFormat
 
 
-def grammar_engine(tokenizer: Any, vocab_size: int) -> GrammarEngine:
+def grammar_engine(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int] | None = None) -> GrammarEngine:
     """The grammar engine for a target's tokenizer and logits width (llguidance; its
-    tokenizer is converted on first use, so an unconstrained run pays nothing)."""
+    tokenizer is converted on first use, so an unconstrained run pays nothing). `eos_ids`: the
+    ids that end the target's output, which a complete output allows (None: the tokenizer's
+    EOS)."""
     from gate.constraints.llguidance import LLGuidanceEngine
 
-    return LLGuidanceEngine(tokenizer, vocab_size)
+    return LLGuidanceEngine(tokenizer, vocab_size, None if eos_ids is None else list(eos_ids))
 
 
 def bind(law: Any, prompt_len: int, fmt: ResponseFormat | None, engine: GrammarEngine | None) -> Any:

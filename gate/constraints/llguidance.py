@@ -44,7 +44,7 @@ def _choice_grammar(choices: list[str]) -> str:
 class LLGuidanceMatcher(Matcher):
     """An llguidance LLMatcher with the prefix it consumed; masks are cached by prefix."""
 
-    def __init__(self, matcher: Any, vocab_size: int, eos_ids: Sequence[int]):
+    def __init__(self, matcher: Any, vocab_size: int):
         self._m = matcher
         self._consumed: list[int] = []
         self._vocab_size = vocab_size
@@ -87,13 +87,16 @@ class LLGuidanceMatcher(Matcher):
 
 
 class LLGuidanceEngine(GrammarEngine):
-    """llguidance over a Hugging Face tokenizer (`tokenizer`), masks [vocab_size]."""
+    """llguidance over a Hugging Face tokenizer (`tokenizer`), masks [vocab_size]. `eos_ids`: the
+    ids that end the target's output (None: the tokenizer's EOS); a complete output allows
+    exactly these."""
 
     name = "llguidance"
 
-    def __init__(self, tokenizer: Any, vocab_size: int):
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: Sequence[int] | None = None):
         self.vocab_size = int(vocab_size)
-        self.eos_ids = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+        eos = [tokenizer.eos_token_id] if eos_ids is None else sorted(eos_ids)
+        self.eos_ids = [int(i) for i in eos if i is not None]
         self._hf = tokenizer
         self._ll: Any = None  # llguidance's tokenizer, built on first use (about 0.3 s for 49k tokens)
         self._grammars: dict[ResponseFormat, str] = {}
@@ -102,7 +105,8 @@ class LLGuidanceEngine(GrammarEngine):
     def _tokenizer(self) -> Any:
         if self._ll is None:
             try:
-                self._ll = llguidance.hf.from_tokenizer(self._hf, n_vocab=max(self.vocab_size, len(self._hf)))
+                self._ll = llguidance.hf.from_tokenizer(self._hf, n_vocab=max(self.vocab_size, len(self._hf)),
+                                                        eos_token=self.eos_ids or None)
             except (ValueError, TypeError, AttributeError) as e:
                 raise ValueError(f"llguidance cannot read the target's tokenizer ({e}); grammar constraints need a "
                                  "byte-level or SentencePiece tokenizer") from None
@@ -129,4 +133,4 @@ class LLGuidanceEngine(GrammarEngine):
         m = llguidance.LLMatcher(self._tokenizer, self._compiled(fmt), log_level=0)
         if m.is_error():
             raise ValueError(f"{fmt.describe()}: {m.get_error()}")
-        return LLGuidanceMatcher(m, self.vocab_size, self.eos_ids)
+        return LLGuidanceMatcher(m, self.vocab_size)

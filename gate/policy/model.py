@@ -141,7 +141,7 @@ class LawSpec(_Strict):
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy (argmax).")
     top_k: int | None = Field(None, ge=1, description="Keep the k most likely tokens.")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Keep the smallest set with probability >= top_p.")
-    min_p: float | None = Field(None, gt=0.0, le=1.0, description="Keep the tokens whose probability is at least min_p "
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="Keep the tokens whose probability is at least min_p (0: off) "
                                 "times the largest one, after temperature (Nguyen et al. 2024); vllm: before top-k and "
                                 "top-p, transformers: after them.")
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description="Over every token of the prompt and the "
@@ -191,7 +191,7 @@ class LawSpec(_Strict):
     def _convention(self) -> "LawSpec":
         if self.convention == "transformers":
             for key in ("presence_penalty", "frequency_penalty"):
-                if getattr(self, key) is not None:
+                if getattr(self, key):  # 0 is off, as in vLLM
                     raise FieldError(key, f"{key} is not part of convention 'transformers': transformers has no such "
                                      "logits processor (_get_logits_processor); use convention: vllm, or drop it")
         return self
@@ -216,10 +216,12 @@ class LawSpec(_Strict):
             return self.name
         parts = ["greedy" if self.greedy else f"t{self.temperature:g}"]
         if not self.greedy:
-            for prefix, value in (("k", self.top_k), ("p", self.top_p), ("mp", self.min_p)):
+            for prefix, value in (("k", self.top_k), ("p", self.top_p), ("mp", self.min_p or None)):
                 if value is not None:
                     parts.append(f"{prefix}{value:g}")
-        for prefix, value in (("rp", self.repetition_penalty), ("pp", self.presence_penalty), ("fp", self.frequency_penalty)):
+        # off values (repetition 1, presence and frequency 0) name no part: such a law is the plain one
+        for prefix, value in (("rp", None if self.repetition_penalty == 1.0 else self.repetition_penalty),
+                              ("pp", self.presence_penalty or None), ("fp", self.frequency_penalty or None)):
             if value is not None:
                 parts.append(f"{prefix}{value:g}")
         if self.logit_bias:

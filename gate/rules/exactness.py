@@ -113,6 +113,8 @@ def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: s
                  f"{worst.target_token}, {worst.gap_logits:.3f} logits below the top)")
     if ties:
         text += f"; {ties} near-tie(s) within tolerance"
+    if rec.note:
+        text += f"; {rec.note}"
     if status == Status.INCONCLUSIVE:
         text += (f"; {len(noise)} of them lie beyond {rule.tie_tolerance:g} logits but within the fallback runner's own "
                  "deviation from the local target: the server's numerics could explain them, so this cannot be decided")
