@@ -53,8 +53,9 @@ class Law:
     after the logit bias, the grammar mask and the penalties).
 
     `min_p` [0, 1], `repetition_penalty` (> 0), `presence_penalty` and `frequency_penalty`
-    (OpenAI's [-2, 2]): None (or min-p 0, repetition 1, presence and frequency 0) means off. `logit_bias`: (token id, bias) pairs added to the
-    raw logits. `convention`: whose order and definitions apply (module docstring)."""
+    (OpenAI's [-2, 2]): None (or min-p 0, repetition 1, presence and frequency 0) means off.
+    `logit_bias`: (token id, bias) pairs added to the raw logits. `convention`: whose order
+    and definitions apply (module docstring)."""
 
     name: str
     temperature: float
@@ -99,6 +100,8 @@ class RequestLaw:
     grammar: Matcher | None = field(default=None, compare=False)
 
     def __getattr__(self, name: str):  # only called for names not found on RequestLaw itself
+        if name.startswith("__") or name == "law":  # copy and pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self.law, name)
 
 
