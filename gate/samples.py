@@ -5,8 +5,10 @@ Input: JSONL, one generated sequence a line (schema: schemas/samples.schema.json
 
     {"prompt_ids": [1, 2, 3], "output_ids": [7, 8], "law": {"temperature": 0.7, "top_k": 50}}
 
-Optional keys: "id", "source" (which engine or draft produced it; default "samples").
-Lines with the same source, prompt_ids and law (at least MIN_NEXT_TOKEN_GROUP of them) also
+Optional keys: "id", "source" (which engine or draft produced it; default "samples") and
+"response_format" (the structured output the engine enforced: the grammar masks the
+target's law, as in gate check). The law's penalties count each line's own prompt and output.
+Lines with the same source, prompt_ids, law and response_format (at least MIN_NEXT_TOKEN_GROUP of them) also
 feed the next-token test at their first output position (a claim test: what a pass rests
 on) and, where many of them share an output prefix, next-token tests after it (evidence).
 """
@@ -16,11 +18,14 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from gate.check import CheckResult, Options, finish
+from gate.constraints import bind, grammar_engine
+from gate.constraints.interface import parse_response_format
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.law import Law, law_logits, law_probs
 from gate.plan import law_of
@@ -43,6 +48,10 @@ class SampleLine(BaseModel):
     prompt_ids: list[StrictInt] = Field(..., min_length=1, description="Token ids the engine was given (chat template applied).")
     output_ids: list[StrictInt] = Field(..., min_length=1, description="Token ids it generated, in order.")
     law: LawSpec = Field(..., description="The declared law the output was sampled under (temperature 0: greedy).")
+    response_format: dict[str, Any] | None = Field(
+        None, description="The structured output the engine enforced, as OpenAI and vLLM take it: {type: json_schema, "
+        "schema} (or OpenAI's {type: json_schema, json_schema: {name, schema}}), {type: regex, pattern} or {type: choice, "
+        "choices}; the grammar masks the target's law as the verifier's (gate.law).")
     id: str | None = None
     source: str = Field("samples", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="The engine or draft that produced it.")
 
@@ -87,6 +96,12 @@ def read_samples(path: Path, vocab_size: int) -> list[SampleLine]:
                     msg = "use letters, digits, '_', '.' and '-', starting with a letter or digit"
                 problems.append(Problem(name, where or "(line)", n, msg))
             continue
+        if line.response_format is not None:
+            try:
+                parse_response_format(line.response_format)
+            except ValueError as e:
+                problems.append(Problem(name, "response_format", n, str(e)))
+                continue
         biased = [t for t in line.law.logit_bias if not 0 <= t < vocab_size]
         if biased:
             problems.append(Problem(name, f"law.logit_bias.{biased[0]}", n, f"token id {biased[0]} is outside the target's "
@@ -106,6 +121,31 @@ def read_samples(path: Path, vocab_size: int) -> list[SampleLine]:
     return out
 
 
+def _grammar_engine(loaded: Any, target: Any, formats: list[Any], samples_path: str) -> Any:
+    """The grammar engine over the target's tokenizer when a line has a response format (the
+    tokenizer is loaded for it only), else None. Raises InputError naming the first line of
+    each format the engine cannot compile."""
+    if not any(formats):
+        return None
+    from gate.models import load as models
+
+    source = models.resolve_source(loaded.policy.target.model, loaded.policy.target.gguf_file, loaded.path.parent, "target.model")
+    tokenizer = models.load_tokenizer(source)
+    eos = set(target.eos_token_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    engine = grammar_engine(tokenizer, target.oracle.vocab_size, eos)
+    problems, seen = [], set()
+    for n, fmt in enumerate(formats, start=1):
+        if fmt is None or fmt in seen:
+            continue
+        seen.add(fmt)
+        error = engine.check(fmt)
+        if error:
+            problems.append(Problem(samples_path, "response_format", n, f"the grammar engine cannot compile this {fmt.kind}: {error}"))
+    if problems:
+        raise InputError(problems[:20])
+    return engine
+
+
 @torch.inference_mode()
 def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int = 0) -> CheckResult:
     """Evaluate the policy's exactness rules (or a default one) on recorded samples.
@@ -119,11 +159,13 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     except PolicyValueError as e:
         raise loaded.error(e) from None
     lines = read_samples(Path(samples_path), target.oracle.vocab_size)
+    formats = [None if line.response_format is None else parse_response_format(line.response_format) for line in lines]
+    engine = _grammar_engine(loaded, target, formats, str(samples_path))
     m = Measurements(environment=environment(target.device, seed))
     m.environment.models = [target.info]
     laws: dict[str, Law] = {}
     records: dict[tuple[str, str], ExactnessRecord] = {}
-    groups: dict[tuple[str, str, tuple[int, ...]], list[int]] = defaultdict(list)  # line indices sampled alike
+    groups: dict[tuple[str, str, tuple], list[int]] = defaultdict(list)  # line indices sampled alike (prompt, format)
     for i, line in enumerate(lines):
         law = law_of(line.law)
         if laws.get(law.name, law) != law:
@@ -132,7 +174,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
         laws[law.name] = law
         records.setdefault((line.source, law.name), ExactnessRecord(line.source, law.name, law.greedy))
         if not law.greedy:
-            groups[(line.source, law.name, tuple(line.prompt_ids))].append(i)
+            groups[(line.source, law.name, (tuple(line.prompt_ids), formats[i]))].append(i)
     # The contexts worth a next-token test in every group (first position, shared prefixes),
     # their target laws filled from the teacher-forced forward of the first line through them.
     tested = {key: contexts([lines[i].output_ids for i in idx], min_first=MIN_NEXT_TOKEN_GROUP) for key, idx in groups.items()}
@@ -146,7 +188,8 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
         try:
             ids = line.prompt_ids + line.output_ids
             logits = target.oracle.target_logits(ids, len(line.prompt_ids)).float()
-            bound = law.bind(len(line.prompt_ids))  # penalties count the line's own prompt and output
+            # penalties count the line's own prompt and output; its grammar masks every position
+            bound = bind(law, len(line.prompt_ids), formats[i], engine)
             if law.greedy:
                 rec.compared += 1
                 rec.divergences += greedy_divergences(law_logits(logits, bound, ids, len(line.prompt_ids)), line.output_ids, ident)
@@ -154,7 +197,7 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
             probs = law_probs(logits, bound, ids, len(line.prompt_ids)).cpu()
             u = randomized_pit(probs, torch.tensor(line.output_ids), pit_generator)
             rec.pit += [None if v != v else float(v) for v in u.tolist()]
-            key = (line.source, law.name, tuple(line.prompt_ids))
+            key = (line.source, law.name, (tuple(line.prompt_ids), formats[i]))
             for j in range(len(line.output_ids)):
                 prefix = tuple(line.output_ids[:j])
                 if (key, prefix) in wanted and (*key, prefix) not in context_laws:

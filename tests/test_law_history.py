@@ -232,3 +232,51 @@ def test_a_draft_silent_under_one_constraint_gets_a_note():
     m.requests = [rec("fallback", "none", 0), rec("d", "none", 0), rec("d", "prompt", 0)]
     assert speculation_off_notes(m) == ["draft d made no proposal on any of its 2 request(s) (gate's step counters or the "
                                         "server's draft count): its acceptance metrics have nothing to measure"]
+
+
+@pytest.fixture(scope="module")
+def byte_model_dir(tmp_path_factory, target, tok):
+    path = tmp_path_factory.mktemp("byte-target")
+    target.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_gate_exactness_applies_a_samples_lines_grammar_and_penalties(tmp_path, byte_model_dir, prompts_file, runner, tok):
+    """Greedy samples made under a choice grammar and a repetition penalty pass `gate exactness`
+    when the line declares both, fail when it declares another grammar, and a malformed
+    response_format is bad input naming the line."""
+    from click.testing import CliRunner
+    from conftest import tiny_policy, write_policy
+
+    from gate.cli import cli
+
+    law = Law("g", 0.0, repetition_penalty=1.5)
+    fmt = {"type": "choice", "choices": ["abba", "baab", "bbbb"]}
+    lines = []
+    for text in ["ab", "ba", "aa"]:
+        prompt = tok.encode(text)
+        out = runner._generate(prompt, None, bind(law, len(prompt), ResponseFormat.of_choices(fmt["choices"]), runner.grammars),
+                               8, None).output_ids
+        assert tok.decode(out, skip_special_tokens=True) in fmt["choices"]
+        lines.append({"prompt_ids": prompt, "output_ids": out, "law": {"temperature": 0, "repetition_penalty": 1.5},
+                      "response_format": fmt})
+    rule = "  - id: exact\n    kind: exactness\n    tie_tolerance: 0.0\n"
+    policy = write_policy(tmp_path, tiny_policy(byte_model_dir, prompts_file, rule))
+
+    def run(rows):
+        samples = tmp_path / "samples.jsonl"
+        samples.write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+        result = CliRunner().invoke(cli, ["exactness", str(policy), str(samples), "--json", str(tmp_path / "r.json")])
+        return result, (json.loads((tmp_path / "r.json").read_text()) if result.exit_code != 2 else None)
+
+    result, report = run(lines)
+    assert result.exit_code == 0, result.output
+    assert [o["status"] for o in report["outcomes"]] == ["pass"]
+    # the same outputs declared under a grammar that forbids them: every line diverges at once
+    other = [dict(x, response_format={"type": "regex", "pattern": "[0-9]+"}) for x in lines]
+    result, report = run(other)
+    assert result.exit_code == 1 and [o["status"] for o in report["outcomes"]] == ["fail"], result.output
+    bad = lines[:1] + [dict(lines[1], response_format={"type": "choice", "choices": []})]
+    result, _ = run(bad)
+    assert result.exit_code == 2 and "samples.jsonl:2: response_format:" in result.output and "Traceback" not in result.output

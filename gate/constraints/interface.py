@@ -4,6 +4,7 @@ per-request Matcher that says which tokens may follow an output prefix."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import torch
 
 FormatKind = Literal["json_schema", "regex", "choice"]
 FORMAT_KINDS: tuple[str, ...] = ("json_schema", "regex", "choice")
+FORMAT_KEYS = {"json_schema": {"schema", "json_schema"}, "regex": {"pattern"}, "choice": {"choices"}}
 
 
 @dataclass(frozen=True)
@@ -91,3 +93,42 @@ class GrammarEngine(ABC):
     @abstractmethod
     def matcher(self, fmt: ResponseFormat) -> Matcher:
         """A fresh Matcher for one request. Raises ValueError when `fmt` does not compile."""
+
+
+def parse_response_format(value: object) -> ResponseFormat:
+    """A request's `response_format` as OpenAI and vLLM take it, as a ResponseFormat:
+    {"type": "json_schema", "schema": {...}} or OpenAI's {"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}}}, {"type": "regex", "pattern": "..."}, {"type": "choice",
+    "choices": [...]}. Checks the form only (whether the grammar engine compiles it is
+    GrammarEngine.check). Raises ValueError saying what is wrong."""
+    kinds = ", ".join(FORMAT_KEYS)
+    if not isinstance(value, dict) or "type" not in value:
+        raise ValueError(f"expected an object with a 'type' ({kinds})")
+    kind = value["type"]
+    if kind not in FORMAT_KEYS:
+        close = difflib.get_close_matches(str(kind), list(FORMAT_KEYS), n=1)
+        raise ValueError(f"unknown type {kind!r}" + (f"; did you mean {close[0]!r}?" if close else "") + f" (types: {kinds})")
+    unknown = sorted(set(value) - FORMAT_KEYS[kind] - {"type"})
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} for type {kind!r} (it takes {' or '.join(sorted(FORMAT_KEYS[kind]))})")
+    if kind == "json_schema":
+        if ("schema" in value) == ("json_schema" in value):
+            raise ValueError("type json_schema takes exactly one of 'schema' (the schema) or 'json_schema' (OpenAI's "
+                             "{\"name\": ..., \"schema\": {...}})")
+        schema = value.get("schema")
+        if "json_schema" in value:
+            wrapper = value["json_schema"]
+            if not isinstance(wrapper, dict) or not isinstance(wrapper.get("schema"), dict):
+                raise ValueError("'json_schema' must be an object with a 'schema' object (OpenAI's form)")
+            schema = wrapper["schema"]
+        if not isinstance(schema, dict):
+            raise ValueError("'schema' must be a JSON object (a JSON schema)")
+        return ResponseFormat.of_schema(schema)
+    if kind == "regex":
+        if not isinstance(value.get("pattern"), str) or not value["pattern"]:
+            raise ValueError("type regex needs 'pattern', a non-empty string")
+        return ResponseFormat("regex", value["pattern"])
+    choices = value.get("choices")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("type choice needs 'choices', a non-empty list of non-empty strings")
+    return ResponseFormat.of_choices(choices)

@@ -24,13 +24,12 @@ import difflib
 import json
 from pathlib import Path
 
-from gate.constraints.interface import ResponseFormat
+from gate.constraints.interface import ResponseFormat, parse_response_format
 from gate.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource
 from gate.workloads.registry import SourceKind, register
 
 KEYS = {"id", "category", "prompt", "messages", "response_format"}
-FORMAT_KEYS = {"json_schema": {"schema", "json_schema"}, "regex": {"pattern"}, "choice": {"choices"}}
 ROLES = ("system", "user", "assistant")
 
 
@@ -103,40 +102,10 @@ class JsonlPrompts(WorkloadSource):
         """Line `n`'s response_format as a ResponseFormat (its form, not whether the grammar
         engine compiles it: gate validate asks the engine). Raises PolicyValueError naming
         the file and line."""
-        def bad(message: str) -> PolicyValueError:
-            return self._bad(n, f"response_format: {message}")
-
-        kinds = ", ".join(FORMAT_KEYS)
-        if not isinstance(value, dict) or "type" not in value:
-            raise bad(f"expected an object with a 'type' ({kinds})")
-        kind = value["type"]
-        if kind not in FORMAT_KEYS:
-            close = difflib.get_close_matches(str(kind), list(FORMAT_KEYS), n=1)
-            raise bad(f"unknown type {kind!r}" + (f"; did you mean {close[0]!r}?" if close else "") + f" (types: {kinds})")
-        unknown = sorted(set(value) - FORMAT_KEYS[kind] - {"type"})
-        if unknown:
-            raise bad(f"unknown key {unknown[0]!r} for type {kind!r} (it takes {' or '.join(sorted(FORMAT_KEYS[kind]))})")
-        if kind == "json_schema":
-            if ("schema" in value) == ("json_schema" in value):
-                raise bad("type json_schema takes exactly one of 'schema' (the schema) or 'json_schema' (OpenAI's "
-                          "{\"name\": ..., \"schema\": {...}})")
-            schema = value.get("schema")
-            if "json_schema" in value:
-                wrapper = value["json_schema"]
-                if not isinstance(wrapper, dict) or not isinstance(wrapper.get("schema"), dict):
-                    raise bad("'json_schema' must be an object with a 'schema' object (OpenAI's form)")
-                schema = wrapper["schema"]
-            if not isinstance(schema, dict):
-                raise bad("'schema' must be a JSON object (a JSON schema)")
-            return ResponseFormat.of_schema(schema)
-        if kind == "regex":
-            if not isinstance(value.get("pattern"), str) or not value["pattern"]:
-                raise bad("type regex needs 'pattern', a non-empty string")
-            return ResponseFormat("regex", value["pattern"])
-        choices = value.get("choices")
-        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
-            raise bad("type choice needs 'choices', a non-empty list of non-empty strings")
-        return ResponseFormat.of_choices(choices)
+        try:
+            return parse_response_format(value)
+        except ValueError as e:
+            raise self._bad(n, f"response_format: {e}") from None
 
 
 register(SourceKind("jsonl", JsonlPrompts, "your file", path="a JSONL file, relative to the policy file"))
