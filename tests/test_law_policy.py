@@ -122,6 +122,9 @@ def test_off_values_are_off_and_name_no_part_of_the_label(tmp_path, model_dir):
     laws = "  - {temperature: 0.7, min_p: 0, presence_penalty: 0, frequency_penalty: 0, convention: transformers}\n"
     loaded = load_policy(write_policy(tmp_path, _policy(model_dir, _prompts(tmp_path, ROWS), laws=laws)))
     assert [law.label for law in loaded.policy.laws] == ["t0.7-tf"]
+    from gate.policy.model import LawSpec
+
+    assert LawSpec(temperature=0.7, top_k=1_000_000).label == "t0.7-k1000000"  # a usable name, not k1e+06
     # an off repetition penalty is the plain greedy law: listing both is a duplicate
     laws = "  - temperature: 0\n  - {temperature: 0, repetition_penalty: 1.0}\n"
     code, out = _validate(write_policy(tmp_path, _policy(model_dir, _prompts(tmp_path, ROWS), laws=laws)))
@@ -341,8 +344,10 @@ def test_selections_scope_keys_and_summaries_keep_constraints_apart():
     assert row.by_constraint["none"].overlap_mean == pytest.approx(0.9) and row.by_constraint["json"].overlap_mean == pytest.approx(0.3)
     report = make_report("p.yaml", {}, m, [], summarize(m), 0)
     console = ConsoleReport().render(report)
-    assert "By grammar constraint" in console and "none: accept rate" in console and "json: accept rate" in console
-    assert "0.750" in console and "0.250" in console
+    assert "By grammar constraint" in console and "constraint" in console and "accept rate" in console
+    # one row per constraint, the draft and law's constraints adjacent: none then json
+    rows = [line for line in console.splitlines() if "lookup" in line and ("│ none " in line or "│ json " in line)]
+    assert len(rows) == 2 and "0.750" in rows[0] and "│ none " in rows[0] and "0.250" in rows[1] and "│ json " in rows[1], rows
     markdown = MarkdownReport().render(report)
     assert "### By grammar constraint" in markdown and "| lookup | greedy | 0.900 | 0.750 | 4.00 | 0.300 | 0.250 | 2.00 |" in markdown
     page = HtmlReport().render(report)

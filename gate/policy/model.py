@@ -216,7 +216,9 @@ class LawSpec(_Strict):
             return self.name
         parts = ["greedy" if self.greedy else f"t{self.temperature:g}"]
         if not self.greedy:
-            for prefix, value in (("k", self.top_k), ("p", self.top_p), ("mp", self.min_p or None)):
+            if self.top_k is not None:
+                parts.append(f"k{self.top_k}")  # an integer: k1000000, never k1e+06
+            for prefix, value in (("p", self.top_p), ("mp", self.min_p or None)):
                 if value is not None:
                     parts.append(f"{prefix}{value:g}")
         # off values (repetition 1, presence and frequency 0) name no part: such a law is the plain one

@@ -214,15 +214,22 @@ def constraint_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 def constraint_table(report: Report) -> Table | None:
     """Overlap, acceptance rate and mean acceptance length under each grammar constraint,
-    side by side (counters pooled per constraint); None with fewer than two constraints."""
-    columns, rows = constraint_rows(report)
-    if not rows:
+    the constraints of one draft and law on adjacent rows (counters pooled per constraint);
+    None with fewer than two constraints. One row per constraint, not one column group: a
+    terminal keeps it readable with many labels (Markdown and HTML set them side by side)."""
+    labels = constraint_labels(report)
+    if len(labels) < 2:
         return None
     t = Table(title="By grammar constraint (workload.constraints): counters pooled per constraint", title_justify="left")
-    for col in columns:
-        t.add_column(col, justify="left" if col in ("draft", "law") else "right")
-    for row in rows:
-        t.add_row(*(escape(x) for x in row))
+    for col in ("draft", "law", "constraint", *(name for name, _, _ in CONSTRAINT_FIGURES)):
+        t.add_column(col, justify="left" if col in ("draft", "law", "constraint") else "right")
+    for r in report.summary:
+        if r.runner == "fallback":
+            continue
+        for c in labels:
+            b = r.by_constraint.get(c)
+            t.add_row(escape(r.runner), escape(r.law), escape(c),
+                      *(_f(None if b is None else getattr(b, key), fmt) for _, key, fmt in CONSTRAINT_FIGURES))
     return t
 
 
