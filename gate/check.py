@@ -233,34 +233,26 @@ def speculation_off_notes(m: Measurements) -> list[str]:
     """A note per draft that made no proposal on any of its requests, and per draft that made
     none under one constraint label while it did under another: engines have turned
     speculation off for structured-output requests without saying so, and acceptance there
-    then measures nothing. Proposals are gate's step
-    counters (in-process) or the server's per-request draft count (llama.cpp); requests with
-    neither, or with one output token, are not counted."""
-    made: dict[tuple[str, str], list[int]] = {}
-    for r in m.requests:
-        if r.draft == FALLBACK or r.constraint is None or len(r.output_ids or []) < 2:
-            continue
-        n = sum(r.step_proposed) if r.step_proposed else r.server_draft_tokens
-        if n is not None:
-            made.setdefault((r.draft, r.constraint), []).append(int(n))
-    out = []
-    proposals: dict[str, list[int]] = {}  # every draft's requests, whatever their constraint
+    then measures nothing. Proposals are gate's step counters (in-process) or the server's
+    per-request draft count (llama.cpp); requests with neither, or with one output token,
+    are not counted."""
+    made: dict[str, dict[str | None, list[int]]] = {}  # draft -> constraint label -> proposals per request
     for r in m.requests:
         n = sum(r.step_proposed) if r.step_proposed else r.server_draft_tokens
         if r.draft != FALLBACK and n is not None and len(r.output_ids or []) >= 2:
-            proposals.setdefault(r.draft, []).append(int(n))
-    silent = {d for d, counts in proposals.items() if not any(counts)}
-    for draft in sorted(silent):
-        out.append(f"draft {draft} made no proposal on any of its {len(proposals[draft])} request(s) (gate's step "
-                   "counters or the server's draft count): its acceptance metrics have nothing to measure")
-    for (draft, label), counts in sorted(made.items()):
-        if draft in silent:
-            continue  # said above
-        others = [c for (d, lb), cs in made.items() if d == draft and lb != label for c in cs]
-        if counts and not any(counts) and any(others):
-            out.append(f"draft {draft} made no proposal on its {len(counts)} request(s) under constraint {label!r}, though it "
-                       "did under the others: the engine may turn speculation off for such requests (acceptance there "
-                       "measures nothing)")
+            made.setdefault(r.draft, {}).setdefault(r.constraint, []).append(int(n))
+    out = []
+    for draft, by_label in sorted(made.items()):
+        counts = [c for cs in by_label.values() for c in cs]
+        if not any(counts):
+            out.append(f"draft {draft} made no proposal on any of its {len(counts)} request(s) (gate's step counters or the "
+                       "server's draft count): its acceptance metrics have nothing to measure")
+            continue
+        for label, cs in sorted((lb, cs) for lb, cs in by_label.items() if lb is not None):
+            if not any(cs):  # and the draft proposed elsewhere (above)
+                out.append(f"draft {draft} made no proposal on its {len(cs)} request(s) under constraint {label!r}, though it "
+                           "did under the others: the engine may turn speculation off for such requests (acceptance there "
+                           "measures nothing)")
     return out
 
 

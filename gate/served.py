@@ -106,7 +106,7 @@ def constraint_path(plan: Plan, fmt: Any) -> str:
     prompt's own response_format in the prompt file, without workload.constraints)."""
     for j, entry in enumerate(getattr(plan.policy.workload, "constraints", None) or []):
         name = entry if entry == "prompt" else getattr(entry, "name", None)
-        if name is not None and any(getattr(p, "constraint", None) == name and getattr(p, "response_format", None) == fmt
+        if name is not None and any(p.constraint == name and p.response_format == fmt
                                     for p in plan.workload.prompts):
             return f"workload.constraints[{j}]"
     return "workload.path"
@@ -122,7 +122,7 @@ def check_served_law(plan: Plan, runner: Runner) -> None:
         return
     formats: dict[Any, str] = {}  # constraint -> the first prompt that has it
     for p in plan.workload.prompts:
-        fmt = getattr(p, "response_format", None)
+        fmt = p.response_format
         if fmt is not None and fmt not in formats:
             formats[fmt] = p.id
     names = [FALLBACK, *plan.policy.drafts]
@@ -412,14 +412,14 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
 
 
 class _Grammars:
-    """Grammar matchers for the oracle side of served exactness: one per constraint, from the
-    plan's grammar engine (plan.grammar_engine) or gate's (gate.constraints.grammar_engine) over the target's
-    tokenizer and the oracle's vocabulary, made on first use."""
+    """Grammar matchers for the oracle side of served exactness, one per constraint, from gate's
+    grammar engine over the target's tokenizer and the oracle's vocabulary, made on first use
+    (an unconstrained run builds none)."""
 
     def __init__(self, plan: Plan, oracle: Any):
         self.plan = plan
         self.oracle = oracle
-        self.engine: Any = getattr(plan, "grammar_engine", None)
+        self.engine: Any = None
         self.matchers: dict[Any, Any] = {}
 
     def matcher(self, fmt: Any) -> Any:
@@ -430,7 +430,8 @@ class _Grammars:
             if self.engine is None:
                 from gate.constraints import grammar_engine
 
-                self.engine = grammar_engine(self.plan.tokenizer, int(self.oracle.vocab_size))
+                tokenizer = self.plan.tokenizer
+                self.engine = grammar_engine(tokenizer, int(self.oracle.vocab_size), eos_ids(tokenizer))
             self.matchers[fmt] = self.engine.matcher(fmt)
         return self.matchers[fmt]
 
@@ -452,7 +453,7 @@ def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, 
 
     worst: float | None = None
     outside = 0
-    processed = law is not None and bool(getattr(law, "logit_bias", ()) or getattr(law, "needs_history", False))
+    processed = law is not None and bool(law.logit_bias or law.needs_history)
     for key, f in fallback.items():
         if not f.output_ids or UNKNOWN_ID in f.output_ids:
             continue

@@ -689,7 +689,7 @@ def llama_samplers(law: Any) -> list[str]:
     list: common_sampler_init always puts it first, as both conventions do."""
     if law.greedy:
         return ["penalties", "top_k"]
-    order = TRANSFORMERS_TRUNCATION_ORDER if getattr(law, "convention", "vllm") == "transformers" else VLLM_TRUNCATION_ORDER
+    order = TRANSFORMERS_TRUNCATION_ORDER if law.convention == "transformers" else VLLM_TRUNCATION_ORDER
     return ["penalties", *order]
 
 
@@ -700,11 +700,8 @@ def sampling_fields(law: Any, engine: str, penalty_window: int = LLAMA_PENALTY_W
     temperature 0 with top_k 1. `penalty_window`: llama.cpp's repeat_last_n, tokens (the
     slot context: the whole prompt and output)."""
     greedy = law.greedy
-    min_p = getattr(law, "min_p", None)
-    repetition = getattr(law, "repetition_penalty", None)
-    presence = getattr(law, "presence_penalty", None)
-    frequency = getattr(law, "frequency_penalty", None)
-    bias = tuple(getattr(law, "logit_bias", ()) or ())
+    min_p, repetition, bias = law.min_p, law.repetition_penalty, law.logit_bias
+    presence, frequency = law.presence_penalty, law.frequency_penalty
     out: dict[str, Any] = {"temperature": 0.0 if greedy else float(law.temperature)}
     if engine == "llama_cpp":
         out.update(top_k=1 if greedy else int(law.top_k or 0), top_p=1.0 if greedy else _penalty(law.top_p, 1.0),
@@ -802,10 +799,7 @@ def law_refusals(semantics: str, law: Any, fmt: Any = None) -> list[tuple[str, s
     +-LOGIT_BIAS_LIMIT (OpenAI's range; vLLM before 0.7 clamped). Other engines: min-p,
     penalties, logit bias and constraints unverified, refused."""
     out: list[tuple[str, str]] = []
-    min_p = getattr(law, "min_p", None)
-    repetition = getattr(law, "repetition_penalty", None)
-    bias = tuple(getattr(law, "logit_bias", ()) or ())
-    convention = getattr(law, "convention", "vllm")
+    min_p, repetition, bias, convention = law.min_p, law.repetition_penalty, law.logit_bias, law.convention
     if semantics == "llama_cpp":
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(law, name, None):

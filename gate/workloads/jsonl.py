@@ -39,6 +39,7 @@ class JsonlPrompts(WorkloadSource):
     def __init__(self, path: Path, yaml_path: str = "workload.path"):
         self.path = path
         self.yaml_path = yaml_path
+        self.lines: dict[str, int] = {}  # prompt id -> its line in the file (the last load)
 
     def _bad(self, line: int, message: str) -> PolicyValueError:
         return PolicyValueError(self.yaml_path, f"{self.path}:{line}: {message}")
@@ -52,7 +53,7 @@ class JsonlPrompts(WorkloadSource):
             raise PolicyValueError(self.yaml_path, f"cannot read prompt file {self.path}: {e}") from None
         prompts = []
         seen: dict[str, int] = {}
-        self.lines: dict[str, int] = {}
+        self.lines = {}
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -95,7 +96,7 @@ class JsonlPrompts(WorkloadSource):
 
     def origin(self, prompt_id: str) -> str | None:
         """'file:line' of a prompt of the last load()."""
-        n = getattr(self, "lines", {}).get(prompt_id)
+        n = self.lines.get(prompt_id)
         return f"{self.path}:{n}" if n is not None else None
 
     def _format(self, n: int, value: object) -> ResponseFormat:
