@@ -5,6 +5,7 @@ The CLI only parses arguments and prints; everything it runs is here.
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,9 +55,26 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     When verdicts are inconclusive and measurement.extra_repetitions allows, the drafts
     concerned (and their fallback) run further repetitions and every rule is decided again.
 
+    measurement.max_wall_s, when set, is counted from this call: once it has run out gate
+    measures nothing more (checked between requests, load points and phases), the requests
+    and passes not measured are failures ("not measured: measurement.max_wall_s (20 min)
+    ran out after N of M requests"), the rules are decided on what was measured and a note
+    says so; the exit code is the verdicts' (3 with measurements missing), not an
+    interrupt's. A SIGINT or SIGTERM stops the phase in progress likewise, and the result
+    then carries 128 + the signal.
+
     Raises InputError for a bad policy or input (exit code 2). Measurement failures do not
     raise: they are recorded, their rules become errors, and the exit code is 3 (or 1
     when an error-level rule failed)."""
+    started = time.monotonic()
+    interrupt.clear_run()
+    try:
+        return _check(path, progress, options, warmup, started)
+    finally:
+        interrupt.clear_run()
+
+
+def _check(path: str | Path, progress: Progress | None, options: Options, warmup: bool, started: float) -> CheckResult:
     step = progress or (lambda *_: None)
     interrupt.arm()
     try:
@@ -66,6 +84,7 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
     loaded, baseline = plan.loaded, plan.baseline
     policy = loaded.policy
     ms = policy.measurement
+    interrupt.set_budget(ms.wall_budget_s(), f"measurement.max_wall_s ({ms.wall_budget_shown()})", started)
     if policy.runner.served:
         return _check_served(plan, step, options)
     try:
@@ -99,9 +118,11 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
     notes: list[str] = []
     if interrupt.received() is not None or _stopped(m):  # measure() stopped and kept what it had
-        return _interrupted(loaded, "while measuring", options, baseline, m=m)
+        return _interrupted(loaded, _during(), options, baseline, m=m)
+    if interrupt.ran_out():
+        notes.append(budget_note())
     try:
-        for extra in range(ms.extra_repetitions):
+        for extra in range(0 if interrupt.ran_out() else ms.extra_repetitions):
             settings = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
             pending = [o for o in evaluate(policy.rules, m, settings)
                        if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"]
@@ -114,6 +135,11 @@ def check(path: str | Path, progress: Progress | None = None, options: Options =
             measure_more(session, m, drafts, laws, lengths, range(rep, rep + 1), policy.workload.seed, ms.interleave, progress,
                          _handling(ms))
             if interrupt.received() is not None or _stopped(m):
+                break
+            if interrupt.ran_out():
+                notes.append(f"{interrupt.budget()} ran out during extra repetition {extra + 1}, "
+                             f"{_duration(interrupt.elapsed_s())} after gate check started: gate stopped measuring; "
+                             "the rules were decided on what was measured")
                 break
     except KeyboardInterrupt:
         interrupt.caught()
@@ -151,11 +177,41 @@ def _check_served(plan: Plan, step: Progress, options: Options) -> CheckResult:
                          "served runners cannot be told apart from numerical near-ties and count as faults")
     if policy_extra := plan.policy.measurement.extra_repetitions:
         notes.append(f"measurement.extra_repetitions ({policy_extra}) is not applied to served runs yet")
-    m = measure_served(plan, runner, step, oracle)
+    try:
+        m = measure_served(plan, runner, step, oracle)
+    except KeyboardInterrupt:  # outside measure_served's guard (before its first phase): nothing kept
+        runner.close()
+        return _interrupted(loaded, "while measuring", options, baseline, notes=notes)
     if interrupt.received() is not None or _stopped(m):
-        return _interrupted(loaded, "while measuring", options, baseline, m=m, notes=notes)
+        return _interrupted(loaded, _during(), options, baseline, m=m, notes=notes)
+    if interrupt.ran_out():
+        notes.append(budget_note())
     interrupt.stop_raising()
     return finish(loaded, m, options, notes, baseline=baseline)
+
+
+def _during() -> str:
+    """The stage an interrupt's note names: "during the served exactness pass" (the phase the
+    run's guard stopped), else "while measuring"."""
+    phase = interrupt.stopped_in()
+    return f"during {phase}" if phase else "while measuring"
+
+
+def budget_note() -> str:
+    """The report's note for a run whose measurement.max_wall_s ran out."""
+    phase = interrupt.stopped_in()
+    where = f" during {phase}" if phase else ""
+    detail = interrupt.stop_detail()
+    return (f"{interrupt.budget()} ran out{where}, {_duration(interrupt.elapsed_s())} after gate check started: gate "
+            f"stopped measuring{f' ({detail})' if detail else ''}; what was not measured is an error (\"not measured: "
+            "...\"), and the rules were decided on what was measured (exit code 3: measurements missing)")
+
+
+def _duration(seconds: float | None) -> str:
+    """Seconds as '1m05s' or '12.3 s'."""
+    if seconds is None:
+        return "an unknown time"
+    return f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
 
 
 def _stopped(m: Measurements) -> bool:
@@ -188,7 +244,7 @@ def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: B
         m = _nothing_measured(loaded, device)
         if session is not None:
             m.environment.models = session.models
-    if not _stopped(m):
+    if not _stopped(m) and interrupt.stopped_in() is None:  # the run's guard recorded what it did not measure
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", f"interrupted by {interrupt.name()} {stage}"))
     result = finish(loaded, m, options, [*(notes or []), interrupt.note(stage)], baseline=baseline)
     result.exit_code = result.report.exit_code = interrupt.exit_code()
@@ -199,7 +255,7 @@ def _handling(ms: Any) -> Handling:
     """policy.measurement's contention fields for the run (gate.measure.contention)."""
     from gate.measure.environment import cpu_count
 
-    return Handling(ms.max_cpu_stall, ms.contention_reruns, cpu_count())
+    return Handling(ms.max_cpu_stall, ms.contention_reruns, cpu_count(), ms.contention_rerun_budget)
 
 
 def contention_note(m: Measurements, max_cpu_stall: float | None) -> str | None:
@@ -271,7 +327,7 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     busy = contention_note(m, settings.max_cpu_stall)
     if busy:
         notes = [*notes, busy]
-    notes = [*notes, *speculation_off_notes(m)]
+    notes = [*notes, *m.notes, *speculation_off_notes(m)]
     outcomes = evaluate(loaded.policy.rules if rules is None else rules, m, settings)
     code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)

@@ -607,6 +607,9 @@ def main() -> None:
     except click.exceptions.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except interrupt.OutOfTime as e:  # the run's guard takes it; one that escaped is a measurement not made
+        _err.print(f"gate: error: {e}: nothing written (exit code 3)", markup=False)
+        sys.exit(EXIT_MEASUREMENT)
     except Exception as e:  # noqa: BLE001
         if os.environ.get("GATE_DEBUG"):
             traceback.print_exc()

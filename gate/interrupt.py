@@ -6,6 +6,12 @@ on, and whenever the measurement is already over, a signal is only recorded, so 
 reports are written whole; a third signal abandons them (os._exit). The process exits
 128 + the signal (130 for SIGINT, 143 for SIGTERM), never 0, 1, 2 or 3: an interrupted run
 is not a verdict (README, exit codes).
+
+The same module keeps the run's wall-time budget (measurement.max_wall_s): once it has run
+out, check_budget() raises OutOfTime between requests, load points and phases, and the run
+stops as it does for a signal, but exits with the code of its verdicts (3: measurements
+missing), not 128 + a signal. The measuring phase in progress (`entering`) is what the
+report's note names ("interrupted by SIGTERM during the served exactness pass").
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -24,11 +31,24 @@ class Interrupted(KeyboardInterrupt):
     """Raised by the handler on the first SIGINT or SIGTERM while a run may be stopped."""
 
 
+class OutOfTime(BaseException):
+    """Raised by check_budget() once measurement.max_wall_s has run out. A BaseException, as
+    KeyboardInterrupt is, so the run's `except Exception` safety nets (a failed request, a
+    failed phase) do not take it for a measurement that failed."""
+
+
 @dataclass
 class _State:
     signum: int | None = None  # the first signal received
     count: int = 0
     raising: bool = True  # False once only the reports are left to write
+    phase: str | None = None  # the measuring phase in progress ("the requests", ...), for the note
+    stopped_in: str | None = None  # the phase a signal or the budget stopped (None: none was)
+    stop_detail: str | None = None  # what that phase had measured ("3 of 40 requests measured")
+    deadline_s: float | None = None  # time.monotonic() at which measurement.max_wall_s runs out
+    started_s: float | None = None  # time.monotonic() at which the budget started (gate check began)
+    budget: str | None = None  # the budget as notes name it: "measurement.max_wall_s (20 min)"
+    ran_out: bool = False  # the budget ran out (check_budget raised)
 
 
 _state = _State()
@@ -47,8 +67,16 @@ def install() -> None:
 
 
 def reset() -> None:
-    """Forget any signal (tests)."""
+    """Forget any signal, phase and budget (tests)."""
     _state.signum, _state.count, _state.raising = None, 0, True
+    clear_run()
+
+
+def clear_run() -> None:
+    """Forget the phase, the stop and the budget of the last run (signals are kept)."""
+    _state.phase = _state.stopped_in = _state.stop_detail = None
+    _state.deadline_s = _state.started_s = _state.budget = None
+    _state.ran_out = False
 
 
 def _handler(signum: int, frame: object) -> None:
@@ -92,6 +120,67 @@ def deferred() -> Iterator[None]:
         yield
     finally:
         arm()
+
+
+def set_budget(seconds: float | None, shown: str, started_s: float | None = None) -> None:
+    """Start the run's wall-time budget: `seconds` (None: no budget) from `started_s`
+    (time.monotonic(); default now). `shown`: how notes name it, e.g. "measurement.max_wall_s (20 min)"."""
+    _state.started_s = time.monotonic() if started_s is None else started_s
+    _state.deadline_s = None if seconds is None else _state.started_s + float(seconds)
+    _state.budget, _state.ran_out = shown, False
+
+
+def check_budget() -> None:
+    """Raise OutOfTime when the run's wall-time budget has run out (nothing when there is none)."""
+    if _state.deadline_s is not None and time.monotonic() >= _state.deadline_s:
+        _state.ran_out = True
+        raise OutOfTime(f"{_state.budget} ran out")
+
+
+def budget() -> str | None:
+    """The budget as notes name it ("measurement.max_wall_s (20 min)"; None: no budget)."""
+    return _state.budget if _state.deadline_s is not None else None
+
+
+def ran_out() -> bool:
+    """Whether the run's wall-time budget ran out (check_budget raised)."""
+    return _state.ran_out
+
+
+def elapsed_s() -> float | None:
+    """Seconds since the budget started (None: no budget was set)."""
+    return None if _state.started_s is None else time.monotonic() - _state.started_s
+
+
+def entering(phase: str, budget: bool = True) -> None:
+    """A measuring phase starts ("the requests", "the overlap pass", ...): notes name it
+    when the run stops in it. Raises OutOfTime when the budget has run out already
+    (`budget` False: not checked)."""
+    _state.phase = phase
+    if budget:
+        check_budget()
+
+
+def phase() -> str | None:
+    """The measuring phase in progress or last entered (None: none yet)."""
+    return _state.phase
+
+
+def stopped(phase: str, detail: str | None = None) -> None:
+    """The run's guard stopped `phase` (a signal or the budget) and recorded what was not
+    measured; `detail`: what it had measured, e.g. "3 of 40 requests measured"."""
+    if _state.stopped_in is None:
+        _state.stopped_in, _state.stop_detail = phase, detail
+
+
+def stopped_in() -> str | None:
+    """The phase the run's guard stopped (None: the guard stopped none)."""
+    return _state.stopped_in
+
+
+def stop_detail() -> str | None:
+    """What the stopped phase had measured (None: not said)."""
+    return _state.stop_detail
 
 
 def received() -> int | None:

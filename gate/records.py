@@ -701,3 +701,4 @@ class Measurements:
     tokenizers: list[TokenizerComparison] = field(default_factory=list)  # cross-tokenizer drafts' tokenizers against the target's
     target_identity: TargetIdentity | None = None  # the loaded target's identity and its release comparison
     drift: list[DriftRecord] = field(default_factory=list)  # the target's law against the release's (release.model)
+    notes: list[str] = field(default_factory=list)  # what the measuring said about itself (contention reruns stopped); reported

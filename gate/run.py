@@ -8,6 +8,8 @@ run with what it has.
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -18,7 +20,7 @@ from gate.errors import describe_error
 from gate.measure.bill import bills_for, kv_format
 from gate.measure.kv import cache_model
 from gate.load.sequential import SEQUENTIAL
-from gate.measure.contention import Handling, is_contended, pooled_stall_share
+from gate.measure.contention import BUSY_CELLS, Handling, RerunBudget, is_contended, pooled_stall_share
 from gate.measure.environment import environment, process_peak_rss_bytes, record_load
 from gate.measure.overlap import position_overlaps
 from gate.models.load import dtype_name, weight_bytes
@@ -55,28 +57,146 @@ def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed:
                              interleave)
     if session.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(session.device)
-    try:
-        for _ in range(warmup):
-            _warmup(session, m)
-        _run_requests(session, m, requests, progress, contention)
-        _phase(m, FailureStage.OVERLAP, lambda: _overlaps(session, m, progress))
-        if exactness and exactness.pairs:
-            _phase(m, FailureStage.EXACTNESS, lambda: _exactness(session, m, exactness, seed, progress))
-    except KeyboardInterrupt:
-        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
-    with interrupt.deferred():  # bookkeeping on what was measured: a signal now is only recorded
+
+    def peaks() -> None:
         record_load(m.environment, m.requests)
-        _bills(session, m, max(max_new_tokens), resources)
         m.process_peak_rss_bytes = process_peak_rss_bytes()
         if session.device.type == "cuda":
             m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
-    # After the peaks are read: the release model (a reference, never resident at serve time) moves none of them.
-    try:
-        _phase(m, FailureStage.IDENTITY, lambda: measure_identity(session, m, progress))
-    except KeyboardInterrupt:
-        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted while comparing the target with its release"))
+
+    phases = [
+        Phase("the warm-up", FailureStage.WARM_UP, lambda: [_warmup(session, m) for _ in range(warmup)],
+              unmeasured=lambda why, when: []),  # the requests phase says what was not measured
+        requests_phase(m, requests, lambda: _run_requests(session, m, requests, progress, contention)),
+        Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)),
+    ]
+    if exactness and exactness.pairs:
+        phases.append(Phase("the exactness pass", FailureStage.EXACTNESS,
+                            lambda: _exactness(session, m, exactness, seed, progress)))
+    phases += [
+        Phase("the bill", FailureStage.BILL, lambda: _bills(session, m, max(max_new_tokens), resources), after_stop=True),
+        # bookkeeping on what was measured; before the identity check: the release model (a
+        # reference, never resident at serve time) moves none of the peaks
+        Phase("the bookkeeping", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
+        Phase("the target identity check", FailureStage.IDENTITY, lambda: measure_identity(session, m, progress),
+              unmeasured=lambda why, when: [] if getattr(session, "release", None) is None else [
+                  Failure(FailureStage.IDENTITY, "*", "*", "target identity", f"not measured: {why} {when}")]),
+    ]
+    run_phases(m, phases)
     return m
+
+
+@dataclass
+class Phase:
+    """One measuring phase of a run (gate.run.measure, gate.served.measure_served).
+
+    `name`: as notes name it ("the requests", "the overlap pass"); `stage`: the failure
+    stage of what it measures; `run`: the phase itself. `unmeasured(why, when)` gives the
+    failures for what it did not measure when a signal or the budget stopped it (`why`:
+    "interrupted by SIGTERM" or "measurement.max_wall_s (20 min) ran out"; `when`: "during
+    the overlap pass", or "during the requests, before the overlap pass" for a phase that
+    did not start); default: one failure at `stage` for
+    every draft and law. `after_stop`: it still runs once the run was stopped (what is
+    cheap and needs no further request: the bill from configs); `bookkeeping`: it is never
+    cut short (a signal inside it is only recorded) and never a failure when skipped."""
+
+    name: str
+    stage: FailureStage
+    run: Callable[[], Any]
+    unmeasured: Callable[[str, str], list[Failure]] | None = None
+    after_stop: bool = False
+    bookkeeping: bool = False
+    detail: Callable[[], str | None] | None = None  # what the phase measured, for the note ("3 of 40 requests measured")
+
+    def missing(self, why: str, when: str) -> list[Failure]:
+        if self.bookkeeping:
+            return []
+        if self.unmeasured is not None:
+            return self.unmeasured(why, when)
+        prefix = f"{why} {when}: not measured" if why.startswith("interrupted") else f"not measured: {why} {when}"
+        return [Failure(self.stage, "*", "*", self.name.removeprefix("the "), prefix)]
+
+
+def stop_reason() -> str:
+    """Why the run stopped: "interrupted by SIGTERM" or "measurement.max_wall_s (20 min) ran out"."""
+    return f"{interrupt.budget()} ran out" if interrupt.ran_out() and interrupt.received() is None else \
+        f"interrupted by {interrupt.name()}"
+
+
+def run_phases(m: Measurements, phases: list[Phase]) -> str | None:
+    """Run the measuring phases in order, under one guard. An Exception escaping a phase is a
+    failure at its stage and the next phase runs. The first SIGINT or SIGTERM (a
+    KeyboardInterrupt) or the budget running out (interrupt.OutOfTime, raised between
+    requests and when a phase is entered) stops the phase in progress: what was measured is
+    kept, that phase and every later one add failures for what they did not measure
+    (Phase.missing), so no rule passes on missing data, and only the phases marked
+    after_stop still run (a signal inside them is only recorded). Returns the name of the
+    phase that was stopped (None: every phase ran); interrupt.stopped_in() says so too."""
+    stop: str | None = None
+    why = ""
+    for ph in phases:
+        if stop is not None:
+            if ph.after_stop:
+                with interrupt.deferred():
+                    _safely(m, ph)
+            else:
+                m.failures += ph.missing(why, f"during {stop}, before {ph.name}")
+            continue
+        try:
+            if ph.bookkeeping:
+                with interrupt.deferred():
+                    _safely(m, ph)
+                if interrupt.received() is not None:  # a signal it only recorded: the run stops here, nothing lost
+                    interrupt.caught()
+                    stop, why = ph.name, stop_reason()
+                    interrupt.stopped(ph.name)
+            else:
+                interrupt.entering(ph.name, budget=not ph.after_stop)  # an after_stop phase runs after the budget anyway
+                _safely(m, ph)
+        except (KeyboardInterrupt, interrupt.OutOfTime) as e:
+            if isinstance(e, KeyboardInterrupt):
+                interrupt.caught()
+            interrupt.stop_raising()  # what is left is bookkeeping: a signal now is only recorded
+            stop, why = ph.name, stop_reason()
+            interrupt.stopped(ph.name, ph.detail() if ph.detail is not None else None)  # before its failures are added
+            m.failures += ph.missing(why, f"during {ph.name}")
+    return stop
+
+
+def _safely(m: Measurements, ph: Phase) -> None:
+    try:
+        ph.run()
+    except Exception as e:  # noqa: BLE001 - a phase that failed loses nothing else
+        m.failures.append(Failure(ph.stage, "*", "*", ph.stage.value, describe_error(e)))
+
+
+def requests_phase(m: Measurements, planned: list[Request], run: Callable[[], Any]) -> Phase:
+    """The timed requests of an in-process run as a Phase: when stopped, each runner and law
+    with requests that did not end gets a failure (stage "request") saying how many, and
+    why: "not measured: measurement.max_wall_s (20 min) ran out after N of M requests", or
+    "interrupted by SIGTERM after N of M requests: not measured"."""
+    before = len(m.requests)
+    failed_before = len(m.failures)
+
+    def ended() -> Counter:
+        done: Counter = Counter((r.draft, r.law) for r in m.requests[before:])
+        done.update((f.draft, f.law) for f in m.failures[failed_before:] if f.stage == FailureStage.REQUEST)
+        return done
+
+    def unmeasured(why: str, when: str) -> list[Failure]:
+        want = Counter((r.draft, r.law.name) for r in planned)
+        done = ended()
+        n, total = min(sum(done.values()), len(planned)), len(planned)
+        text = (f"{why} after {n} of {total} requests: not measured" if why.startswith("interrupted")
+                else f"not measured: {why} after {n} of {total} requests")
+        return [Failure(FailureStage.REQUEST, draft, law, f"{k} of {want[draft, law]} requests not measured", text)
+                for (draft, law), k in ((key, want[key] - done.get(key, 0)) for key in want) if k > 0]
+
+    def detail() -> str:
+        return f"{min(sum(ended().values()), len(planned))} of {len(planned)} requests measured"
+
+    return Phase("the requests", FailureStage.REQUEST, run, unmeasured, detail=detail)
 
 
 def measure_more(session: Session, m: Measurements, drafts: list[str], laws: list[str], max_new_tokens: list[int],
@@ -84,7 +204,8 @@ def measure_more(session: Session, m: Measurements, drafts: list[str], laws: lis
                  contention: Handling | None = None) -> None:
     """Further repetitions of the cells of `drafts` (and their fallback) under `laws`,
     appended to `m.requests`: what measurement.extra_repetitions runs when a verdict is
-    inconclusive. Overlap and exactness are not remeasured (they do not depend on timing)."""
+    inconclusive. Overlap and exactness are not remeasured (they do not depend on timing).
+    When measurement.max_wall_s runs out it stops between requests (interrupt.ran_out())."""
     chosen = [law for law in session.laws if law.name in laws]
     requests = plan_requests([d for d in session.drafts if d in drafts], chosen, session.prompts, max_new_tokens, repetitions,
                              seed, interleave)
@@ -92,15 +213,18 @@ def measure_more(session: Session, m: Measurements, drafts: list[str], laws: lis
         _run_requests(session, m, requests, progress or (lambda *_: None), contention)
     except KeyboardInterrupt:
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted during extra repetitions"))
+    except interrupt.OutOfTime:  # the budget ran out: what was measured is kept (check() notes it)
+        pass
     with interrupt.deferred():
         record_load(m.environment, m.requests)
 
 
-# Once this many more cells stayed contended through all their reruns than came out clean,
-# the machine is busy for good: further cells are not rerun until clean cells bring the
-# count back down (reruns would only multiply the run time; the verdicts say the machine
-# was contended).
-STUCK_CELLS = 3
+# Once this many consecutive cells stayed contended through their first attempt and every
+# rerun, the machine is busy for good and reruns stop for the rest of the run (they would only
+# multiply the run time; the verdicts say the machine was contended, a note says reruns
+# stopped). A count of stuck cells that clean cells bring back down never stopped a machine
+# busy most of the time (issue 23: 29% of the example after 44 minutes). See RerunBudget.
+STUCK_CELLS = BUSY_CELLS
 
 
 def _cells(requests: list[Request]) -> list[list[Request]]:
@@ -136,43 +260,69 @@ def _run_requests(session: Session, m: Measurements, requests: list[Request], pr
 
 def _run_cells(session: Session, m: Measurements, requests: list[Request], progress: Progress, h: Handling,
                starts: dict[int, float], kept: list[RequestRecord]) -> None:
-    done, stuck = 0, 0
-    for cell in _cells(requests):
-        progress("requests", done, len(requests))
-        records: list[RequestRecord] = []
-        failures: list[Failure] = []
-        reruns = 0
-        try:  # an interrupt keeps what the cell measured so far (its last whole attempt)
-            _run_cell(session, cell, starts, records, failures)
-            if h.max_cpu_stall is not None and stuck < STUCK_CELLS:
-                while not failures and reruns < h.reruns and _contended(records, h):
-                    reruns += 1
-                    again: list[RequestRecord] = []
-                    failed: list[Failure] = []
-                    _run_cell(session, cell, starts, again, failed)
-                    if failed:  # not contention: keep what was measured, say what failed
-                        failures += failed
-                        break
-                    if (_contended(again, h), _stalled(again, h)) <= (_contended(records, h), _stalled(records, h)):
-                        records[:] = again
-        finally:
-            for r in records:
-                r.contention_reruns = reruns
-            m.requests += records
-            kept += records
-            m.failures += failures
-        if not _contended(records, h):
-            stuck = max(0, stuck - 1)
-        elif reruns:  # still contended after every rerun
-            stuck += 1
-        done += len(cell)
+    """Run the cells of `requests`, rerunning a contended cell while `RerunBudget` allows it
+    (up to `h.reruns` times: not once the machine has stayed busy, nor beyond
+    `h.rerun_budget` of the first attempts' time), and say in m.notes what reruns were not
+    run and why (also when an interrupt stops the run)."""
+    cells = _cells(requests)
+    budget = RerunBudget(len(cells), h.rerun_budget, STUCK_CELLS)
+    done = 0
+    try:
+        for cell in cells:
+            progress("requests", done, len(requests))
+            _contention_cell(session, m, cell, h, budget, starts, kept)
+            done += len(cell)
+    finally:
+        note = budget.note() if h.max_cpu_stall is not None and h.reruns else None
+        if note:
+            m.notes.append(note)
     progress("requests", len(requests), len(requests))
+
+
+def _contention_cell(session: Session, m: Measurements, cell: list[Request], h: Handling, budget: RerunBudget,
+                     starts: dict[int, float], kept: list[RequestRecord]) -> None:
+    """One cell: its first attempt, then reruns while it is contended and `budget` allows;
+    the attempt with the fewest contended requests is kept (ties: the least stalled)."""
+    records: list[RequestRecord] = []
+    failures: list[Failure] = []
+    reruns = 0
+    try:  # an interrupt keeps what the cell measured so far (its last whole attempt)
+        _run_cell(session, cell, starts, records, failures)
+        last_ms = _wall_ms(records)
+        budget.first(last_ms)
+        first_contended = bool(_contended(records, h))
+        if h.max_cpu_stall is not None:
+            while not failures and reruns < h.reruns and _contended(records, h) and budget.allows(last_ms):
+                reruns += 1
+                again: list[RequestRecord] = []
+                failed: list[Failure] = []
+                _run_cell(session, cell, starts, again, failed)
+                last_ms = _wall_ms(again)
+                budget.rerun(last_ms)
+                if failed:  # not contention: keep what was measured, say what failed
+                    failures += failed
+                    break
+                if (_contended(again, h), _stalled(again, h)) <= (_contended(records, h), _stalled(records, h)):
+                    records[:] = again
+            budget.cell(first_contended, bool(_contended(records, h)), reruns)
+    finally:
+        for r in records:
+            r.contention_reruns = reruns
+        m.requests += records
+        kept += records
+        m.failures += failures
+
+
+def _wall_ms(records: list[RequestRecord]) -> float:
+    """The wall time of an attempt's timed requests (ms; they run one at a time)."""
+    return sum(r.e2el_ms for r in records)
 
 
 def _run_cell(session: Session, cell: list[Request], starts: dict[int, float], records: list[RequestRecord],
               failures: list[Failure]) -> None:
     """One attempt at a cell: its requests through the runner, one at a time. A request's
-    record (or Failure, stage "request") is kept as it ends, so an interrupt keeps them."""
+    record (or Failure, stage "request") is kept as it ends, so an interrupt keeps them.
+    Raises interrupt.OutOfTime before a request once measurement.max_wall_s has run out."""
 
     def done(i: int, result: RequestResult) -> None:
         req = cell[i]
@@ -182,7 +332,10 @@ def _run_cell(session: Session, cell: list[Request], starts: dict[int, float], r
         record = _record(session, req, result)
         starts[id(record)] = result.started_s
         records.append(record)
+        if i + 1 < len(cell):
+            interrupt.check_budget()  # between requests: the next one is not sent once the budget ran out
 
+    interrupt.check_budget()
     session.runner.run(cell, SEQUENTIAL, done)
 
 
@@ -202,14 +355,6 @@ def _stalled(records: list[RequestRecord], h: Handling) -> float:
     return pooled_stall_share(records, h.cpus) or 0.0
 
 
-def _phase(m: Measurements, stage: FailureStage, run: Callable[[], None]) -> None:
-    """Run one measurement phase; an error that escapes it is recorded, never loses the rest."""
-    try:
-        run()
-    except Exception as e:  # noqa: BLE001
-        m.failures.append(Failure(stage, "*", "*", stage.value, describe_error(e)))
-
-
 def _oracle(session: Session) -> TargetOracle:
     """The session's target oracle. Raises RuntimeError where there is no local target."""
     if session.oracle is None:
@@ -222,6 +367,7 @@ def _warmup(session: Session, m: Measurements) -> None:
     A runner that fails here is recorded (stage "warm-up", so the run exits 3); rules judge
     its timed requests, which say for themselves whether they failed too."""
     for name in [FALLBACK, *session.drafts]:
+        interrupt.check_budget()
         (result,) = session.runner.run([Request(name, session.laws[0], session.prompts[0], 4, 0, 0)], SEQUENTIAL)
         if isinstance(result, BaseException):
             m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", describe_error(result)))
@@ -269,6 +415,7 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
     runs = [r for r in m.requests if r.draft == FALLBACK and r.repetition == 0 and r.output_ids]
     for i, rec in enumerate(runs):
         progress("overlap", i, len(runs))
+        interrupt.check_budget()
         law = laws[rec.law]
         if law.greedy:  # greedy continuations of one prompt are prefixes of the longest one
             key = (rec.prompt_id, rec.law)
@@ -313,6 +460,7 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
         rec = ExactnessRecord(name, law_name, law.greedy)
         try:
             for r in (r for r in m.requests if r.draft == name and r.law == law_name and r.output_ids):
+                interrupt.check_budget()
                 prompt = list(prompts[r.prompt_id].token_ids)
                 ids = prompt + r.output_ids
                 logits = _oracle(session).target_logits(ids, len(prompt))
@@ -326,6 +474,7 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
             n = plan.next_token_samples.get((name, law_name), 0)
             if n and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
+                    interrupt.check_budget()
                     ids = list(prompt.token_ids)
                     fmt = prompt.response_format
                     steps = session.runner.first_steps(ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt)

@@ -20,6 +20,7 @@ always stopped (close() in a finally block).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,8 +35,9 @@ from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Fail
                           RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
 import torch
 
+from gate import interrupt
 from gate.errors import describe_error
-from gate.run import request_record
+from gate.run import Phase, request_record, run_phases
 from gate.runners.interface import RequestResult, Runner
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -156,7 +158,8 @@ def _build_runner(plan: Plan) -> Runner:
         endpoints = {name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)
                      for name, e in spec.endpoints.items()}
         return runner_class("openai")(endpoints, eos, request_timeout_s=spec.request_timeout_s,  # type: ignore[call-arg]
-                                      ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms)
+                                      ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
+                                      max_consecutive_failures=spec.max_consecutive_failures)
     from gate.runners.llama_server import ServerConfig, find_binary
 
     binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
@@ -179,7 +182,8 @@ def _build_runner(plan: Plan) -> Runner:
     return runner_class("llama_server")(servers, binary, eos, threads=spec.threads, parallel=parallel,  # type: ignore[call-arg]
                                         ctx_size=spec.ctx_size, startup_timeout_s=spec.startup_timeout_s,
                                         request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos,
-                                        burst_gap_ms=spec.burst_gap_ms)
+                                        burst_gap_ms=spec.burst_gap_ms,
+                                        max_consecutive_failures=spec.max_consecutive_failures)
 
 
 def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None, oracle: Any = None) -> Measurements:
@@ -188,7 +192,14 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     runner, law, load point and repetition with the server's counter deltas, the servers
     gate saw, greedy exactness against the fallback runner (with the local target's logit
     gap at each divergence when `oracle`, a gate.oracle.TargetOracle, is given), and the
-    bill from configs. Never raises for a measurement that failed: it is a Failure."""
+    bill from configs. Never raises for a measurement that failed: it is a Failure.
+
+    The phases (the requests, the served exactness pass, the bill) run under one guard
+    (gate.run.run_phases): a SIGINT or SIGTERM, or measurement.max_wall_s running out
+    (checked before each window and as each request ends), stops the phase in progress and
+    keeps what was measured; each runner, law and load point with requests that did not
+    end gets a failure saying how many and why, as does each pass not run; the bill is
+    still made. interrupt.stopped_in() names the phase stopped."""
     from gate.measure.environment import environment, process_peak_rss_bytes, record_load
 
     progress = progress or (lambda *_: None)
@@ -204,37 +215,72 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     lengths = policy.workload.max_new_tokens_list
     prompts = list(plan.workload.prompts)
     total = len(plan.laws) * len(points) * ms.repetitions * len(names) * len(prompts) * len(lengths)
-    done = 0
-    try:
-        with runner:
-            for law in plan.laws:
-                for li, load in enumerate(points):
-                    for rep in range(ms.repetitions):
-                        shift = (li + rep) % len(names)
-                        for name in names[shift:] + names[:shift]:
-                            progress("requests", done, total)
-                            requests = [Request(name, law, p, mnt, rep, request_seed(policy.workload.seed, p.id, law.name, mnt, rep))
-                                        for mnt in lengths for p in prompts]
-                            _window(runner, m, name, load, rep, requests, ms.warmup_requests, slo)
-                            done += len(requests)
-            progress("requests", total, total)
-    except KeyboardInterrupt:
-        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted: the run stopped before every measurement was made"))
-    except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
-        m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
-    finally:
-        m.servers = _servers(runner, names, policy.runner.kind)
-        runner.close()
-    record_load(m.environment, m.requests)  # the machine's CPU pressure over the timed requests (contention)
-    _greedy_exactness(plan, m, oracle)
-    _bills(plan, m)
-    m.process_peak_rss_bytes = process_peak_rss_bytes()
+    ended: Counter = Counter()  # (runner, law, concurrency, rate) -> requests that ended (measured or failed)
+
+    def run_requests() -> None:
+        done = 0
+        try:
+            with runner:
+                for law in plan.laws:
+                    for li, load in enumerate(points):
+                        for rep in range(ms.repetitions):
+                            shift = (li + rep) % len(names)
+                            for name in names[shift:] + names[:shift]:
+                                interrupt.check_budget()  # between windows: none starts once the budget ran out
+                                progress("requests", done, total)
+                                requests = [Request(name, law, p, mnt, rep, request_seed(policy.workload.seed, p.id, law.name, mnt, rep))
+                                            for mnt in lengths for p in prompts]
+                                _window(runner, m, name, load, rep, requests, ms.warmup_requests, slo, ended)
+                                done += len(requests)
+                progress("requests", total, total)
+        except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
+            m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
+        finally:
+            m.servers = _servers(runner, names, policy.runner.kind)
+            runner.close()
+
+    def unmeasured(why: str, when: str) -> list[Failure]:
+        """A failure per runner, law and load point with requests that did not end."""
+        n = min(sum(ended.values()), total)
+        text = (f"{why} after {n} of {total} requests: not measured" if why.startswith("interrupted")
+                else f"not measured: {why} after {n} of {total} requests")
+        per = ms.repetitions * len(prompts) * len(lengths)
+        out = []
+        for law in plan.laws:
+            for load in points:
+                c, r = point_of(load)
+                for name in names:
+                    k = per - ended.get((name, law.name, c, r), 0)
+                    if k > 0:
+                        out.append(Failure(FailureStage.REQUEST, name, law.name,
+                                           f"{k} of {per} requests at {describe_point(load)}", text, c, r))
+        return out
+
+    def peaks() -> None:
+        record_load(m.environment, m.requests)  # the machine's CPU pressure over the timed requests (contention)
+        m.process_peak_rss_bytes = process_peak_rss_bytes()
+
+    greedy_pairs = any(law.greedy for law in plan.laws if any(x == law.name for _, x in plan.exactness.pairs))
+    phases = [
+        Phase("the requests", FailureStage.REQUEST, run_requests, unmeasured,
+              detail=lambda: f"{min(sum(ended.values()), total)} of {total} requests measured"),
+        Phase("the served exactness pass", FailureStage.EXACTNESS, lambda: _greedy_exactness(plan, m, oracle, progress),
+              unmeasured=None if greedy_pairs else (lambda why, when: [])),
+        Phase("the bill", FailureStage.BILL, lambda: _bills(plan, m), after_stop=True),
+        Phase("the peaks", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
+    ]
+    run_phases(m, phases)
     return m
 
 
 def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep: int, requests: list[Request],
-            warmup: int, slo: dict[str, float]) -> None:
-    """One runner's window at one load point and repetition: warm-up, counters, requests, counters."""
+            warmup: int, slo: dict[str, float], ended: Counter | None = None) -> None:
+    """One runner's window at one load point and repetition: warm-up, counters, requests,
+    counters. `ended` counts the requests that ended (measured or failed) per (runner, law,
+    concurrency, request_rate). Raises interrupt.OutOfTime as a request ends once
+    measurement.max_wall_s has run out: the requests still in flight are cancelled and the
+    rest not sent (so a run ends within the budget plus about one request's time limit)."""
+    ended = ended if ended is not None else Counter()
     concurrency, rate = point_of(load)
     law = requests[0].law.name
     # A draft model proposes at every step, so counters that did not move mean speculation was off;
@@ -263,21 +309,26 @@ def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep:
 
     def done(i: int, result: RequestResult) -> None:
         req = requests[i]
+        ended[name, law, concurrency, rate] += 1
         if isinstance(result, BaseException):
             fail(FailureStage.REQUEST, f"request {req.prompt.id} at {at}", describe_error(result))
-            return
-        rec = request_record(req, result, gamma, concurrency, rate)
-        records.append(rec)
-        starts.append((result.started_s, rec))
+        else:
+            rec = request_record(req, result, gamma, concurrency, rate)
+            records.append(rec)
+            starts.append((result.started_s, rec))
+        interrupt.check_budget()  # the request is kept; no further one is sent once the budget ran out
 
     probe = Probe()
     started = probe.start()
     try:
         runner.run(requests, load, done)
     except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
-        fail(FailureStage.REQUEST, f"{len(requests) - len(records)} requests at {at}", describe_error(e))
+        left = len(requests) - len(records)
+        ended[name, law, concurrency, rate] += left
+        fail(FailureStage.REQUEST, f"{left} requests at {at}", describe_error(e))
     finally:
         m.requests += records
+        m.notes += runner.notes()  # what the runner saw beside the results (the kernel's listen-queue overflows)
         after, error = _scrape(runner, name)
         scrape_error = scrape_error or error
         if starts:
@@ -350,7 +401,7 @@ def _safe(get: Any, name: str) -> Any:
         return None
 
 
-def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
+def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progress | None = None) -> None:
     """Greedy exactness of served drafts: each draft runner's output equals the fallback
     runner's on the same prompt, length, repetition and load point, token for token. The
     first divergence of a request is recorded (later tokens follow other contexts), with how
@@ -359,35 +410,57 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
     control for the server's numerics: the largest such gap of its own tokens is recorded
     (ExactnessRecord.numerical_tolerance); the rules call a divergence within it undecidable.
     Gaps are taken under the law as greedy decoding sees it: logit bias, penalties with each
-    position's own history, and the grammar of the prompt's constraint (_gaps)."""
+    position's own history, and the grammar of the prompt's constraint (_gaps).
+
+    The local target's teacher-forced pass (_gaps, batched) runs only for a law with at
+    least one request pair compared token for token: with no draft output that has token
+    ids (every draft request failed, or the api returns counts only) it does not run at all.
+    `progress("exactness", done, total)` counts the fallback outputs teacher-forced. Raises
+    KeyboardInterrupt or interrupt.OutOfTime (the budget ran out between batches) as they come."""
     from gate.rules.samples import request_key
     from gate.runners.openai import UNKNOWN_ID
 
+    progress = progress or (lambda *_: None)
     prompts = {p.id: p for p in plan.workload.prompts}
     laws = {law.name: law for law in plan.laws}
     greedy = {law.name for law in plan.laws if law.greedy}
     grammars = _Grammars(plan, oracle)
+    compared: list[tuple[str, list[str], dict, dict, dict, dict]] = []
     for law in sorted({law for _, law in plan.exactness.pairs} & greedy):
         drafts = sorted(d for d, x in plan.exactness.pairs if x == law)
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
         recs = {d: ExactnessRecord(d, law, greedy=True) for d in drafts}
-        outside = 0
         found: dict[tuple, list[tuple[ExactnessRecord, int, int]]] = {}  # fallback cell -> (record, position, draft token)
         no_ids = dict.fromkeys(drafts, 0)
+        for r in (x for x in m.requests if x.draft in recs and x.law == law):
+            f = fallback.get(request_key(r))
+            if f is None:
+                continue
+            if UNKNOWN_ID in f.output_ids or UNKNOWN_ID in r.output_ids:
+                no_ids[r.draft] += 1  # counts only came back: nothing to compare token for token
+                continue
+            recs[r.draft].compared += 1
+            pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids)) if a != b), None)
+            if pos is not None:
+                found.setdefault(request_key(f), []).append((recs[r.draft], pos, r.output_ids[pos]))
+        compared.append((law, drafts, fallback, recs, found, no_ids))
+    passes = [law for law, _, _, recs, _, _ in compared if oracle is not None and any(r.compared for r in recs.values())]
+    total = sum(len(_teacher_forceable(fallback)) for law, _, fallback, _, _, _ in compared if law in passes)
+    done = [0]
+
+    def step(n: int) -> None:
+        done[0] += n
+        progress("exactness", done[0], total)
+
+    if passes:
+        progress("exactness", 0, total)
+    for law, drafts, fallback, recs, found, no_ids in compared:
+        outside = 0
         try:
-            for r in (x for x in m.requests if x.draft in recs and x.law == law):
-                f = fallback.get(request_key(r))
-                if f is None:
-                    continue
-                if UNKNOWN_ID in f.output_ids or UNKNOWN_ID in r.output_ids:
-                    no_ids[r.draft] += 1  # counts only came back: nothing to compare token for token
-                    continue
-                recs[r.draft].compared += 1
-                pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids)) if a != b), None)
-                if pos is not None:
-                    found.setdefault(request_key(f), []).append((recs[r.draft], pos, r.output_ids[pos]))
-            if oracle is not None:
-                control, outside = _gaps(oracle, prompts, fallback, found, laws[law], grammars)
+            if law in passes:
+                control, outside = _gaps(oracle, prompts, fallback, found, laws[law], grammars, step)
+            elif oracle is not None:  # nothing compared token for token: the local target's pass is not needed
+                control = None
             else:  # no local target: every divergence is a fault
                 control, found = None, {k: [(*hit, float("inf")) for hit in hits] for k, hits in found.items()}
         except Exception as e:  # noqa: BLE001
@@ -409,6 +482,13 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any) -> None:
                              "gate's (llama.cpp ends a grammar at any end-of-generation token, gate at the target's EOS)")
             rec.note = "; ".join(notes) or None
             m.exactness.append(rec)
+
+
+def _teacher_forceable(fallback: dict[tuple, RequestRecord]) -> list[tuple[tuple, RequestRecord]]:
+    """The fallback outputs the local target can be teacher-forced along (token ids, non-empty)."""
+    from gate.runners.openai import UNKNOWN_ID
+
+    return [(key, f) for key, f in fallback.items() if f.output_ids and UNKNOWN_ID not in f.output_ids]
 
 
 class _Grammars:
@@ -437,8 +517,10 @@ class _Grammars:
 
 
 def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, RequestRecord],
-          found: dict[tuple, list], law: Any = None, grammars: _Grammars | None = None) -> tuple[float | None, int]:
-    """One teacher-forced pass of the local target along each fallback output gives both
+          found: dict[tuple, list], law: Any = None, grammars: _Grammars | None = None,
+          step: Callable[[int], None] | None = None) -> tuple[float | None, int]:
+    """One teacher-forced pass of the local target along each fallback output (batched:
+    teacher_forced; `step(n)` after each batch of n outputs) gives both
     the control (the largest gap below the local top logit of any token the fallback runner
     emitted; None without token ids) and, in place, the gap of each divergence found at that
     cell (its context is the fallback's prefix): `found` entries become (record, position,
@@ -449,18 +531,16 @@ def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, 
     raw. Returns (control, outside): outside counts the fallback's tokens gate's grammar
     forbids (a server grammar that differs from gate's): left out of the control; a
     divergence to a token gate's grammar forbids has an infinite gap."""
-    from gate.runners.openai import UNKNOWN_ID
-
     worst: float | None = None
     outside = 0
     processed = law is not None and bool(law.logit_bias or law.needs_history)
-    for key, f in fallback.items():
-        if not f.output_ids or UNKNOWN_ID in f.output_ids:
-            continue
+    items = _teacher_forceable(fallback)
+    seqs = [(list(prompts[f.prompt_id].token_ids) + list(f.output_ids), len(prompts[f.prompt_id].token_ids)) for _, f in items]
+    for j, logits in teacher_forced(oracle, seqs, step):  # [T, V]: row i given the fallback's prefix
+        key, f = items[j]
         prompt = prompts[f.prompt_id]
         ids = list(prompt.token_ids)
-        full = ids + f.output_ids
-        logits = oracle.target_logits(full, len(ids)).float()  # [T, V]: row i given the fallback's prefix
+        full = seqs[j][0]
         fmt = prompt.response_format
         if law is not None and (processed or fmt is not None):
             grammar = grammars.matcher(fmt) if grammars is not None else None
@@ -474,6 +554,72 @@ def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, 
             worst = gap if worst is None else max(worst, gap)
         found[key] = [(rec, pos, token, _gap(top[pos], logits[pos, token])) for rec, pos, token in found.get(key, [])]
     return worst, outside
+
+
+BATCH_ROWS = 8  # fallback outputs per teacher-forced forward of the local target
+BATCH_LOGITS = 2 ** 26  # logits kept per forward (rows x positions x vocabulary): 256 MiB in float32
+
+
+def teacher_forced(oracle: Any, seqs: list[tuple[list[int], int]],
+                   step: Callable[[int], None] | None = None) -> Any:
+    """Yield (i, logits) for each (ids, start) of `seqs`: the raw teacher-forced logits of
+    `oracle` (a gate.oracle.TargetOracle) at positions start..len(ids)-1, float32
+    [len(ids) - start, V], as TargetOracle.target_logits gives them (row k: the logits of
+    ids[start + k] given ids[:start + k]), in an order of its own. Sequences of similar
+    lengths go through the model together, right-padded with an attention mask (at most
+    BATCH_ROWS rows and BATCH_LOGITS logits per forward; the logits of prompt positions are
+    not computed where the model takes logits_to_keep); an oracle without a `model` (a
+    torch module) is called one sequence at a time. Before each forward raises
+    interrupt.OutOfTime once the budget ran out; `step(n)` after each forward of n
+    sequences. Raises ValueError for a start below 1."""
+    step = step or (lambda n: None)
+    if any(start < 1 for _, start in seqs):
+        raise ValueError("teacher forcing needs at least one token of prefix (start >= 1)")
+    model = getattr(oracle, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        for i, (ids, start) in enumerate(seqs):
+            interrupt.check_budget()
+            logits = oracle.target_logits(ids, start).float()
+            step(1)
+            yield i, logits
+        return
+    vocab = int(oracle.vocab_size)
+    order = sorted(range(len(seqs)), key=lambda i: (seqs[i][1], len(seqs[i][0])))
+    batch: list[int] = []
+    for i in order:
+        grown = [*batch, i]
+        width = max(len(seqs[j][0]) - 1 for j in grown) - min(seqs[j][1] - 1 for j in grown)
+        if batch and (len(grown) > BATCH_ROWS or len(grown) * width * vocab > BATCH_LOGITS):
+            yield from _forward_batch(oracle, model, seqs, batch, step)
+            batch = [i]
+        else:
+            batch = grown
+    if batch:
+        yield from _forward_batch(oracle, model, seqs, batch, step)
+
+
+@torch.inference_mode()
+def _forward_batch(oracle: Any, model: torch.nn.Module, seqs: list[tuple[list[int], int]], batch: list[int],
+                   step: Callable[[int], None]) -> list[tuple[int, torch.Tensor]]:
+    """One right-padded forward over the sequences `batch` indexes (see teacher_forced)."""
+    interrupt.check_budget()
+    inputs = [seqs[j][0][:-1] for j in batch]
+    width = max(len(x) for x in inputs)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, x in enumerate(inputs):
+        ids[r, :len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[r, :len(x)] = 1
+    first = min(seqs[j][1] - 1 for j in batch)  # the first position whose logits any row needs
+    args = dict(input_ids=ids.to(oracle.device), attention_mask=mask.to(oracle.device), use_cache=False)
+    try:
+        logits = model(**args, logits_to_keep=width - first).logits
+    except TypeError:  # a model without logits_to_keep: every position
+        logits = model(**args).logits
+    offset = width - logits.shape[1]  # the position of logits[:, 0]
+    out = [(j, logits[r, seqs[j][1] - 1 - offset:len(inputs[r]) - offset].float()) for r, j in enumerate(batch)]
+    step(len(batch))
+    return out
 
 
 def _gap(top: torch.Tensor, value: torch.Tensor) -> float:

@@ -20,6 +20,7 @@ from gate.measure.kv import sliding_window
 from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
 from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
 from gate.policy.load import LoadedPolicy, load_policy
+from gate.rules.evaluate import declared_load_points, inapplicable_points, not_applicable_reason
 from gate.rules.power import underpowered
 
 
@@ -56,6 +57,7 @@ def validate(path: str | Path) -> Plan:
                                   check_categories=lambda known: _check_categories(policy, known))
         weak = underpowered(policy, [p.category for p in workload.questions])
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
+        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in load_gaps(policy))
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
         vocab_size = int(getattr(config, "vocab_size", None) or len(tokenizer))
         _check_logit_bias(policy, vocab_size)
@@ -69,6 +71,28 @@ def validate(path: str | Path) -> Plan:
     if policy.runner.served:
         _check_served(plan)
     return plan
+
+
+def load_gaps(policy: Any) -> list[tuple[str, str]]:
+    """(YAML path, warning) for every metric rule whose `per:` (concurrency or request_rate)
+    cannot apply to some declared load points in its scope: per: concurrency at request
+    rates (an open loop has no fixed concurrency), per: request_rate at concurrencies (a
+    closed loop offers no rate). Those points get a skipped outcome saying so, never a
+    verdict; the warning says it before anything runs."""
+    declared = declared_load_points(policy)
+    out: list[tuple[str, str]] = []
+    for i, rule in enumerate(policy.rules):
+        if rule.kind != "metric" or not declared:
+            continue
+        gap = inapplicable_points(rule.per, rule.scope.concurrency, rule.scope.request_rate, declared)
+        if gap is None:
+            continue
+        axis, points = gap
+        shown = ", ".join(f"{v:g}" for v in points)
+        out.append((f"rules[{i}].per", f"rule {rule.id!r}: per: {rule.per} gives no verdict at load.{axis} {shown}: "
+                    f"{not_applicable_reason(axis)}; those points are reported as not evaluated (add a rule "
+                    f"with per: {axis} to decide them, or list this rule's points in scope.{rule.per})"))
+    return out
 
 
 def _check_served(plan: Plan) -> None:

@@ -16,6 +16,10 @@ Faults, chosen per request by the first prompt token id (Stub.faults: id -> faul
   "slow" headers, then nothing for 60 s   "error_event" a data: {"error": ...} event
   "eos" the output ends with id 2 (EOS): finish "stop" / stop_type "eos"
   "word" llama.cpp stop_type "word" / OpenAI stop_reason "</end>"
+  "stall" the request is read, then not a byte is sent (until the client leaves)
+  "reset" the request is read, then the socket is closed with an RST (SO_LINGER 0)
+  "stall_mid" 2 events, then nothing (headers and events came: a stall mid-stream)
+Stub.fault_all, when set, is the fault of every generation request (whatever its prompt).
 Stub.split_events sends each event's tokens as one event per token, back to back (as
 llama-server streams a speculative step); Stub.replay (first prompt id -> SSE text) sends a
 recorded stream verbatim, one event per itl_s (tests/data/served/<engine>_stream.txt).
@@ -30,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
+import struct
 import sys
 import threading
 import time
@@ -53,6 +59,7 @@ class Stub:
     faults: dict[int, str] = field(default_factory=dict)
     split_events: bool = False     # each step's tokens as one event per token, back to back (llama.cpp)
     replay: dict[int, str] = field(default_factory=dict)  # first prompt id -> SSE text sent verbatim, an event per itl
+    fault_all: str | None = None   # the fault of every generation request (None: by first prompt id, `faults`)
     metrics_text: str = "# no metrics\n"
     host: str = "127.0.0.1"
     port: int = 0
@@ -187,8 +194,18 @@ class Stub:
         prompt = body.get("prompt")
         first = prompt[0] if isinstance(prompt, list) and prompt else None
         fault = self.faults.get(first) if isinstance(first, int) else None
+        fault = self.fault_all or fault
         native = path == "/completion"
         n = int(body.get("n_predict") if native else body.get("max_tokens", 16))
+        if fault == "stall":  # read, never answered: the client's timeout must end it
+            await asyncio.sleep(3600)
+            return False
+        if fault == "reset":  # read, then an RST instead of an answer
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return False
         if fault == "http500":
             return await self._plain(writer, 500, '{"error": {"message": "stub: internal error", "code": 500}}')
         if fault == "http400":
@@ -226,6 +243,9 @@ class Stub:
                 writer.write(b"40\r\ndata: {\"cho")  # a chunk cut short, then the socket closes
                 await writer.drain()
                 writer.transport.abort()
+                return False
+            if j == 2 and fault == "stall_mid":
+                await asyncio.sleep(3600)
                 return False
             if j == 2 and fault == "error_event":
                 await self._chunk(writer, 'data: {"error": {"message": "stub: out of memory", "code": 500}}\n\n')

@@ -22,6 +22,7 @@ from gate.measure.contention import (Pressure, Reading, cpu_share, describe, is_
 from gate.policy.model import MeasurementSpec, RuleSpec
 from gate.records import DraftInfo, Environment, Measurements, OverlapRecord, RequestRecord
 from gate.rules.evaluate import Settings, evaluate
+from gate.runners.interface import StreamResult
 
 PSI = "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
@@ -197,8 +198,9 @@ def test_contended_cells_are_rerun_then_left_out(tmp_path, tiny_model_dir, promp
     for good) and the speedup verdict is inconclusive, naming the contention."""
     monkeypatch.setattr("gate.runners.transformers.Probe", BusyProbe)
     BusyProbe.calls, BusyProbe.busy = 0, busy
-    report = run_check(tmp_path, tiny_model_dir, prompts_file,
-                       f"measurement:\n  warmup_requests: 0\n  contention_reruns: {reruns}\n")
+    # a loose time budget here: this test is about when reruns stop (the budget has its own tests below)
+    report = run_check(tmp_path, tiny_model_dir, prompts_file, f"measurement:\n  warmup_requests: 0\n  "
+                       f"contention_reruns: {reruns}\n  contention_rerun_budget: 10\n")
     requests = report["measurements"]["requests"]
     assert len(requests) == 10  # 5 prompts x (fallback, lookup): reruns replace, never add
     (o,) = [o for o in report["outcomes"] if o["rule_id"] == "speedup"]
@@ -211,6 +213,10 @@ def test_contended_cells_are_rerun_then_left_out(tmp_path, tiny_model_dir, promp
         assert o["status"] == "inconclusive"
         assert "machine contended: 100% of wall time without CPU on 5 of 5 paired requests" in o["message"]
         assert any(n.startswith("machine busy") and "10 of 10 requests contended" in n for n in report["notes"])
+        assert ("contention reruns: the machine stayed busy across 3 consecutive cells: reruns cannot help, stopped "
+                "rerunning after cell 3 of 5 (2 contended cell(s) after it not rerun); verdicts resting on contended "
+                "requests are inconclusive") in report["notes"]
+        assert report["measurements"]["notes"] == [n for n in report["notes"] if n.startswith("contention reruns")]
         explained = CliRunner().invoke(cli, ["explain", str(tmp_path / "r.json"), "speedup"])
         assert "lookup: 5 of 5 requests contended (over 10% of wall time without CPU)" in explained.output, explained.output
     # overlap is measured whatever the machine did
@@ -228,3 +234,104 @@ def test_a_latency_ceiling_met_while_contended_passes_and_a_miss_is_inconclusive
     tight = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", comparison="<=", threshold="100 ms")
     (o,) = evaluate([tight], m, Settings(resamples=500))
     assert o.status == "inconclusive" and "machine contended" in o.message
+
+
+class FakeRunner:
+    """Runs a cell in no time: every request 'takes' 100 ms and is contended (all its wall time
+    without CPU) when `busy(rerun)` says so, `rerun` being whether the attempt repeats the cell
+    before it. Counts first attempts and reruns."""
+
+    def __init__(self, busy) -> None:
+        self.busy, self.last, self.first, self.reruns = busy, None, 0, 0
+
+    def run(self, cell, load, done) -> None:
+        key = cell[0].prompt.id
+        rerun = key == self.last
+        self.last = key
+        self.reruns += rerun
+        self.first += not rerun
+        stalled = self.busy(rerun)
+        for i, _ in enumerate(cell):
+            done(i, StreamResult([10, 11, 12], [40.0, 70.0, 100.0], "length", 100.0, started_s=float(self.first),
+                                 step_committed=[1, 1, 1], step_proposed=[0, 0, 0], step_accepted=[0, 0, 0],
+                                 cpu_stall_ms=100.0 if stalled else 1.0))
+
+
+def run_cells(busy, cells: int = 20, reruns: int = 2, budget: float = 0.5) -> tuple[Measurements, FakeRunner]:
+    """`cells` cells (fallback and draft d on one prompt each) through gate.run's cell loop."""
+    from types import SimpleNamespace
+
+    from gate.measure.contention import Handling
+    from gate.plan import PlannedPrompt, Request
+    from gate.run import _run_requests
+
+    law = SimpleNamespace(name="greedy")
+    requests = [Request(r, law, PlannedPrompt(f"p{i}", "qa", (1, 2, 3)), 3, 0, 0) for i in range(cells)
+                for r in ("fallback", "d")]
+    runner = FakeRunner(busy)
+    session = SimpleNamespace(runner=runner, drafts={"d": SimpleNamespace(num_draft_tokens=3)})
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("prompt_lookup", 3)})
+    _run_requests(session, m, requests, lambda *_: None, Handling(0.1, reruns, 2, budget))
+    return m, runner
+
+
+def test_reruns_stop_once_the_machine_stays_busy_across_three_cells() -> None:
+    """A machine busy throughout (issue 23: the example crawled, every contended cell rerun twice
+    more): the first 3 cells are rerun, stay contended, and no cell after them is rerun."""
+    m, runner = run_cells(lambda rerun: True)
+    assert runner.first == 20 and runner.reruns == 3 * 2
+    per_cell = [r.contention_reruns for r in m.requests[::2]]
+    assert per_cell == [2, 2, 2] + [0] * 17
+    assert m.notes == ["contention reruns: the machine stayed busy across 3 consecutive cells: reruns cannot help, "
+                       "stopped rerunning after cell 3 of 20 (17 contended cell(s) after it not rerun); verdicts "
+                       "resting on contended requests are inconclusive"]
+    # the cost: 6 reruns against 20 first attempts of equal length, within the default budget of half of them
+    assert runner.reruns <= 0.5 * runner.first
+    # and the speedup verdict on these records is inconclusive, naming the contention (never a pass or a fail)
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500))
+    assert o.status == "inconclusive" and "machine contended: 100% of wall time without CPU on 20 of 20 paired requests" in o.message
+
+
+def test_reruns_that_help_are_held_to_the_time_budget() -> None:
+    """Every first attempt contended, every rerun clean: reruns help, so they do not stop, but
+    they may add at most measurement.contention_rerun_budget (0.5) of the first attempts' time:
+    10 of the 20 cells are rerun, so the run takes 1.5x its time without reruns."""
+    m, runner = run_cells(lambda rerun: not rerun)
+    assert runner.first == 20 and runner.reruns == 10
+    assert (runner.first + runner.reruns) / runner.first <= 1.5  # attempts of equal length: the wall-time multiple
+    per_cell = [r.contention_reruns for r in m.requests[::2]]
+    assert per_cell == [1] * 10 + [0] * 10
+    assert m.notes == ["contention reruns: 10 rerun(s) of contended cells held back by the time budget (reruns took "
+                       "2.0 s, first attempts 4.0 s; measurement.contention_rerun_budget 0.5: at most 1.5x the run's "
+                       "time without reruns); verdicts resting on contended requests are inconclusive"]
+    # a larger budget lets every cell have its rerun, and nothing is held back
+    m, runner = run_cells(lambda rerun: not rerun, budget=1.0)
+    assert runner.reruns == 20 and m.notes == []
+    assert not any(is_contended(r, 0.1) for r in m.requests)
+
+
+def test_reruns_that_mostly_stay_contended_stop() -> None:
+    """Reruns alternating between rescuing a cell and not (never 3 stuck cells in a row): once 6
+    cells were rerun and as many stayed contended as came out clean, reruns stop for good."""
+    attempts = iter(range(10**6))
+    # first attempts contended; a cell's rerun comes out clean on every other cell
+    m, runner = run_cells(lambda rerun: not rerun or next(attempts) % 2 == 0, reruns=1, budget=10.0)
+    per_cell = [r.contention_reruns for r in m.requests[::2]]
+    assert per_cell == [1] * 6 + [0] * 14
+    assert m.notes == ["contention reruns: 3 of the 6 cells rerun so far stayed contended through every rerun: reruns "
+                       "cannot help, stopped rerunning after cell 6 of 20 (14 contended cell(s) after it not rerun); "
+                       "verdicts resting on contended requests are inconclusive"]
+
+
+def test_no_rerun_no_note() -> None:
+    m, runner = run_cells(lambda rerun: False)
+    assert runner.reruns == 0 and m.notes == []
+    m, runner = run_cells(lambda rerun: True, reruns=0)  # contention_reruns: 0 asks for none: nothing to say
+    assert runner.reruns == 0 and m.notes == []
+
+
+def test_rerun_budget_field() -> None:
+    assert MeasurementSpec().contention_rerun_budget == 0.5
+    assert "1.5x" in MeasurementSpec.model_fields["contention_rerun_budget"].description
+    with pytest.raises(ValueError):
+        MeasurementSpec(contention_rerun_budget=-0.1)

@@ -80,7 +80,7 @@ def runner_factory(ggufs, tmp_path):
                                   extra_args=("--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "6")),
         }
         r = LlamaServerRunner(servers, binary or str(BINARY), EOS, threads=THREADS, parallel=parallel, ctx_size=2048,
-                              startup_timeout_s=kw.pop("startup_timeout_s", 60.0), request_timeout_s=60.0,
+                              startup_timeout_s=kw.pop("startup_timeout_s", 60.0), request_timeout_s=kw.pop("request_timeout_s", 60.0),
                               log_dir=str(tmp_path / "logs"), **kw)
         made.append(r)
         return r
@@ -443,3 +443,27 @@ def test_smoke_test_serves_packaged_smollm2():
     result = ls.smoke_test(str(BINARY), str(smollm2_gguf_path()), n_tokens=8, threads=2)
     assert result.tokens == 8 and result.text.strip()
     assert 0 < result.startup_s < 60 and result.generate_s > 0
+
+
+@needs_binary
+def test_stopped_server_costs_three_timeouts_not_all(runner_factory):
+    """A real llama-server frozen with SIGSTOP (the kernel still accepts connections into its
+    backlog, no byte comes back): after max_consecutive_failures timeouts the load point's
+    other requests are errors at once, so 10 requests at a 1 s timeout end in about 3 s."""
+    r = runner_factory(request_timeout_s=1.0, max_consecutive_failures=3)
+    assert r.max_consecutive_failures == 3
+    r.start("fallback")
+    pid = r.pid("fallback")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.perf_counter()
+        results = run_within(r, [request("fallback", n=8, prompt_id=str(i)) for i in range(10)], SEQUENTIAL, 30)
+        wall = time.perf_counter() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    messages = [str(x) for x in results]
+    assert all(isinstance(x, ServedError) for x in results), messages
+    assert sum("timed out before the first byte" in m for m in messages[:3]) == 3, messages[:3]
+    assert all("not sent: 3 requests in a row failed at this load point" in m for m in messages[3:]), messages[3:]
+    assert wall < 8.0, f"{wall:.1f} s for 3 timeouts of 1 s"
+    ok(r.run([request("fallback", n=4)], SEQUENTIAL))  # the server, resumed, serves again

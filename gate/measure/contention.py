@@ -147,18 +147,118 @@ def describe(share: float | None, contended: int, total: int, unit: str) -> str:
     return f"machine contended: {pct} on {contended} of {total} {unit}"
 
 
-@dataclass(frozen=True)
-class Handling:
-    """What to do about contended requests while measuring (policy.measurement):
-    `max_cpu_stall` the stalled share above which a request is contended (None: never),
-    `reruns` how often a cell (the fallback and every draft) with a contended request is rerun."""
-
-    max_cpu_stall: float | None = None
-    reruns: int = 0
-    cpus: int | None = None
-
-
 # Defaults of policy.measurement's contention fields (see the README and gate.policy.model).
 DEFAULT_MAX_CPU_STALL = 0.1
 DEFAULT_MAX_CONTENDED = 0.5
 DEFAULT_CONTENTION_RERUNS = 2
+DEFAULT_CONTENTION_RERUN_BUDGET = 0.5  # reruns may add at most half the first attempts' time: 1.5x the run without them
+# Reruns stop for good once this many consecutive cells stayed contended (first attempt and every
+# rerun), or once at least twice this many cells were rerun and as many stayed contended as came out clean.
+BUSY_CELLS = 3
+
+
+@dataclass(frozen=True)
+class Handling:
+    """What to do about contended requests while measuring (policy.measurement):
+    `max_cpu_stall` the stalled share above which a request is contended (None: never),
+    `reruns` how often a cell (the fallback and every draft) with a contended request is rerun,
+    `rerun_budget` the largest share of the first attempts' time that reruns may add (0.5:
+    a busy run takes at most 1.5x the time of the same run without reruns)."""
+
+    max_cpu_stall: float | None = None
+    reruns: int = 0
+    cpus: int | None = None
+    rerun_budget: float = DEFAULT_CONTENTION_RERUN_BUDGET
+
+
+@dataclass
+class RerunBudget:
+    """Whether a contended cell is worth rerunning, as the run goes: reruns help against a
+    passing burst of load, not against a machine that stays busy, and they must not multiply
+    the run time. A rerun is allowed while (a) fewer than `busy_cells` consecutive cells
+    stayed contended through their first attempt and every rerun, (b) of the cells rerun so
+    far, fewer stayed contended than came out clean (judged once 2 x `busy_cells` were
+    rerun), and (c) the rerun time so far plus the cell's last attempt stays within `budget`
+    x the time the first attempts of all `total_cells` cells take (ms of the timed requests;
+    cells not yet run are estimated at the mean first attempt so far). (a) and (b) stop reruns
+    for the rest of the run; (c) only holds back the cell at hand, and a cell held back says
+    nothing about (a). So the timed requests take at most (1 + budget) x their time without
+    reruns, give or take the estimate's error and one rerun slower than the attempt before it."""
+
+    total_cells: int
+    budget: float = DEFAULT_CONTENTION_RERUN_BUDGET
+    busy_cells: int = BUSY_CELLS
+    first_ms: float = 0.0  # time of the cells' first attempts
+    rerun_ms: float = 0.0  # time of their reruns
+    reruns: int = 0  # rerun attempts run
+    rerun_cells: int = 0  # cells rerun at least once
+    stuck_cells: int = 0  # of them, cells still contended after every rerun
+    streak: int = 0  # consecutive such cells (a clean cell, or one a rerun made clean, ends it)
+    cells: int = 0  # cells seen
+    stopped: str | None = None  # why reruns stopped for good (None: they did not)
+    stopped_at: int | None = None  # the cell (1-based) after which they stopped
+    not_rerun: int = 0  # contended cells left without a rerun after the stop
+    over_budget: int = 0  # contended cells left without (a further) rerun by the time budget
+
+    def first(self, ms: float) -> None:
+        """A cell's first attempt took `ms` (its timed requests' wall time)."""
+        self.cells += 1
+        self.first_ms += ms
+
+    @property
+    def planned_ms(self) -> float:
+        """The first attempts' time over the whole run: measured so far, the rest at their mean (ms)."""
+        if not self.cells:
+            return 0.0
+        return self.first_ms * max(self.total_cells, self.cells) / self.cells
+
+    def allows(self, last_ms: float) -> bool:
+        """Whether the cell at hand, contended, may be rerun once more; `last_ms`: its last
+        attempt's time, the estimate of the rerun's."""
+        if self.stopped is not None:
+            self.not_rerun += self.cells > (self.stopped_at or 0)  # the cells after the one it stopped in
+            return False
+        if self.rerun_ms + last_ms > self.budget * self.planned_ms:
+            self.over_budget += 1
+            return False
+        return True
+
+    def rerun(self, ms: float) -> None:
+        """A rerun took `ms` (its timed requests' wall time)."""
+        self.rerun_ms += ms
+        self.reruns += 1
+
+    def cell(self, first_contended: bool, kept_contended: bool, reruns: int) -> None:
+        """A cell ended: whether its first attempt and the attempt kept were contended, and how
+        often it was rerun; decides whether reruns stop for good."""
+        if not first_contended or not kept_contended:
+            self.streak = 0
+        elif reruns:  # contended through every rerun (a cell held back by the budget leaves the streak as it is)
+            self.streak += 1
+        if reruns:
+            self.rerun_cells += 1
+            self.stuck_cells += kept_contended
+        if self.stopped is not None:
+            return
+        if self.streak >= self.busy_cells:
+            self.stopped = f"the machine stayed busy across {self.streak} consecutive cells"
+        elif self.rerun_cells >= 2 * self.busy_cells and 2 * self.stuck_cells >= self.rerun_cells:
+            self.stopped = (f"{self.stuck_cells} of the {self.rerun_cells} cells rerun so far stayed contended through "
+                            "every rerun")
+        if self.stopped is not None:
+            self.stopped_at = self.cells
+
+    def note(self) -> str | None:
+        """What the reruns did not do and why, for the report (None: every contended cell got its reruns)."""
+        parts = []
+        if self.stopped is not None:
+            parts.append(f"{self.stopped}: reruns cannot help, stopped rerunning after cell {self.stopped_at} of "
+                         f"{self.total_cells} ({self.not_rerun} contended cell(s) after it not rerun)")
+        if self.over_budget:
+            parts.append(f"{self.over_budget} rerun(s) of contended cells held back by the time budget (reruns took "
+                         f"{self.rerun_ms / 1e3:.1f} s, first attempts {self.first_ms / 1e3:.1f} s; "
+                         f"measurement.contention_rerun_budget {self.budget:g}: at most {1 + self.budget:g}x the run's "
+                         "time without reruns)")
+        if not parts:
+            return None
+        return "contention reruns: " + "; ".join(parts) + "; verdicts resting on contended requests are inconclusive"

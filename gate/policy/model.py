@@ -17,7 +17,8 @@ from pydantic_core import PydanticCustomError
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import DType  # the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
-from gate.measure.contention import DEFAULT_CONTENTION_RERUNS, DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL
+from gate.measure.contention import (BUSY_CELLS, DEFAULT_CONTENTION_RERUN_BUDGET, DEFAULT_CONTENTION_RERUNS,
+                                     DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL)
 from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE
 from gate.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.workloads import registry as workload_sources
@@ -418,6 +419,11 @@ class RunnerSpec(_Strict):
     extra_args: list[str] = Field(default_factory=list, description="llama_server: further command-line arguments.")
     startup_timeout_s: float = Field(120.0, gt=0, description="llama_server: seconds to wait for /health.")
     request_timeout_s: float = Field(120.0, gt=0, description="Seconds one request may take before it is an error.")
+    max_consecutive_failures: int = Field(3, ge=1, description="openai and llama_server: after this many requests in a "
+                                          "row (in the order they ended) failed by timeout or a failed connection (not "
+                                          "an HTTP error status or a malformed stream), the load point's requests not "
+                                          "yet sent are errors at once, so a runner that keeps failing stops costing "
+                                          "request_timeout_s per request.")
     ignore_eos: bool = Field(True, description="Ask the server for fixed output lengths (max_new_tokens every time) "
                              "where it allows.")
     burst_gap_ms: float = Field(1.0, ge=0, description="Streamed tokens closer than this (ms) are one burst: one "
@@ -626,11 +632,68 @@ class MeasurementSpec(_Strict):
         "the CPU count). Contended requests are rerun and left out of timing verdicts; null: never.")
     contention_reruns: int = Field(
         DEFAULT_CONTENTION_RERUNS, ge=0, le=10, description="Times a cell (the fallback and every draft on one prompt) "
-        "with a contended request is rerun; the attempt with the fewest contended requests is kept.")
+        "with a contended request is rerun; the attempt with the fewest contended requests is kept. Reruns stop for "
+        f"the rest of the run once {BUSY_CELLS} consecutive cells stayed contended through every rerun (or, once "
+        f"{2 * BUSY_CELLS} cells were rerun, as many stayed contended as came out clean): a machine that stays busy is "
+        "not helped by them, and a note says so.")
+    contention_rerun_budget: float = Field(
+        DEFAULT_CONTENTION_RERUN_BUDGET, ge=0.0, le=10.0, description="Largest share of the time spent on first "
+        "attempts that contention reruns may add (in-process runs): a cell is rerun only while the reruns' time so far "
+        "plus its last attempt's stays within this share of the first attempts' time over the whole run (the cells not "
+        "yet run estimated at the mean so far), so the timed requests of a busy run take at most 1 + this times their "
+        "time without reruns (1.5x at the default 0.5; 0: never rerun).")
     max_contended: float = Field(
         DEFAULT_MAX_CONTENDED, ge=0.0, lt=1.0, description="Largest share of a timing rule's requests (paired requests) "
         "that may be left out as contended; beyond it, or with fewer than 5 clean ones, the verdict is inconclusive and "
         "names the contention, never a pass or a fail.")
+    max_wall_s: str | float | None = Field(
+        None, description="Wall-time budget of gate check, counted from its start: a time with a unit ('20 min', "
+        "'90 s', '1.5 h', '500 ms') or bare seconds; null (the default): none. Once it has run out gate sends no "
+        "further request and runs no further phase: it is checked before each request (served: as each request ends "
+        "and before each runner's window at a load point) and before each phase and each teacher-forced forward, so "
+        "gate check ends within this budget plus one request (served: at most runner.request_timeout_s; an open loop "
+        "may first wait for its next arrival) or one forward, plus the bill and the reports. The requests not measured "
+        "are errors ('not measured: measurement.max_wall_s (20 min) ran out after N of M requests'), as are the passes "
+        "not run; the rules are decided on what was measured, a note says so, and the exit code is the verdicts' "
+        "(3: measurements missing, or 1 when a rule failed), not an interrupt's.")
+
+    @field_validator("max_wall_s", mode="before")
+    @classmethod
+    def _wall(cls, v: Any) -> Any:
+        if v is not None:
+            _wall_seconds(v)  # raises ValueError for anything but a positive finite time
+        return v
+
+    def wall_budget_s(self) -> float | None:
+        """measurement.max_wall_s in seconds (None: no budget)."""
+        return None if self.max_wall_s is None else _wall_seconds(self.max_wall_s)
+
+    def wall_budget_shown(self) -> str:
+        """measurement.max_wall_s as the policy wrote it ('20 min'; bare seconds as '90 s')."""
+        v = self.max_wall_s
+        return f"{v:g} s" if isinstance(v, (int, float)) else str(v)
+
+
+_LONG_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(min|mins|minutes?|h|hrs?|hours?)\s*$", re.IGNORECASE)
+
+
+def _wall_seconds(v: str | float) -> float:
+    """A wall time in seconds: bare seconds, or a time with a unit (us, ms, s; also min and h,
+    which gate.units leaves out). Raises ValueError for anything else, zero, negative or infinite."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"{v!r} is not a time (write it with a unit, e.g. '20 min')")
+    if isinstance(v, (int, float)):
+        seconds = float(v)
+    elif (long := _LONG_TIME.match(v)) is not None:
+        seconds = float(long.group(1)) * (3600.0 if long.group(2).lower().startswith("h") else 60.0)
+    else:
+        q = _quantity(v)
+        if q.dimension is not Dimension.TIME_MS:
+            raise ValueError(f"{v!r} is not a time (write it with a unit, e.g. '20 min', '90 s')")
+        seconds = q.value / 1e3
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{v!r} is not a positive time (e.g. '20 min', '90 s')")
+    return seconds
 
 
 class BaselineSpec(_Strict):

@@ -65,12 +65,7 @@ def settings_for(policy: Policy, baseline: Measurements | None = None, baseline_
                  waivers: bool = True, today: dt.date | None = None) -> Settings:
     """Settings from a validated policy (waivers=False: --no-waivers)."""
     ms = policy.measurement
-    load = getattr(policy, "load", None)
-    points: dict[str, tuple[float, ...]] = {}
-    if getattr(policy, "runner", None) is not None and policy.runner.served:
-        points["concurrency"] = tuple(load.concurrency) if load and load.concurrency else (
-            () if load and load.request_rate else (1,))
-        points["request_rate"] = tuple(load.request_rate) if load and load.request_rate else ()
+    points = declared_load_points(policy)
     return Settings(ms.confidence, ms.bootstrap_resamples, policy.workload.seed, ms.inconclusive, baseline,
                     dict(policy.baseline.drafts) if policy.baseline else {}, baseline_mismatch,
                     list(policy.waivers) if waivers else [], today or dt.date.today(), ms.max_cpu_stall, ms.max_contended,
@@ -90,6 +85,7 @@ def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | No
         for draft in drafts:
             for law in laws:
                 out += [_one(rule, m, where, s) for where in _cells(rule, m, draft, law, s.load_points)]
+                out += [_not_applicable(rule, where) for where in _gaps(rule, draft, law, s.load_points)]
     for o in out:
         o.inconclusive_as = s.inconclusive if o.level == "error" else "warn"
         _apply_waivers(o, s)
@@ -121,10 +117,11 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
     base = Selection(draft, law, cats, concurrency=conc, request_rate=rates, constraints=cons)
     if not rule.per:
         return [base]
-    if rule.per in ("concurrency", "request_rate") and declared and declared.get(rule.per):
-        other = "request_rate" if rule.per == "concurrency" else "concurrency"
-        scoped = getattr(base, rule.per)
-        return [replace(base, **{rule.per: (v,), other: None}) for v in declared[rule.per] if scoped is None or v in scoped]
+    if rule.per in LOAD_AXES and declared and any(declared.values()):
+        other = _other_axis(rule.per)
+        # only the points of the rule's own axis: those of the other axis get a "does not apply" outcome (_gaps)
+        return [replace(base, **{rule.per: (v,), other: None}) for v in scoped_points(base.concurrency, base.request_rate,
+                                                                                       declared, rule.per)]
     records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
     values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v))
     if not values:
@@ -139,6 +136,91 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
         other = "request_rate" if rule.per == "concurrency" else "concurrency"
         return [replace(base, **{rule.per: (v,), other: None}) for v in values]
     return [replace(base, **{rule.per: v}) for v in values]
+
+
+LOAD_AXES = ("concurrency", "request_rate")
+_POINT_KIND = {"concurrency": ("a closed-loop load point keeps a fixed number of requests in flight and offers no "
+                               "request rate"),
+               "request_rate": "an open-loop load point offers a request rate and has no fixed concurrency"}
+
+
+def _other_axis(axis: str) -> str:
+    return "request_rate" if axis == "concurrency" else "concurrency"
+
+
+def point_name(axis: str, value: float) -> str:
+    """A load point for sentences: 'concurrency 4' or 'request rate 2/s'."""
+    return f"concurrency {value:g}" if axis == "concurrency" else f"request rate {value:g}/s"
+
+
+def scoped_points(concurrency: Iterable[float] | None, request_rate: Iterable[float] | None,
+                  declared: dict[str, tuple[float, ...]], axis: str) -> list[float]:
+    """The declared load points of `axis` ("concurrency" or "request_rate") that a rule scope
+    takes: every declared point when the scope names no load point (`concurrency` and
+    `request_rate` both None), else those it lists on that axis (none when it lists only the
+    other axis)."""
+    if concurrency is None and request_rate is None:
+        return list(declared.get(axis, ()))
+    listed = set((concurrency if axis == "concurrency" else request_rate) or ())
+    return [v for v in declared.get(axis, ()) if v in listed]
+
+
+def inapplicable_points(per: str | None, concurrency: Iterable[float] | None, request_rate: Iterable[float] | None,
+                        declared: dict[str, tuple[float, ...]]) -> tuple[str, list[float]] | None:
+    """Where a rule's `per:` cannot decide anything: for per: concurrency the declared request
+    rates its scope takes (an open loop has no fixed concurrency), for per: request_rate the
+    declared concurrencies (a closed loop offers no rate). Returns (that axis, its points in
+    declared order; requests/s or requests in flight), or None when every point in scope
+    gets a verdict (or `per` is not a load axis)."""
+    if per not in LOAD_AXES:
+        return None
+    other = _other_axis(per)
+    points = scoped_points(concurrency, request_rate, declared, other)
+    return (other, points) if points else None
+
+
+def declared_load_points(policy: Policy) -> dict[str, tuple[float, ...]]:
+    """A served policy's declared load points ("concurrency"/"request_rate" -> values; a served
+    run without load points runs at concurrency 1); {} in-process."""
+    load = getattr(policy, "load", None)
+    if getattr(policy, "runner", None) is None or not policy.runner.served:
+        return {}
+    return {"concurrency": tuple(load.concurrency) if load and load.concurrency else (
+                () if load and load.request_rate else (1,)),
+            "request_rate": tuple(load.request_rate) if load and load.request_rate else ()}
+
+
+def _gaps(rule: RuleSpec, draft: str, law: str, declared: dict[str, tuple[float, ...]]) -> list[Selection]:
+    """The load points in the rule's scope that its `per:` gives no verdict at (one selection each)."""
+    if rule.kind == "exactness" or not declared:
+        return []
+    conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
+    rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
+    gap = inapplicable_points(rule.per, conc, rates, declared)
+    if gap is None:
+        return []
+    axis, points = gap
+    cats = tuple(rule.scope.categories) if rule.scope.categories else None
+    cons = tuple(rule.scope.constraints) if getattr(rule.scope, "constraints", None) else None
+    return [replace(Selection(draft, law, cats, constraints=cons), **{axis: (v,)}) for v in points]
+
+
+def not_applicable_reason(axis: str) -> str:
+    """Why a `per:` of one load axis gives no verdict at a load point of the other, `axis`."""
+    return _POINT_KIND[axis]
+
+
+def _not_applicable(rule: RuleSpec, where: Selection) -> Outcome:
+    """The outcome of a rule at a load point its `per:` cannot apply to: skipped, saying why."""
+    axis = "concurrency" if where.concurrency is not None else "request_rate"
+    (value,) = getattr(where, axis)
+    what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
+        f", relative to {rule.relative_to})" if rule.relative_to else ")")
+    return Outcome(rule_id=rule.id, scope=scope_key(where, rule.per), draft=where.runner, law=where.law, metric=rule.metric,
+                   aggregation=rule.aggregation, comparison=rule.comparison, threshold=rule.threshold_value,
+                   relative_to=rule.relative_to, level=rule.level, status=Status.SKIPPED, measured=None, samples=0,
+                   fallback_value=None, message=f"{what}: per: {rule.per} does not apply at {point_name(axis, value)}: "
+                   f"{not_applicable_reason(axis)}; not evaluated (a rule with per: {axis} decides it)")
 
 
 def scope_key(where: Selection, per: str | None = None) -> str:
@@ -223,9 +305,8 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
                        + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS else
                           f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
     if failed or n == 0 or math.isnan(point):
-        why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
         return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(point) else point, samples=n,
-                       fallback_value=None, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
+                       fallback_value=None, message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}")
     level = rule.confidence or s.confidence
     ref_value = reference.point() if reference is not None else None
     unit_word = _unit_word(est, rule)
@@ -379,7 +460,6 @@ def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, ba
               dim: Dimension, failed: list[Failure], other: str) -> Outcome:
     """Bills and process peaks: computed or measured once, decided on the value itself."""
     metric = METRICS[rule.metric]
-    draft = where.runner
     measured, n = value(rule.metric, rule.aggregation, m, where, rule.line)
     reference = None
     if rule.relative_to and not math.isnan(measured):
@@ -388,9 +468,8 @@ def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, ba
         measured = measured / reference if reference and not math.isnan(reference) else float("nan")
         n = min(n, ref_n)
     if failed or n == 0 or math.isnan(measured):
-        why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or _no_sample(rule, m, draft)
         return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(measured) else measured, samples=n,
-                       fallback_value=reference, message=f"{what}: measurement missing ({why}) vs threshold {bound}")
+                       fallback_value=reference, message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}")
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
     if rule.relative_to:
         shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {format_value(reference, metric.dimension)})"
@@ -401,6 +480,57 @@ def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, ba
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
     return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=reference,
                    message=f"{what}: measured {shown} (computed once, no sampling interval) vs threshold {bound}: {status}{note}")
+
+
+# Metrics whose denominator is the draft's proposals: undefined where it made none.
+_PROPOSAL_METRICS = ("acceptance_rate", "mean_acceptance_length", "request_acceptance_rate")
+
+
+def _missing(rule: RuleSpec, m: Measurements, where: Selection, failed: list[Failure]) -> str:
+    """Why a rule has no value in a scope: the failed measurements, a draft that made no
+    proposal (acceptance over zero proposals is undefined), or "measurement missing" with
+    what the records tell about the absence."""
+    if failed:
+        return "measurement missing (" + "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) + ")"
+    return no_proposal(rule.metric, m, where) or f"measurement missing ({_no_sample(rule, m, where.runner)})"
+
+
+def no_proposal(metric: str, m: Measurements, where: Selection) -> str | None:
+    """"no proposal: ..." when an acceptance metric has nothing to measure because the draft
+    made no proposal in the selection: its requests produced tokens, and every count that
+    says how many tokens it proposed (gate's per-step counters, a server's per-response
+    draft count, the server's spec-decode counter deltas over the measured windows) is 0.
+    None otherwise (another metric, no request, or no count recorded: a true absence)."""
+    if metric not in _PROPOSAL_METRICS or where.runner == FALLBACK:
+        return None
+    reqs = [r for r in m.requests if where.takes(r) and r.output_tokens > 0]
+    if not reqs:
+        return None
+    counts = [sum(r.step_proposed) if r.step_proposed else r.server_draft_tokens for r in reqs]
+    counts = [c for c in counts if c is not None]
+    if where.whole_windows:
+        # an engine counts proposed tokens or verification steps with a proposal (SGLang only the steps): either moving
+        # means it proposed
+        counts += [w.counters.num_draft_tokens + w.counters.num_drafts for w in m.runs
+                   if where.takes_window(w) and w.counters is not None]
+    if not counts or any(counts):
+        return None
+    info = m.drafts.get(where.runner)
+    lookup = info is not None and info.kind == "prompt_lookup"
+    if not any(r.concurrency is not None or r.request_rate is not None for r in reqs):  # gate's own loop
+        return (f"no proposal: draft {where.runner} made no proposal (0 draft tokens over {len(reqs)} requests: "
+                + ("prompt lookup found no n-gram to copy)" if lookup else "it proposed nothing)"))
+    return (f"no proposal: the server made no draft proposal at {_points_text(reqs)} (0 draft tokens over {len(reqs)} "
+            "requests: speculation off" + (", or prompt lookup found no n-gram to copy)" if lookup else ")"))
+
+
+def _points_text(reqs: list[RequestRecord]) -> str:
+    """The load points of served requests: 'concurrency 1, 2 and request rate 4/s'."""
+    conc = sorted({r.concurrency for r in reqs if r.concurrency is not None})
+    rates = sorted({r.request_rate for r in reqs if r.concurrency is None and r.request_rate is not None})
+    parts = ([f"concurrency {', '.join(f'{v:g}' for v in conc)}"] if conc else []) + (
+        [f"request rate {', '.join(f'{v:g}' for v in rates)}/s"] if rates else [])
+    return " and ".join(parts)
 
 
 def _no_sample(rule: RuleSpec, m: Measurements, draft: str) -> str:

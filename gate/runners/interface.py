@@ -115,6 +115,12 @@ class Runner(ABC):
         (so a caller interrupted by KeyboardInterrupt keeps what ended before). Raises
         ValueError for a load beyond the capabilities (check_load)."""
 
+    def notes(self) -> list[str]:
+        """What the runner saw beside the requests' results that a report should say (e.g.
+        the kernel's listen-queue overflows while a served runner ran), in the order seen,
+        since the last call: returned once, then cleared. Default: none."""
+        return []
+
     def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int,
                     response_format: Any = None) -> list[list[int]]:
         """`n` independent speculative first steps of draft `draft` after `prompt_ids`

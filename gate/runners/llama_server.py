@@ -326,7 +326,8 @@ class LlamaServerRunner(OpenAIRunner):
     generation and batch); parallel: -np, slots, the most requests in flight (set it to
     the highest concurrency measured); ctx_size: tokens per slot (-c ctx_size x parallel);
     startup_timeout_s: spawn -> /health 200, seconds; log_dir: where server logs go (None:
-    a temporary folder removed at close). The other arguments are OpenAIRunner's.
+    a temporary folder removed at close). The other arguments (request_timeout_s, ignore_eos,
+    burst_gap_ms, max_consecutive_failures) are OpenAIRunner's.
 
     Raises ValueError for parallel, threads or ctx_size < 1 or an empty `servers`.
     Server failures raise ServedError naming the runner: binary missing or not executable,
@@ -337,14 +338,15 @@ class LlamaServerRunner(OpenAIRunner):
     def __init__(self, servers: dict[str, ServerConfig], binary: str, eos_token_ids: set[int], threads: int = 2,
                  parallel: int = 1, ctx_size: int = 4096, startup_timeout_s: float = 120.0,
                  request_timeout_s: float = 120.0, ignore_eos: bool = True, burst_gap_ms: float = 1.0,
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, max_consecutive_failures: int = 3):
         if not servers:
             raise ValueError("llama_server runner needs at least one server")
         for label, value in (("threads", threads), ("parallel", parallel), ("ctx_size", ctx_size)):
             if value < 1:
                 raise ValueError(f"llama_server {label} must be >= 1, got {value}")
         super().__init__(endpoints={}, eos_token_ids=eos_token_ids, request_timeout_s=request_timeout_s,
-                         ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms)
+                         ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms,
+                         max_consecutive_failures=max_consecutive_failures)
         self.servers = dict(servers)
         self.binary = binary
         self.threads = threads

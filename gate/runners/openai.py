@@ -19,7 +19,12 @@ ids are then unknown (-1 placeholders). Bursts: consecutive tokens closer than b
 are one burst, the client's view of one verification step (StreamResult.step_committed).
 
 Every failure of a request is a ServedError naming the runner, the URL and what failed; it
-becomes that request's result and the other requests go on.
+becomes that request's result and the other requests go on. A transport failure says which
+of refused at connect, reset before the response, reset mid-stream, timed out before the
+first byte, timed out mid-stream it was, with the errno and what had arrived
+(classify_transport); after max_consecutive_failures of them in a row the load point's
+requests not yet sent fail at once. The kernel's listen-queue overflows during a run()
+call become a note (notes(), gate.runners.netstat).
 
 The declared law travels whole in every request, each field explicit (a server's defaults,
 e.g. vLLM's generation_config.json or llama.cpp's top_k 40 / min_p 0.05, never apply), with
@@ -48,6 +53,7 @@ What a server cannot apply as gate's law defines it is refused before anything i
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import math
 import os
@@ -63,6 +69,7 @@ from gate.measure.contention import load_average, read_pressure
 from gate.load.schedule import drive
 from gate.plan import Request
 from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.netstat import listen_counters, listen_note
 from gate.runners.registry import register
 from gate.runners.server_metrics import ServerSnapshot, parse_metrics
 
@@ -79,16 +86,30 @@ LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias; vLLM before 0.7 cla
 
 class ServedError(RuntimeError):
     """A served request (or scrape) failed: `runner` (the runner name: a draft or
-    "fallback"), `url` (the endpoint) and `what` (what failed, e.g. "connection refused",
-    "HTTP 503: <body>", "timed out after 120 s")."""
+    "fallback"), `url` (the endpoint), `what` (what failed, e.g. "connection refused at
+    connect (...)", "HTTP 503: <body>", "timed out before the first byte after 120 s (...)")
+    and `kind`: for a transport failure one of TRANSPORT_KINDS (the connection, not the
+    server's answer, failed), "not_sent" for a request the runner gave up on without
+    sending (max_consecutive_failures), None otherwise (an HTTP error status, a malformed
+    stream, a refused law)."""
 
     names_its_place = True  # its message names runner and URL: reports add no source location
 
-    def __init__(self, runner: str, url: str, what: str):
+    def __init__(self, runner: str, url: str, what: str, kind: str | None = None):
         super().__init__(f"runner {runner!r} at {url}: {what}")
         self.runner = runner
         self.url = url
         self.what = what
+        self.kind = kind
+
+
+TRANSPORT_KINDS = ("refused", "connect_failed", "reset_before_response", "reset_mid_stream",
+                   "timeout_before_first_byte", "timeout_mid_stream")
+"""ServedError.kind of a request whose connection failed (classify_transport): refused at
+connect (ECONNREFUSED), another failure to connect (unreachable, name resolution), reset or
+closed before the response headers, reset or closed after them, no response byte within
+the time limit, stalled after the response began. These, and only these, count towards
+OpenAIRunner.max_consecutive_failures."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +159,150 @@ class _Event:
     draft_n_accepted: int | None = None
 
 
+@dataclass
+class _Progress:
+    """How far one request got, for naming a transport failure (classify_transport): the
+    phase httpcore last reported (its trace extension: "connecting", "connected",
+    "sending", "sent", "headers"; None before anything), perf_counter seconds at send, at
+    the response headers and at the last body byte, and the SSE events and tokens (ids)
+    parsed."""
+
+    phase: str | None = None
+    fresh: bool = False  # this attempt opened its connection (else it reused a kept-alive one)
+    t0: float | None = None
+    headers_s: float | None = None
+    last_s: float | None = None
+    events: int = 0
+    tokens: int = 0
+
+    def restart(self) -> None:
+        """Forget a lost attempt (nothing was received): the request is sent again."""
+        self.phase, self.fresh, self.t0, self.headers_s, self.last_s = None, False, None, None, None
+        self.events = self.tokens = 0
+
+    async def trace(self, name: str, info: dict[str, Any]) -> None:
+        """httpcore's trace callback ("connection.connect_tcp.started", "http11.send_request_headers.started", ...)."""
+        if name.endswith("connect_tcp.started"):
+            self.phase, self.fresh = "connecting", True
+        elif name.endswith("connect_tcp.complete"):
+            self.phase = "connected"
+        elif name.endswith("send_request_headers.started"):
+            self.phase = "sending"
+        elif name.endswith("send_request_body.complete"):
+            self.phase = "sent"
+        elif name.endswith("receive_response_headers.complete"):
+            self.phase = "headers"
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The first OSError with an errno in `e`'s chain of causes (httpx wraps httpcore's, which wraps the socket's)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno is not None:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _cause(e: BaseException) -> str:
+    """'<class>: <errno name> (<os.strerror>)' of a transport exception, else '<class>:
+    <message>' (or the class alone when the message is empty: asyncio.TimeoutError has none)."""
+    os_err = _os_error(e)
+    name = type(e).__name__
+    if os_err is not None:
+        code = errno.errorcode.get(os_err.errno, str(os_err.errno))
+        return f"{name}: {code} ({os.strerror(os_err.errno)})"  # asyncio's strerror is "Connect call failed (...)"
+    text = str(e).strip()
+    return f"{name}: {text}" if text else name
+
+
+def classify_transport(e: BaseException, progress: _Progress, now_s: float, timeout_s: float) -> tuple[str, str]:
+    """(kind, what) of a request whose transport failed with `e` (an httpx.TimeoutException,
+    NetworkError or RemoteProtocolError, or asyncio.TimeoutError: the request's time
+    limit), given how far it got (`progress`) and perf_counter `now_s` (s); `timeout_s`:
+    the request's time limit (s). `kind` is one of TRANSPORT_KINDS; `what` names it with a
+    non-empty detail: the exception's class and errno name and strerror (or its message),
+    the events and tokens received, the seconds waited (a timeout: the time limit, which
+    it reached; else the seconds since the send). Raises nothing."""
+    waited = now_s - progress.t0 if progress.t0 is not None else None
+    after = f"{waited:.2f} s after the send" if waited is not None else "before the send"
+    got = f"{progress.events} event(s), {progress.tokens} token(s)"
+    started = progress.headers_s is not None
+    if isinstance(e, (asyncio.TimeoutError, httpx.TimeoutException)):
+        if isinstance(e, httpx.ConnectTimeout):
+            which = f"ConnectTimeout: the TCP handshake did not complete within {timeout_s:g} s"
+        else:
+            which = _cause(e) if isinstance(e, httpx.TimeoutException) else f"the request's time limit of {timeout_s:g} s"
+        if not started:
+            where = {"connecting": "connecting", None: "before connecting", "connected": "connected, sending",
+                     "sending": "sending the request", "sent": "the request was sent"}.get(progress.phase, progress.phase)
+            if isinstance(e, httpx.ConnectTimeout):
+                where = "connecting"
+            return "timeout_before_first_byte", (f"timed out before the first byte after {_s(timeout_s)} s "
+                                                 f"({which}; {where}, no response byte)")
+        last = f"; the last byte {now_s - progress.last_s:.2f} s before" if progress.last_s is not None else \
+            "; nothing after the response headers"
+        return "timeout_mid_stream", (f"timed out mid-stream after {_s(timeout_s)} s ({which}; the response "
+                                      f"headers, then {got}{last})")
+    if isinstance(e, httpx.ConnectError):
+        os_err = _os_error(e)
+        code = os_err.errno if os_err is not None else None
+        if code == errno.ECONNREFUSED:
+            return "refused", f"connection refused at connect ({_cause(e)}; {after}: nothing listens on that port)"
+        if code in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+            return "reset_before_response", f"connection reset before the response ({_cause(e)}; at connect, {after})"
+        return "connect_failed", f"connection failed at connect ({_cause(e)}; {after}: the host is unreachable or unknown)"
+    if not started:
+        where = "while sending the request" if progress.phase in ("connected", "sending") or isinstance(e, httpx.WriteError) \
+            else "after the request was sent"
+        return "reset_before_response", (f"connection reset before the response ({_cause(e)}; {where}, no response "
+                                         f"byte, {after})")
+    return "reset_mid_stream", (f"connection reset mid-stream ({_cause(e)}; after the response headers and {got}, "
+                                f"{after})")
+
+
+def _s(seconds: float) -> str:
+    """Seconds to 0.1 s, without trailing zeros: 1, 10, 0.5, 2.3."""
+    return f"{round(seconds, 1):g}"
+
+
+def describe_load(load: LoadStrategy) -> str:
+    """'concurrency 4' (closed loop) or 'request rate 8/s' (open loop, with its cap)."""
+    if load.request_rate is not None:
+        cap = f" (at most {load.concurrency} in flight)" if load.concurrency is not None else ""
+        return f"request rate {load.request_rate:g}/s{cap}"
+    return f"concurrency {load.concurrency}" if load.concurrency is not None else "unbounded concurrency"
+
+
+class _Breaker:
+    """Consecutive transport failures of one run() call, in the order requests ended. After
+    `limit` in a row every request not yet sent fails at once (refusal)."""
+
+    def __init__(self, limit: int, runner: str, url: str, at: str):
+        self.limit, self.runner, self.url, self.at = limit, runner, url, at
+        self.streak = 0
+        self.last: str | None = None
+        self.open = False
+
+    def ended(self, result: RequestResult) -> None:
+        if isinstance(result, ServedError) and result.kind in TRANSPORT_KINDS:
+            self.streak += 1
+            self.last = result.what
+            if self.streak >= self.limit:
+                self.open = True
+        elif not (isinstance(result, ServedError) and result.kind == "not_sent"):
+            self.streak = 0  # an answer (even HTTP 500 or a malformed stream): the server is there
+
+    def refusal(self) -> ServedError:
+        return ServedError(self.runner, self.url,
+                           f"not sent: {self.streak} request{'s' if self.streak != 1 else ''} in a row failed at this "
+                           f"load point ({self.at}; last: "
+                           f"{self.last}); the rest are errors at once (runner.max_consecutive_failures: {self.limit})",
+                           kind="not_sent")
+
+
 @register("openai")
 class OpenAIRunner(Runner):
     """Streams planned requests to OpenAI-compatible (or llama.cpp native) servers, one
@@ -147,16 +312,29 @@ class OpenAIRunner(Runner):
     `request_timeout_s`: per request, from send to the end of the stream (also each read);
     `ignore_eos`: send ignore_eos so outputs run to max_new_tokens (vLLM, SGLang, llama.cpp
     extension); `burst_gap_ms`: tokens closer than this form one burst; `count_tokens`:
-    text -> number of tokens, for streams that carry no ids.
+    text -> number of tokens, for streams that carry no ids; `max_consecutive_failures`:
+    within one run() call (one load point), after this many requests in a row (in the order
+    they ended) failed by a transport failure (TRANSPORT_KINDS: refused, reset, timed out;
+    not an HTTP error status or a malformed stream), every request not yet sent is a
+    ServedError at once ("not sent: ..."), while those in flight finish or time out.
+
+    Raises ValueError for request_timeout_s <= 0 or max_consecutive_failures < 1. notes()
+    says when the kernel counted listen-queue overflows during a run() call
+    (gate.runners.netstat).
     """
 
     capabilities = Capabilities(token_ids=True, step_counters=False, seeding=True, first_steps=False,
                                 cpu_accounting=False, max_concurrency=4096, server_counters=True)
 
     def __init__(self, endpoints: dict[str, Endpoint], eos_token_ids: set[int], request_timeout_s: float = 120.0,
-                 ignore_eos: bool = True, burst_gap_ms: float = 1.0, count_tokens: Callable[[str], int] | None = None):
+                 ignore_eos: bool = True, burst_gap_ms: float = 1.0, count_tokens: Callable[[str], int] | None = None,
+                 max_consecutive_failures: int = 3):
         if request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+        if int(max_consecutive_failures) != max_consecutive_failures or max_consecutive_failures < 1:
+            raise ValueError(f"max_consecutive_failures must be an integer >= 1, got {max_consecutive_failures}")
+        self.max_consecutive_failures = int(max_consecutive_failures)
+        self._notes: list[str] = []
         self.endpoints = dict(endpoints)
         self.eos_token_ids = set(eos_token_ids)
         self.request_timeout_s = float(request_timeout_s)
@@ -232,7 +410,21 @@ class OpenAIRunner(Runner):
                     raise ServedError(runner, ep.url, f"the chat api needs the prompt's text; prompt {r.prompt.id!r} "
                                                       "has token ids only (use api 'completions' or 'llama_cpp')")
         self._refuse(runner, ep.url, requests)
-        return self._watched(runner, ep, list(requests), load, done)
+        before = listen_counters()
+        try:
+            return self._watched(runner, ep, list(requests), load, done)
+        finally:
+            note = listen_note(before, listen_counters(), runner, f"{describe_load(load)} ({len(requests)} requests)")
+            if note:
+                self._notes.append(note)
+
+    def notes(self) -> list[str]:
+        """Notes since the last call, then cleared: one per run() call during which the
+        kernel's TcpExt ListenOverflows or ListenDrops rose (gate.runners.netstat.listen_note:
+        connections dropped because a server's accept backlog was full), naming the runner
+        and load point. [] where /proc/net/netstat cannot be read."""
+        out, self._notes = self._notes, []
+        return out
 
     def _refuse(self, runner: str, url: str, requests: Sequence[Request]) -> None:
         """Raise ServedError naming the law field (or the constraint) the server cannot apply
@@ -288,17 +480,55 @@ class OpenAIRunner(Runner):
         # would count as the request's queue time. More are made on demand (unbounded open loop).
         clients.prepare(min(len(requests), load.concurrency or len(requests), 512))
         headers = self._headers(runner)
+        breaker = _Breaker(self.max_consecutive_failures, runner, ep.url, describe_load(load))
+        in_flight = 0
+        drained = asyncio.Event()  # the breaker is open and nothing is in flight
+        ended: dict[int, RequestResult] = {}
+
+        def record(i: int, result: RequestResult) -> None:
+            ended[i] = result
+            if done is not None:
+                done(i, result)
+
+        async def send(i: int, scheduled_s: float) -> RequestResult:
+            nonlocal in_flight
+            if breaker.open:
+                raise breaker.refusal()
+            in_flight += 1
+            client = clients.take()
+            try:
+                result: RequestResult = await self._request(client, runner, ep, headers, requests[i], scheduled_s)
+            except Exception as e:  # noqa: BLE001 - counted, then the request's result (drive)
+                breaker.ended(e)
+                raise
+            finally:
+                clients.give(client)
+                in_flight -= 1
+            breaker.ended(result)
+            return result
+
+        def settle(i: int, result: RequestResult) -> None:
+            record(i, result)
+            if breaker.open and in_flight == 0:
+                drained.set()
+
+        driving = asyncio.ensure_future(drive(len(requests), load, send, settle))
+        waiting = asyncio.ensure_future(drained.wait())
         try:
-
-            async def send(i: int, scheduled_s: float) -> RequestResult:
-                client = clients.take()
-                try:
-                    return await self._request(client, runner, ep, headers, requests[i], scheduled_s)
-                finally:
-                    clients.give(client)
-
-            return await drive(len(requests), load, send, done)
+            await asyncio.wait({driving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if driving.done():
+                return driving.result()
+            # Stopped with nothing in flight: an open loop's later arrivals fail now, not at their arrival times.
+            driving.cancel()
+            await asyncio.wait({driving})
+            for i in range(len(requests)):
+                if i not in ended:
+                    record(i, breaker.refusal())
+            return [ended[i] for i in range(len(requests))]
         finally:
+            for task in (driving, waiting):
+                if not task.done():
+                    task.cancel()
             await clients.aclose()
 
     def body(self, ep: Endpoint, req: Request) -> dict[str, Any]:
@@ -355,39 +585,41 @@ class OpenAIRunner(Runner):
                        req: Request, scheduled_s: float) -> StreamResult:
         url = ep.url
         body = self.body(ep, req)
+        progress = _Progress()
         try:
             try:
-                return await asyncio.wait_for(self._stream(client, runner, ep, headers, body, scheduled_s),
+                return await asyncio.wait_for(self._stream(client, runner, ep, headers, body, scheduled_s, progress),
                                               self.request_timeout_s)
             except httpx.RemoteProtocolError as e:
-                if "without sending a response" not in str(e):
+                if "without sending a response" not in str(e) or progress.fresh:
                     raise
                 # A kept-alive connection the server closed as the request went out (cpp-httplib closes
                 # idle ones): nothing was received, so the request is sent once more on a new connection,
                 # timed from its own send (the queue time includes the lost attempt).
-                return await asyncio.wait_for(self._stream(client, runner, ep, headers, body, scheduled_s),
+                progress.restart()
+                return await asyncio.wait_for(self._stream(client, runner, ep, headers, body, scheduled_s, progress),
                                               self.request_timeout_s)
         except ServedError:
             raise
-        except (asyncio.TimeoutError, httpx.TimeoutException):
-            raise ServedError(runner, url, f"timed out after {self.request_timeout_s:g} s") from None
-        except httpx.ConnectError as e:
-            raise ServedError(runner, url, f"connection refused or unreachable ({e})") from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
-            raise ServedError(runner, url, f"connection dropped mid-stream (server died?): {e}") from None
+        except (asyncio.TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
+            kind, what = classify_transport(e, progress, time.perf_counter(), self.request_timeout_s)
+            raise ServedError(runner, url, what, kind=kind) from None
         except httpx.HTTPError as e:
             raise ServedError(runner, url, f"{type(e).__name__}: {e}") from None
 
     async def _stream(self, client: httpx.AsyncClient, runner: str, ep: Endpoint, headers: dict[str, str],
-                      body: dict[str, Any], scheduled_s: float) -> StreamResult:
+                      body: dict[str, Any], scheduled_s: float, progress: _Progress | None = None) -> StreamResult:
         url = ep.url
+        progress = progress if progress is not None else _Progress()
         events: list[_Event] = []
         data: list[str] = []
         started_s = time.time()
         pressure0 = read_pressure()  # the machine's CPU pressure over the request's wall time (contention)
         t0 = time.perf_counter()
         queue_ms = max(0.0, (t0 - scheduled_s) * 1e3)
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
+        progress.t0 = t0
+        async with client.stream("POST", url, json=body, headers=headers, extensions={"trace": progress.trace}) as resp:
+            progress.headers_s = time.perf_counter()
             if resp.status_code >= 400:
                 text = (await resp.aread()).decode("utf-8", errors="replace")
                 raise ServedError(runner, url, f"HTTP {resp.status_code}: {text[:200]}")
@@ -395,13 +627,18 @@ class OpenAIRunner(Runner):
             # in \n or \r\n (a lone \r, which the SSE spec also allows, is not supported).
             pending = b""
             async for chunk in resp.aiter_bytes():
+                progress.last_s = time.perf_counter()
                 *lines, pending = (pending + chunk).split(b"\n")
                 for raw in lines:
                     line = raw[:-1] if raw.endswith(b"\r") else raw
                     if not line:
                         if data:
+                            n = len(events)
                             self._dispatch(runner, ep, "\n".join(data), t0, events)
                             data = []
+                            if len(events) > n:
+                                progress.events += 1
+                                progress.tokens += len(events[-1].ids or ())
                     elif line.startswith(b"data:"):
                         value = line[5:].decode("utf-8", errors="replace")
                         data.append(value[1:] if value.startswith(" ") else value)
@@ -525,7 +762,9 @@ class OpenAIRunner(Runner):
 
     def server_info(self, runner: str) -> str | None:
         """What serves `runner`, as the server says: llama.cpp's /props build_info, else
-        /version's "version" and /v1/models' first id; None when nothing answers."""
+        /version's "version" and /v1/models' first id; None when nothing answers (each path
+        waits min(5 s, request_timeout_s); after one that times out or cannot connect no
+        other is tried)."""
         ep = self.endpoint(runner)
         self.open()
         base = ep.base_url.rstrip("/")
@@ -533,10 +772,13 @@ class OpenAIRunner(Runner):
         paths = ("/props",) if ep.api == "llama_cpp" else ("/version", "/v1/models")
         for path in paths:
             try:
-                resp = httpx.get(base + path, headers=self._headers(runner), timeout=5.0, trust_env=False)
+                resp = httpx.get(base + path, headers=self._headers(runner), timeout=min(5.0, self.request_timeout_s),
+                                 trust_env=False)
                 if resp.status_code != 200:
                     continue
                 obj = resp.json()
+            except (httpx.TimeoutException, httpx.NetworkError):
+                break  # the server does not answer at all: the next path would cost the same wait again
             except (httpx.HTTPError, ValueError):
                 continue
             if path == "/props" and isinstance(obj, dict) and obj.get("build_info"):

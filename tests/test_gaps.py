@@ -1,0 +1,213 @@
+"""No silent gaps (issue 23): every declared load point gets a verdict or says why not, and a
+missing acceptance measurement says why it is missing.
+
+- A rule with `per: concurrency` on a policy that also declares request rates gives those
+  points a skipped outcome saying it does not apply there, and `gate validate` warns at the
+  rule's YAML path and line (and `per: request_rate` at concurrencies, the same way).
+- A prompt-lookup runner whose server never proposed (counters that never move, draft_n 0)
+  reads "no proposal: the server made no draft proposal at ...", not "measurement missing".
+Against the stub server (tests/served_stub.py), as tests/test_served_check.py does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from conftest import write_policy
+from gate.cli import cli
+from gate.policy.load import load_policy
+from gate.records import DraftInfo, Environment, Measurements, RequestRecord, RunRecord, OfferedLoad, SpecDecodeCounters
+from gate.rules.evaluate import Settings, evaluate
+from gate.rules.status import Status
+from gate.validate import load_gaps
+from served_stub import Stub
+
+STATIC_METRICS = """\
+# TYPE llamacpp:spec_decode_num_drafts_total counter
+llamacpp:spec_decode_num_drafts_total 7
+# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
+llamacpp:spec_decode_num_draft_tokens_total 28
+# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
+llamacpp:spec_decode_num_accepted_tokens_total 20
+"""
+
+
+def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, load: str, rules: str, draft_metrics: str = "") -> str:
+    """A served policy on two stub endpoints with a prompt-lookup draft; contention handling off
+    (these tests are about what is reported, not about the machine)."""
+    metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
+    return f"""\
+version: 1
+target: {{model: {model_dir}, device: cpu}}
+drafts:
+  lookup: {{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner:
+  kind: openai
+  endpoints:
+    fallback: {{base_url: '{fallback}', api: llama_cpp}}
+    lookup: {{base_url: '{draft}', api: llama_cpp{metrics}}}
+  request_timeout_s: 5
+load: {load}
+workload: {{source: jsonl, path: {prompts}, max_new_tokens: 8, seed: 0, chat_template: true}}
+measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null}}
+rules:
+{rules}"""
+
+
+PER_CONCURRENCY = "  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}\n"
+PER_RATE = "  - {id: ttft, metric: ttft_ms, aggregation: mean, comparison: '<=', threshold: 10 s, per: request_rate}\n"
+ACCEPTANCE = ("  - {id: acceptance, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.1, "
+              "per: concurrency}\n")
+
+
+def check(tmp_path: Path, text: str) -> tuple[int, dict, str]:
+    path = write_policy(tmp_path, text)
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--no-progress"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    return result.exit_code, json.loads(out.read_text()), result.output
+
+
+def test_per_concurrency_says_it_does_not_apply_at_request_rates(tmp_path, tiny_model_dir, prompts_file):
+    load = "{concurrency: [1, 2], request_rate: [50]}"
+    with Stub(ttft_s=0.01, itl_s=0.004) as slow, Stub(ttft_s=0.01, itl_s=0.002) as fast:
+        text = policy(tiny_model_dir, prompts_file, slow.url, fast.url, load, PER_CONCURRENCY + PER_RATE)
+        code, report, out = check(tmp_path, text)
+    assert {r["request_rate"] for r in report["measurements"]["requests"]} == {None, 50.0}  # the open loop ran
+    speedup = {o["scope"]: o for o in report["outcomes"] if o["rule_id"] == "speedup"}
+    assert set(speedup) == {"lookup/greedy/concurrency=1", "lookup/greedy/concurrency=2", "lookup/greedy/request_rate=50"}
+    gap = speedup["lookup/greedy/request_rate=50"]
+    assert gap["status"] == "skipped"
+    assert gap["message"] == ("speedup (pooled): per: concurrency does not apply at request rate 50/s: an open-loop load "
+                              "point offers a request rate and has no fixed concurrency; not evaluated (a rule with "
+                              "per: request_rate decides it)")
+    assert all(speedup[f"lookup/greedy/concurrency={c}"]["status"] != "skipped" for c in (1, 2))
+    # and the other way round: per: request_rate at the closed-loop points
+    ttft = {o["scope"]: o for o in report["outcomes"] if o["rule_id"] == "ttft"}
+    assert ttft["lookup/greedy/request_rate=50"]["status"] != "skipped"
+    for c in (1, 2):
+        assert ttft[f"lookup/greedy/concurrency={c}"]["status"] == "skipped"
+        assert (f"per: request_rate does not apply at concurrency {c}: a closed-loop load point keeps a fixed number "
+                "of requests in flight and offers no request rate") in ttft[f"lookup/greedy/concurrency={c}"]["message"]
+    explained = CliRunner().invoke(cli, ["explain", str(tmp_path / "report.json"), "speedup",
+                                         "--scope", "lookup/greedy/request_rate=50"])
+    assert explained.exit_code == 0 and "SKIPPED" in explained.output and "does not apply" in explained.output, \
+        explained.output
+    # the validation warnings reach the report's notes, naming the rule and its line
+    notes = [n for n in report["notes"] if "gives no verdict" in n]
+    assert len(notes) == 2 and "rules[0].per" in notes[0] and "rules[1].per" in notes[1], report["notes"]
+
+
+def test_validate_warns_at_the_rules_yaml_path_and_line(tmp_path, tiny_model_dir, prompts_file):
+    load = "{concurrency: [1, 2], request_rate: [2, 8]}"
+    text = policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", load,
+                  PER_CONCURRENCY + PER_RATE + "  - {id: scoped, metric: speedup, aggregation: pooled, comparison: '>=', "
+                  "threshold: 1.0x, per: concurrency, scope: {concurrency: [2]}}\n")
+    path = write_policy(tmp_path, text)
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(i for i, x in enumerate(text.splitlines(), 1) if "id: speedup" in x)
+    flat = " ".join(result.output.split())
+    assert "rules[0].per" in flat and f":{line}" in flat, result.output
+    assert ("rule 'speedup': per: concurrency gives no verdict at load.request_rate 2, 8: an open-loop load point "
+            "offers a request rate and has no fixed concurrency; those points are reported as not evaluated (add a "
+            "rule with per: request_rate to decide them, or list this rule's points in scope.concurrency)") in flat
+    assert "rule 'ttft': per: request_rate gives no verdict at load.concurrency 1, 2" in flat
+    assert "rule 'scoped'" not in flat  # a rule scoped to its own axis's points leaves no gap
+    # the same warnings as data: one per rule with a gap
+    assert [at for at, _ in load_gaps(load_policy(path).policy)] == ["rules[0].per", "rules[1].per"]
+
+
+def test_one_axis_only_gives_no_warning(tmp_path, tiny_model_dir, prompts_file):
+    text = policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", "{concurrency: [1, 2]}",
+                  PER_CONCURRENCY)
+    assert load_gaps(load_policy(write_policy(tmp_path, text)).policy) == []
+
+
+def test_a_lookup_runner_whose_server_never_proposed_says_so(tmp_path, tiny_model_dir, prompts_file):
+    """Counters that never move (a static /metrics) and draft_n 0 in every response: the
+    acceptance rule says the server made no proposal, at which load point and over how many
+    requests, instead of "measurement missing"."""
+    load = "{concurrency: [1, 2]}"
+    with Stub() as fallback, Stub(metrics_text=STATIC_METRICS, draft_n=0, draft_n_accepted=0) as draft:
+        text = policy(tiny_model_dir, prompts_file, fallback.url, draft.url, load, ACCEPTANCE, draft.url + "/metrics")
+        code, report, out = check(tmp_path, text)
+    assert code == 3, out
+    acc = {o["scope"]: o for o in report["outcomes"] if o["rule_id"] == "acceptance"}
+    n = sum(1 for r in report["measurements"]["requests"] if r["draft"] == "lookup" and r["concurrency"] == 2)
+    assert n == 5
+    for c in (1, 2):
+        o = acc[f"lookup/greedy/concurrency={c}"]
+        assert o["status"] == "error"
+        assert o["message"] == (f"acceptance_rate (pooled): no proposal: the server made no draft proposal at concurrency "
+                                f"{c} (0 draft tokens over {n} requests: speculation off, or prompt lookup found no n-gram "
+                                "to copy) vs threshold >= 0.100")
+        assert "measurement missing" not in o["message"]
+
+
+def _env() -> Environment:
+    return Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0, cpu_count=2)
+
+
+def _served(draft_tokens: int | None, window_tokens: int | None) -> Measurements:
+    """Five served requests of a lookup draft at concurrency 2, with the server's per-response
+    draft count `draft_tokens` and a window whose counter delta is `window_tokens` (None: not recorded)."""
+    m = Measurements(environment=_env(), laws=["greedy"], drafts={"lookup": DraftInfo("prompt_lookup", 3, "point_mass")})
+    for i in range(5):
+        m.requests.append(RequestRecord("lookup", "greedy", f"p{i}", "qa", 4, 0, 5, [10, 11, 12, 13], [5.0, 6.0, 7.0, 8.0],
+                                        None, None, None, "length", 8.0, 3, None, None, None, concurrency=2,
+                                        server_draft_tokens=draft_tokens,
+                                        server_accepted_tokens=None if draft_tokens is None else 0))
+    w = RunRecord("lookup", "greedy", 0.0, 1.0, OfferedLoad("concurrency", 2), 5, 0.04, 20, repetition=0)
+    if window_tokens is not None:
+        w.counters = SpecDecodeCounters(num_drafts=0, num_draft_tokens=window_tokens, num_accepted_tokens=0,
+                                        num_accepted_tokens_per_pos=[], num_committed_tokens=0)
+    m.runs.append(w)
+    return m
+
+
+def test_missing_stays_missing_where_nothing_was_counted():
+    from gate.policy.model import RuleSpec
+
+    rule = RuleSpec(id="a", metric="acceptance_rate", aggregation="pooled", comparison=">=", threshold=0.1)
+    (o,) = evaluate([rule], _served(None, None), Settings())
+    assert o.status == Status.ERROR and "measurement missing (no sample was measured for this scope)" in o.message
+    (o,) = evaluate([rule], _served(None, 0), Settings())  # the window's counters moved by 0
+    assert o.status == Status.ERROR and "no proposal: the server made no draft proposal at concurrency 2 (0 draft " \
+        "tokens over 5 requests" in o.message
+    (o,) = evaluate([rule], _served(0, None), Settings())  # the per-response counts say 0
+    assert "no proposal" in o.message
+    mean = RuleSpec(id="m", metric="mean_acceptance_length", aggregation="pooled", comparison=">=", threshold="1.5 tokens")
+    (o,) = evaluate([mean], _served(None, 0), Settings())
+    assert "no proposal: the server made no draft proposal at concurrency 2" in o.message
+
+
+def test_an_engine_that_counts_only_steps_is_not_called_silent():
+    """SGLang's counters give verification steps, not proposed tokens (num_draft_tokens 0): steps
+    that moved mean the server proposed, so its undefined acceptance rate is missing, not 'no proposal'."""
+    from gate.policy.model import RuleSpec
+
+    m = _served(None, 0)
+    m.runs[0].counters.num_drafts = 7
+    rule = RuleSpec(id="a", metric="acceptance_rate", aggregation="pooled", comparison=">=", threshold=0.1)
+    (o,) = evaluate([rule], m, Settings())
+    assert "no proposal" not in o.message and "measurement missing" in o.message
+
+
+def test_an_in_process_lookup_draft_without_proposals_says_so():
+    from gate.policy.model import RuleSpec
+
+    m = Measurements(environment=_env(), laws=["greedy"], drafts={"lookup": DraftInfo("prompt_lookup", 3, "point_mass")})
+    for i in range(5):
+        m.requests.append(RequestRecord("lookup", "greedy", f"p{i}", "qa", 4, 0, 5, [10, 11, 12, 13], [5.0, 6.0, 7.0, 8.0],
+                                        [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0], "length", 8.0, 3, None, None, None))
+    rule = RuleSpec(id="a", metric="acceptance_rate", aggregation="pooled", comparison=">=", threshold=0.1)
+    (o,) = evaluate([rule], m, Settings())
+    assert o.status == Status.ERROR
+    assert o.message == ("acceptance_rate (pooled): no proposal: draft lookup made no proposal (0 draft tokens over 5 "
+                         "requests: prompt lookup found no n-gram to copy) vs threshold >= 0.100")
