@@ -59,7 +59,7 @@ example-served: setup llama-server
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # llama.cpp's llama-server for the served-runner tests: built once per pinned version, portable
-# instruction set and CMake flags into ~/.cache/gate (10-25 min on 2 cores the first time, nothing
+# instruction set and CMake flags into ~/.cache/gate (6-25 min on 2 cores the first time, nothing
 # after; a build made for another CPU level is not reused), then checked: it must serve the
 # packaged SmolLM2 GGUF (8 tokens) before the tests rely on it. The tests find it through GATE_LLAMA_SERVER.
 LLAMA_SERVER = PATH="$(abspath $(BIN)):$$PATH" PIP="$(BIN)/python -m pip" scripts/build-llama-server.sh

@@ -87,7 +87,7 @@ GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
 # A fresh build folder: a CMake cache from an interrupted build with other flags is not reused.
 # (Built in place: the binary's RPATH names this folder. build-info.json, written last, marks it done.)
 rm -rf "$BUILD"
-echo "build-llama-server.sh: building llama-server $VERSION for $ARCH level $LEVEL into $BUILD (10-25 min on 2 cores)" >&2
+echo "build-llama-server.sh: building llama-server $VERSION for $ARCH level $LEVEL into $BUILD (6-25 min on 2 cores)" >&2
 # shellcheck disable=SC2086
 cmake -S "$TREE" -B "$BUILD" $GEN $FLAGS >&2
 cmake --build "$BUILD" --target llama-server -j "${JOBS:-2}" >&2
