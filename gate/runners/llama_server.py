@@ -155,10 +155,10 @@ _CPU_SIGNALS = {signal.SIGILL: "an instruction this CPU does not allow",
 def describe_exit(code: int, binary: str | Path, before_ready: bool) -> str:
     """An exit status as people read it: "status 1", or "signal SIGILL (an instruction
     this CPU does not allow): the binary does not run on this CPU; rebuild it: ..." for a
-    process killed by a signal (`code` < 0, as subprocess reports it). SIGILL always, and
-    SIGSEGV/SIGBUS before the server was ready, are taken as a binary built for another
-    CPU (llama.cpp's native build of AMX kernels on a CPU that advertises AMX it may not
-    use died both ways), and the message says how to rebuild."""
+    process killed by a signal (`code` < 0, as subprocess reports it). SIGILL always says
+    the binary does not run on this CPU; SIGSEGV/SIGBUS before the server was ready say it
+    may not (llama.cpp's native build of AMX kernels on a CPU that advertises AMX it may not
+    use died both ways); both say how to rebuild."""
     if code >= 0:
         return f"status {code}"
     try:
@@ -168,8 +168,11 @@ def describe_exit(code: int, binary: str | Path, before_ready: bool) -> str:
     text = f"signal {sig.name}"
     if sig in _CPU_SIGNALS:
         text += f" ({_CPU_SIGNALS[sig]})"
-        if sig == signal.SIGILL or before_ready:
+        if sig == signal.SIGILL:
             text += ": the binary does not run on this CPU; " + rebuild_hint(binary)
+        elif before_ready:
+            text += (": the binary may not run on this CPU (a build for instructions the process may not use "
+                     "died this way too); " + rebuild_hint(binary))
     return text
 
 
@@ -330,7 +333,7 @@ class LlamaServerRunner(OpenAIRunner):
     burst_gap_ms, max_consecutive_failures) are OpenAIRunner's.
 
     Raises ValueError for parallel, threads or ctx_size < 1 or an empty `servers`.
-    Server failures raise ServedError naming the runner: binary missing or not executable,
+    Server failures raise ServedError naming the runner: binary missing, binary not executable,
     port in use twice, the server exited before /health (its log tail quoted), startup
     timeout; a server that died during run() turns the failed requests' results into a
     ServedError saying so."""
@@ -527,7 +530,8 @@ class LlamaServerRunner(OpenAIRunner):
                               f"binary missing: llama-server not found at {self.binary} "
                               "(build it: scripts/build-llama-server.sh; or set GATE_LLAMA_SERVER)")
         if not os.access(path, os.X_OK):
-            raise ServedError(runner, self.binary, f"binary missing: llama-server at {self.binary} is not executable")
+            raise ServedError(runner, self.binary, f"binary not executable: llama-server at {self.binary} is not executable "
+                                                   f"(chmod +x it, or build one: scripts/build-llama-server.sh)")
 
     def _log_file(self, runner: str) -> Path:
         self._spawns += 1
