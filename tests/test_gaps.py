@@ -16,7 +16,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from conftest import write_policy
+from conftest import stub_policy, write_policy
 from gate.cli import cli
 from gate.policy.load import load_policy
 from gate.records import DraftInfo, Environment, Measurements, RequestRecord, RunRecord, OfferedLoad, SpecDecodeCounters
@@ -38,25 +38,9 @@ llamacpp:spec_decode_num_accepted_tokens_total 20
 def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, load: str, rules: str, draft_metrics: str = "") -> str:
     """A served policy on two stub endpoints with a prompt-lookup draft; contention handling off
     (these tests are about what is reported, not about the machine)."""
-    metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
-    return f"""\
-version: 1
-target: {{model: {model_dir}, device: cpu}}
-drafts:
-  lookup: {{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: '{fallback}', api: llama_cpp}}
-    lookup: {{base_url: '{draft}', api: llama_cpp{metrics}}}
-  request_timeout_s: 5
-load: {load}
-workload: {{source: jsonl, path: {prompts}, max_new_tokens: 8, seed: 0, chat_template: true}}
-measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null}}
-rules:
-{rules}"""
-
+    return stub_policy(model_dir, prompts, fallback, draft, draft_name="lookup",
+                       draft_spec="{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}",
+                       draft_metrics=draft_metrics or None, load=load, max_new_tokens=8, rules=rules)
 
 PER_CONCURRENCY = "  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}\n"
 PER_RATE = "  - {id: ttft, metric: ttft_ms, aggregation: mean, comparison: '<=', threshold: 10 s, per: request_rate}\n"

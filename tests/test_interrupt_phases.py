@@ -27,7 +27,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import WORDS, tiny_llama, tiny_tokenizer, write_policy
+from conftest import WORDS, stub_policy, tiny_llama, tiny_tokenizer, write_policy
 from gate.cli import cli
 from served_stub import Stub
 
@@ -55,25 +55,8 @@ def long_prompts(folder: Path, n: int, words: int) -> Path:
 
 
 def served_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, extra: str = "") -> str:
-    return f"""\
-version: 1
-target: {{model: {model_dir}, device: cpu}}
-drafts:
-  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: '{fallback}', api: llama_cpp}}
-    fast: {{base_url: '{draft}', api: llama_cpp}}
-  request_timeout_s: 10
-load: {{concurrency: [4]}}
-workload: {{source: jsonl, path: {prompts}, max_new_tokens: 48, seed: 0, chat_template: true}}
-measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null}}
-rules:
-  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.5x}}
-  - {{id: exact, kind: exactness}}
-{extra}"""
+    return stub_policy(model_dir, prompts, fallback, draft, timeout_s=10, load="{concurrency: [4]}", max_new_tokens=48,
+                       extra=extra)
 
 
 def in_process_policy(model_dir: Path, prompts: Path, max_new_tokens: int = 8) -> str:

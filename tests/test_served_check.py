@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import write_policy
+from conftest import stub_policy, write_policy
 from gate.cli import cli
 from served_stub import Stub
 
@@ -29,26 +29,10 @@ def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, draft_metr
            extra: str = "", max_cpu_stall: str = "null") -> str:
     """A served policy on two stub endpoints. Contention handling is off by default: these tests
     are about the served path, and a shared test machine would make timing verdicts inconclusive."""
-    metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
-    return f"""\
-version: 1
-target: {{model: {model_dir}, device: cpu}}
-drafts:
-  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: '{fallback}', api: llama_cpp}}
-    fast: {{base_url: '{draft}', api: llama_cpp{metrics}}}
-  request_timeout_s: 5
-load: {{concurrency: [1, 2]}}
-workload: {{source: jsonl, path: {prompts}, max_new_tokens: 12, seed: 0, chat_template: true}}
-measurement: {{repetitions: 1, warmup_requests: 1, max_cpu_stall: {max_cpu_stall}}}
-rules:
-  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}}
-  - {{id: exact, kind: exactness}}
-{extra}"""
+    rules = ("  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}\n"
+             "  - {id: exact, kind: exactness}\n")
+    return stub_policy(model_dir, prompts, fallback, draft, draft_metrics=draft_metrics, rules=rules, extra=extra,
+                       measurement=f"repetitions: 1, warmup_requests: 1, max_cpu_stall: {max_cpu_stall}")
 
 
 def check(tmp_path: Path, text: str) -> tuple[int, dict, str]:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from conftest import tiny_policy, write_policy
+from conftest import stub_policy, tiny_policy, write_policy
 from gate.cli import cli
 from served_stub import Stub
 
@@ -24,26 +24,8 @@ LOOKUP = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_dra
 
 def served_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, budget: str, concurrency: int,
                   timeout_s: float) -> str:
-    return f"""\
-version: 1
-target: {{model: {model_dir}, device: cpu}}
-drafts:
-  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: '{fallback}', api: llama_cpp}}
-    fast: {{base_url: '{draft}', api: llama_cpp}}
-  request_timeout_s: {timeout_s}
-load: {{concurrency: [{concurrency}]}}
-workload: {{source: jsonl, path: {prompts}, max_new_tokens: 12, seed: 0, chat_template: true}}
-measurement: {{repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_wall_s: '{budget}'}}
-rules:
-  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.5x}}
-  - {{id: exact, kind: exactness}}
-"""
-
+    return stub_policy(model_dir, prompts, fallback, draft, timeout_s=timeout_s, load=f"{{concurrency: [{concurrency}]}}",
+                       measurement=f"repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_wall_s: '{budget}'")
 
 def timed_check(tmp_path: Path, text: str) -> tuple[int, dict[str, Any], ET.Element, str, float]:
     path = write_policy(tmp_path, text)
