@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,25 @@ def byte_tokenizer():
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+@pytest.fixture
+def in_process_main(monkeypatch):  # type: ignore[no-untyped-def]
+    """gate's entry point in this process (its real signal handlers; progress bars off), restored
+    afterwards: call("check", "policy.yaml", ...) returns the exit code."""
+    from gate import interrupt
+    from gate.cli import main
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    interrupt.reset()
+
+    def call(*args: str) -> int:
+        monkeypatch.setattr(sys, "argv", ["gate", *args])
+        with pytest.raises(SystemExit) as info:
+            main()
+        return int(info.value.code)
+
+    yield call
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    interrupt.reset()

@@ -208,26 +208,6 @@ def test_sigterm_during_an_in_process_pass_keeps_every_request(tmp_path: Path, w
 
 # --- the bill: the signal from gate's own process as the bill starts --------------------
 
-@pytest.fixture
-def main_here(monkeypatch):  # type: ignore[no-untyped-def]
-    """gate's entry point in this process (its real signal handlers), restored afterwards."""
-    from gate import interrupt
-    from gate.cli import main
-
-    interrupt.reset()
-
-    def call(*args: str) -> int:
-        monkeypatch.setattr(sys, "argv", ["gate", *args])
-        with pytest.raises(SystemExit) as info:
-            main()
-        return int(info.value.code)
-
-    yield call
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    interrupt.reset()
-
-
 def _sigterm_first(real: Callable[..., Any]) -> Callable[..., Any]:
     def bill(*args: Any) -> Any:
         os.kill(os.getpid(), signal.SIGTERM)  # CI cancels the job as the bill is made
@@ -237,13 +217,13 @@ def _sigterm_first(real: Callable[..., Any]) -> Callable[..., Any]:
     return bill
 
 
-def test_sigterm_during_the_in_process_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, main_here,
+def test_sigterm_during_the_in_process_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main,
                                            monkeypatch) -> None:
     import gate.run
 
     monkeypatch.setattr(gate.run, "_bills", _sigterm_first(gate.run._bills))
     policy = write_policy(tmp_path, in_process_policy(tiny_model_dir, prompts_file, 6))
-    code = main_here("check", str(policy), "--json", str(tmp_path / "out.json"), "--junit", str(tmp_path / "out.xml"),
+    code = in_process_main("check", str(policy), "--json", str(tmp_path / "out.json"), "--junit", str(tmp_path / "out.xml"),
                      "--no-progress")
     assert code == 143
     report, junit = reports(tmp_path)
@@ -254,7 +234,7 @@ def test_sigterm_during_the_in_process_bill(tmp_path: Path, tiny_model_dir: Path
     assert int(junit.get("errors")) >= 1
 
 
-def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, main_here,
+def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main,
                                         monkeypatch) -> None:
     import gate.served
 
@@ -262,7 +242,7 @@ def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, pr
     with Stub() as fallback, Stub() as draft:
         policy = write_policy(tmp_path, served_policy(tiny_model_dir, prompts_file, fallback.url, draft.url)
                               .replace("max_new_tokens: 48", "max_new_tokens: 8"))
-        code = main_here("check", str(policy), "--json", str(tmp_path / "out.json"), "--junit", str(tmp_path / "out.xml"),
+        code = in_process_main("check", str(policy), "--json", str(tmp_path / "out.json"), "--junit", str(tmp_path / "out.xml"),
                          "--no-progress")
     assert code == 143
     report, _ = reports(tmp_path)

@@ -321,27 +321,6 @@ def test_a_real_signal_while_measuring_writes_the_reports_and_exits_128_plus_the
     assert any(f["message"].startswith("interrupted") for f in report["measurements"]["failures"])
 
 
-@pytest.fixture
-def in_process_main(monkeypatch):  # type: ignore[no-untyped-def]
-    """gate's entry point in this process (real signal handlers), restored afterwards."""
-    from gate import interrupt
-    from gate.cli import main
-
-    monkeypatch.setenv("TQDM_DISABLE", "1")
-    interrupt.reset()
-
-    def call(*args: str) -> int:
-        monkeypatch.setattr(sys, "argv", ["gate", *args])
-        with pytest.raises(SystemExit) as info:
-            main()
-        return int(info.value.code)
-
-    yield call
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    interrupt.reset()
-
-
 def test_ctrl_c_before_measuring_starts_writes_the_reports_and_exits_130(
         tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main, monkeypatch, capsys) -> None:
     import gate.check
