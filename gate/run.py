@@ -114,8 +114,13 @@ class Phase:
             return []
         if self.unmeasured is not None:
             return self.unmeasured(why, when)
-        prefix = f"{why} {when}: not measured" if why.startswith("interrupted") else f"not measured: {why} {when}"
-        return [Failure(self.stage, "*", "*", self.name.removeprefix("the "), prefix)]
+        return [Failure(self.stage, "*", "*", self.name.removeprefix("the "), not_measured(why, when))]
+
+
+def not_measured(why: str, when: str) -> str:
+    """A failure's message for what a stopped run did not measure: "interrupted by SIGTERM
+    <when>: not measured", or "not measured: measurement.max_wall_s (20 min) ran out <when>"."""
+    return f"{why} {when}: not measured" if why.startswith("interrupted") else f"not measured: {why} {when}"
 
 
 def stop_reason() -> str:
@@ -188,8 +193,7 @@ def requests_phase(m: Measurements, planned: list[Request], run: Callable[[], An
         want = Counter((r.draft, r.law.name) for r in planned)
         done = ended()
         n, total = min(sum(done.values()), len(planned)), len(planned)
-        text = (f"{why} after {n} of {total} requests: not measured" if why.startswith("interrupted")
-                else f"not measured: {why} after {n} of {total} requests")
+        text = not_measured(why, f"after {n} of {total} requests")
         return [Failure(FailureStage.REQUEST, draft, law, f"{k} of {want[draft, law]} requests not measured", text)
                 for (draft, law), k in ((key, want[key] - done.get(key, 0)) for key in want) if k > 0]
 

@@ -37,7 +37,7 @@ import torch
 
 from gate import interrupt
 from gate.errors import describe_error
-from gate.run import Phase, request_record, run_phases
+from gate.run import Phase, not_measured, request_record, run_phases
 from gate.runners.interface import RequestResult, Runner
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -242,8 +242,7 @@ def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None,
     def unmeasured(why: str, when: str) -> list[Failure]:
         """A failure per runner, law and load point with requests that did not end."""
         n = min(sum(ended.values()), total)
-        text = (f"{why} after {n} of {total} requests: not measured" if why.startswith("interrupted")
-                else f"not measured: {why} after {n} of {total} requests")
+        text = not_measured(why, f"after {n} of {total} requests")
         per = ms.repetitions * len(prompts) * len(lengths)
         out = []
         for law in plan.laws:

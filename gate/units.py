@@ -39,6 +39,8 @@ _UNITS: dict[str, tuple[Dimension, float]] = {
     "µs": (Dimension.TIME_MS, 1e-3),
     "ms": (Dimension.TIME_MS, 1.0),
     "s": (Dimension.TIME_MS, 1e3),
+    "min": (Dimension.TIME_MS, 60e3),
+    "h": (Dimension.TIME_MS, 3600e3),
     "tokens/s": (Dimension.RATE, 1.0),
     "tok/s": (Dimension.RATE, 1.0),
     "token/s": (Dimension.RATE, 1.0),

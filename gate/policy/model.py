@@ -674,18 +674,13 @@ class MeasurementSpec(_Strict):
         return f"{v:g} s" if isinstance(v, (int, float)) else str(v)
 
 
-_LONG_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(min|mins|minutes?|h|hrs?|hours?)\s*$", re.IGNORECASE)
-
-
 def _wall_seconds(v: str | float) -> float:
-    """A wall time in seconds: bare seconds, or a time with a unit (us, ms, s; also min and h,
-    which gate.units leaves out). Raises ValueError for anything else, zero, negative or infinite."""
+    """A wall time in seconds: bare seconds, or a time with a unit (gate.units: us, ms, s, min,
+    h). Raises ValueError for anything else, zero, negative or infinite."""
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"{v!r} is not a time (write it with a unit, e.g. '20 min')")
     if isinstance(v, (int, float)):
         seconds = float(v)
-    elif (long := _LONG_TIME.match(v)) is not None:
-        seconds = float(long.group(1)) * (3600.0 if long.group(2).lower().startswith("h") else 60.0)
     else:
         q = _quantity(v)
         if q.dimension is not Dimension.TIME_MS:
