@@ -27,9 +27,9 @@ from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
 from gate.rules.load import load_summary
 from gate.rules.summary import summarize
-from gate.run import Progress, measure, measure_more
+from gate.run import Progress, Settings, measure, measure_more
 from gate.session import open_session
-from gate.plan import Plan
+from gate.plan import load_points
 from gate.validate import validate
 
 
@@ -85,14 +85,16 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
     policy = loaded.policy
     ms = policy.measurement
     interrupt.set_budget(ms.wall_budget_s(), f"measurement.max_wall_s ({ms.wall_budget_shown()})", started)
-    if policy.runner.served:
-        return _check_served(plan, step, options)
+    loading = ["before measuring started (while opening the runner)"]
+
+    def opening(what: str, done: int, total: int) -> None:
+        loading[0] = f"before measuring started (while {what})"
+        step(what, done, total)
+
     try:
-        step("loading models", 0, 1)
-        session = open_session(plan)
-        step("loading models", 1, 1)
+        session = open_session(plan, opening)
     except KeyboardInterrupt:
-        return _interrupted(loaded, "before measuring started (while loading models)", options, baseline)
+        return _interrupted(loaded, loading[0], options, baseline)
     except PolicyValueError as e:
         raise loaded.error(e) from None
     except InputError:
@@ -101,30 +103,29 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
-    exactness = plan.exactness
-    lengths = policy.workload.max_new_tokens_list
+    settings = run_settings(policy, warmup)
+    notes: list[str] = list(session.notes)
     try:
-        m = measure(session, lengths, ms.repetitions, policy.workload.seed, policy.resources,
-                    warmup=ms.warmup_requests if warmup else 0, progress=progress, exactness=exactness,
-                    interleave=ms.interleave, contention=_handling(ms))
-    except KeyboardInterrupt:  # outside measure()'s own guard (planning, the bill): nothing kept
-        return _interrupted(loaded, "while measuring", options, baseline, session=session)
+        m = measure(session, settings, progress, plan.exactness)
+    except KeyboardInterrupt:  # outside measure()'s own guard (before its first phase): nothing kept
+        session.runner.close()
+        return _interrupted(loaded, "while measuring", options, baseline, session=session, notes=notes)
     except Exception as e:  # noqa: BLE001 - measure() records failures itself; this is the safety net
         # Whatever escaped the run is a measurement that
         # could not be made: exit code 3 with the reports written, never a traceback.
+        session.runner.close()
         m = _nothing_measured(loaded, session.device)
         m.environment.models = session.models
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "measuring", f"{type(e).__name__}: {e}"))
-        return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
-    notes: list[str] = []
+        return finish(loaded, m, options, [*notes, traceback.format_exc(limit=3)], baseline=baseline)
     if interrupt.received() is not None or _stopped(m):  # measure() stopped and kept what it had
-        return _interrupted(loaded, _during(), options, baseline, m=m)
+        return _interrupted(loaded, _during(), options, baseline, m=m, notes=notes)
     if interrupt.ran_out():
         notes.append(budget_note())
     try:
         for extra in range(0 if interrupt.ran_out() else ms.extra_repetitions):
-            settings = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
-            pending = [o for o in evaluate(policy.rules, m, settings)
+            settings_ = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
+            pending = [o for o in evaluate(policy.rules, m, settings_)
                        if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"]
             if not pending:
                 break
@@ -132,8 +133,7 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
             rep = ms.repetitions + extra
             notes.append(f"extra repetition {extra + 1} of {ms.extra_repetitions} (repetition index {rep}) for drafts "
                          f"{', '.join(drafts)} under {', '.join(laws)}: inconclusive {', '.join(sorted({o.name for o in pending}))}")
-            measure_more(session, m, drafts, laws, lengths, range(rep, rep + 1), policy.workload.seed, ms.interleave, progress,
-                         _handling(ms))
+            measure_more(session, m, settings, drafts, laws, range(rep, rep + 1), progress)
             if interrupt.received() is not None or _stopped(m):
                 break
             if interrupt.ran_out():
@@ -144,50 +144,22 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
     except KeyboardInterrupt:
         interrupt.caught()
     if interrupt.received() is not None or _stopped(m):
+        session.runner.close()
         return _interrupted(loaded, "during the extra repetitions", options, baseline, m=m, notes=notes)
     interrupt.stop_raising()  # only the verdicts and reports are left: a signal now is recorded, they are written whole
     session.runner.close()  # nothing more is sent to the system under test
     return finish(loaded, m, options, notes, baseline=baseline)
 
 
-def _check_served(plan: Plan, step: Progress, options: Options) -> CheckResult:
-    """gate check on served runners (gate.served): the runner is built from the plan, the
-    local target is loaded only when a greedy exactness rule needs its logits to tell a
-    numerical near-tie from a fault, and every load point is measured. Extra repetitions
-    are not run for served runs (a note says so when the policy asks for them)."""
-    from gate.served import build_runner, measure_served
-
-    loaded, baseline = plan.loaded, plan.baseline
-    try:
-        runner = build_runner(plan)
-    except PolicyValueError as e:
-        raise loaded.error(e) from None
-    notes: list[str] = []
-    oracle = None
-    if any(law.greedy for law in plan.laws if any(p[1] == law.name for p in plan.exactness.pairs)):
-        try:
-            step("loading the local target (exactness near-ties)", 0, 1)
-            from gate.session import open_target
-
-            oracle = open_target(loaded, plan.tokenizer).oracle
-        except KeyboardInterrupt:
-            return _interrupted(loaded, "before measuring started (while loading the local target)", options, baseline)
-        except Exception as e:  # noqa: BLE001 - exactness then counts every divergence as a fault, and says so
-            notes.append(f"the local target could not be loaded ({type(e).__name__}: {e}): greedy divergences between "
-                         "served runners cannot be told apart from numerical near-ties and count as faults")
-    if policy_extra := plan.policy.measurement.extra_repetitions:
-        notes.append(f"measurement.extra_repetitions ({policy_extra}) is not applied to served runs yet")
-    try:
-        m = measure_served(plan, runner, step, oracle)
-    except KeyboardInterrupt:  # outside measure_served's guard (before its first phase): nothing kept
-        runner.close()
-        return _interrupted(loaded, "while measuring", options, baseline, notes=notes)
-    if interrupt.received() is not None or _stopped(m):
-        return _interrupted(loaded, _during(), options, baseline, m=m, notes=notes)
-    if interrupt.ran_out():
-        notes.append(budget_note())
-    interrupt.stop_raising()
-    return finish(loaded, m, options, notes, baseline=baseline)
+def run_settings(policy: Any, warmup: bool = True) -> Settings:
+    """What the measurement loop runs for `policy` (gate.run.Settings): its lengths,
+    repetitions, seed, warm-up (none when `warmup` is False), interleaving, load points,
+    goodput objectives, contention handling and resources."""
+    ms = policy.measurement
+    slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
+    return Settings(policy.workload.max_new_tokens_list, ms.repetitions, policy.workload.seed,
+                    ms.warmup_requests if warmup else 0, ms.interleave, tuple(load_points(policy)), slo, _handling(ms),
+                    policy.resources)
 
 
 def _during() -> str:

@@ -1,15 +1,34 @@
-"""Run the plan: timed requests (fallback and drafts interleaved) through the session's
-runner under sequential load, overlap and exactness along the outputs with the target
-oracle, and the bill. Each run of the plan's requests is also recorded as measured
-windows (gate.records.RunRecord, one per runner and law). Nothing measured is lost: a
-request that fails is recorded as a Failure and the run goes on; an interrupt stops the
-run with what it has.
+"""THE measurement loop, for every runner kind: the plan's requests through the session's
+runner (gate's in-process loop or a served engine) at every load point, then the passes
+along the outputs (overlap, exactness), the bill and the bookkeeping.
+
+For every law, load point and repetition (one load point, the sequential one, for a runner
+without load points: Capabilities.load_points), the fallback and every draft run the same
+requests on the same prompts under the same offered load. Each runner's window gets
+warm-up requests (untimed), a scrape of its counters where it has them
+(Runner.counters), the timed requests, a second scrape; the difference is the window's
+acceptance (gate.records.RunRecord.counters). A runner that can switch between the
+fallback and the drafts at no cost (Capabilities.interleaves, and measurement.interleave)
+runs them cell by cell (one prompt and length: the fallback and every draft back to back,
+so slow drift of the machine hits them alike); any other runs one runner's window at a
+time (a managed llama-server is started for it and the previous one stopped: never two
+side by side on shared cores). The runner order rotates with the load point and
+repetition. A cell (interleaved) or window with a contended request is rerun while
+gate.measure.contention.RerunBudget allows (measurement.contention_reruns), the attempt
+with the fewest contended requests kept. Extra repetitions (measure_more) run the same
+loop for the drafts and laws whose verdicts were inconclusive.
+
+Nothing measured is lost: a failed request is a Failure at its runner, law and load point
+and the run goes on; a draft runner whose counters did not move while it produced tokens
+had speculation off (an error, never a pass); the phases run under one guard
+(gate.phases.run_phases): a signal or measurement.max_wall_s stops the phase in progress
+and keeps what was measured; runners are always closed (managed servers stopped).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -17,210 +36,111 @@ import torch
 from gate import interrupt
 from gate.drafts import registry as draft_kinds
 from gate.errors import describe_error
-from gate.measure.bill import bills_for, kv_format
-from gate.measure.kv import cache_model
+from gate.load.interface import LoadStrategy
 from gate.load.sequential import SEQUENTIAL
-from gate.measure.contention import BUSY_CELLS, Handling, RerunBudget, is_contended, pooled_stall_share
+from gate.measure.bill import bills_for, kv_format
+from gate.measure.contention import BUSY_CELLS, Handling, Probe, RerunBudget, is_contended, pooled_stall_share
 from gate.measure.environment import environment, process_peak_rss_bytes, record_load
+from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
+from gate.measure.identity import measure_identity
+from gate.measure.kv import cache_model
 from gate.measure.overlap import position_overlaps
 from gate.models.load import dtype_name, weight_bytes
 from gate.constraints import bind
 from gate.law import Law, RequestLaw, law_logits, law_probs
-from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
-from gate.measure.identity import measure_identity, modifies_target
-from gate.plan import ExactnessPlan, PlannedPrompt, Request, plan_requests, request_seed
 from gate.oracle import TargetOracle
-from gate.runners.interface import RequestResult, StreamResult
-from gate.records import (FALLBACK, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements, OfferedLoad, OverlapRecord,
-                          RequestRecord, RunRecord)
+from gate.phases import Phase, not_measured, run_phases
+from gate.plan import ExactnessPlan, PlannedPrompt, Request, describe_point, point_of, request_seed
+from gate.records import (FALLBACK, ExactnessRecord, Failure, FailureStage, Measurements, OverlapRecord,
+                          RequestRecord, RunRecord, SpecDecodeCounters)
+from gate.runners.interface import RequestResult, Runner, StreamResult
 from gate.session import Session
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
-def measure(session: Session, max_new_tokens: list[int], repetitions: int, seed: int, resources: Any,
-            warmup: int = 1, progress: Progress | None = None, exactness: ExactnessPlan | None = None,
-            interleave: bool = True, contention: Handling | None = None) -> Measurements:
-    """Every measurement the policy needs, as raw records (see gate.records).
-    `warmup`: untimed requests per runner before timing (0: none); `contention`: when a
-    request is contended and how often its cell is rerun (default: recorded, never rerun)."""
+@dataclass(frozen=True)
+class Settings:
+    """What the loop runs, from the policy: `max_new_tokens` (each request's lengths),
+    `repetitions`, `seed` (request seeds, gate.plan.request_seed), `warmup` (untimed requests
+    per runner and window, 0: none), `interleave` (measurement.interleave: cells where the
+    runner interleaves), `points` (load points in run order, for runners with load points),
+    `slo_ms` (goodput objectives, ms: {"ttft": 500.0}), `contention` (when a request is
+    contended and how often its cell is rerun), `resources` (policy.resources, for the bill)."""
+
+    max_new_tokens: list[int]
+    repetitions: int = 1
+    seed: int = 0
+    warmup: int = 1
+    interleave: bool = True
+    points: tuple[LoadStrategy, ...] = (SEQUENTIAL,)
+    slo_ms: dict[str, float] = field(default_factory=dict)
+    contention: Handling = field(default_factory=Handling)
+    resources: Any = None
+
+
+def measure(session: Session, settings: Settings, progress: Progress | None = None,
+            exactness: ExactnessPlan | None = None) -> Measurements:
+    """Every measurement the policy needs, as raw records (see gate.records and the module
+    docstring): the requests at every load point, overlap along the fallback's outputs where
+    the drafts are loaded here, exactness (ExactnessPlan pairs), the bill, the bookkeeping
+    and, for a runner of the local target, the target's identity. Never raises for a
+    measurement that failed: it is a Failure. interrupt.stopped_in() names the phase a
+    signal or the budget stopped."""
     progress = progress or (lambda *_: None)
-    env = environment(session.device, seed)
-    env.models = session.models
-    m = Measurements(environment=env, laws=[law.name for law in session.laws])
-    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info, modifies_target(d.kind))
-                for name, d in session.drafts.items()}
-    # drafts with their own tokenizer (cross_tokenizer) compared it with the target's when built
-    m.tokenizers = [c for d in session.drafts.values() if (c := getattr(d, "tokenizer_comparison", None)) is not None]
+    runner = session.runner
+    m = Measurements(environment=environment(session.device, settings.seed), laws=[law.name for law in session.laws])
+    m.environment.models = session.models
+    m.drafts = dict(session.draft_infos)
+    m.tokenizers = list(session.tokenizer_comparisons)
     m.workload = session.workload
-    requests = plan_requests(list(session.drafts), session.laws, session.prompts, max_new_tokens, repetitions, seed,
-                             interleave)
     if session.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(session.device)
 
     def peaks() -> None:
-        record_load(m.environment, m.requests)
+        record_load(m.environment, m.requests)  # the machine's CPU pressure over the timed requests (contention)
         m.process_peak_rss_bytes = process_peak_rss_bytes()
         if session.device.type == "cuda":
             m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
 
-    phases = [
-        Phase("the warm-up", FailureStage.WARM_UP, lambda: [_warmup(session, m) for _ in range(warmup)],
-              unmeasured=lambda why, when: []),  # the requests phase says what was not measured
-        requests_phase(m, requests, lambda: _run_requests(session, m, requests, progress, contention)),
-        Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)),
-    ]
-    if exactness and exactness.pairs:
-        phases.append(Phase("the exactness pass", FailureStage.EXACTNESS,
-                            lambda: _exactness(session, m, exactness, seed, progress)))
+    loop = Loop(session, m, settings, progress)
+    phases = [loop.phase([FALLBACK, *m.drafts], session.laws, range(settings.repetitions))]
+    if session.drafts:  # the drafts are loaded here: overlap along the fallback's outputs
+        phases.append(Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)))
+    phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress)
     phases += [
-        Phase("the bill", FailureStage.BILL, lambda: _bills(session, m, max(max_new_tokens), resources), after_stop=True),
+        Phase("the bill", FailureStage.BILL, lambda: _bill(session, m, settings), after_stop=True),
         # bookkeeping on what was measured; before the identity check: the release model (a
         # reference, never resident at serve time) moves none of the peaks
         Phase("the bookkeeping", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
-        Phase("the target identity check", FailureStage.IDENTITY, lambda: measure_identity(session, m, progress),
-              unmeasured=lambda why, when: [] if getattr(session, "release", None) is None else [
-                  Failure(FailureStage.IDENTITY, "*", "*", "target identity", f"not measured: {why} {when}")]),
     ]
+    if runner.capabilities.in_process:  # the target the runner serves is the one loaded here
+        phases.append(Phase("the target identity check", FailureStage.IDENTITY, lambda: measure_identity(session, m, progress),
+                            unmeasured=lambda why, when: [] if session.release is None else [
+                                Failure(FailureStage.IDENTITY, "*", "*", "target identity", f"not measured: {why} {when}")]))
     run_phases(m, phases)
     return m
 
 
-@dataclass
-class Phase:
-    """One measuring phase of a run (gate.run.measure, gate.served.measure_served).
-
-    `name`: as notes name it ("the requests", "the overlap pass"); `stage`: the failure
-    stage of what it measures; `run`: the phase itself. `unmeasured(why, when)` gives the
-    failures for what it did not measure when a signal or the budget stopped it (`why`:
-    "interrupted by SIGTERM" or "measurement.max_wall_s (20 min) ran out"; `when`: "during
-    the overlap pass", or "during the requests, before the overlap pass" for a phase that
-    did not start); default: one failure at `stage` for
-    every draft and law. `after_stop`: it still runs once the run was stopped (what is
-    cheap and needs no further request: the bill from configs); `bookkeeping`: it is never
-    cut short (a signal inside it is only recorded) and never a failure when skipped."""
-
-    name: str
-    stage: FailureStage
-    run: Callable[[], Any]
-    unmeasured: Callable[[str, str], list[Failure]] | None = None
-    after_stop: bool = False
-    bookkeeping: bool = False
-    detail: Callable[[], str | None] | None = None  # what the phase measured, for the note ("3 of 40 requests measured")
-
-    def missing(self, why: str, when: str) -> list[Failure]:
-        if self.bookkeeping:
-            return []
-        if self.unmeasured is not None:
-            return self.unmeasured(why, when)
-        return [Failure(self.stage, "*", "*", self.name.removeprefix("the "), not_measured(why, when))]
-
-
-def not_measured(why: str, when: str) -> str:
-    """A failure's message for what a stopped run did not measure: "interrupted by SIGTERM
-    <when>: not measured", or "not measured: measurement.max_wall_s (20 min) ran out <when>"."""
-    return f"{why} {when}: not measured" if why.startswith("interrupted") else f"not measured: {why} {when}"
-
-
-def stop_reason() -> str:
-    """Why the run stopped: "interrupted by SIGTERM" or "measurement.max_wall_s (20 min) ran out"."""
-    return f"{interrupt.budget()} ran out" if interrupt.ran_out() and interrupt.received() is None else \
-        f"interrupted by {interrupt.name()}"
-
-
-def run_phases(m: Measurements, phases: list[Phase]) -> str | None:
-    """Run the measuring phases in order, under one guard. An Exception escaping a phase is a
-    failure at its stage and the next phase runs. The first SIGINT or SIGTERM (a
-    KeyboardInterrupt) or the budget running out (interrupt.OutOfTime, raised between
-    requests and when a phase is entered) stops the phase in progress: what was measured is
-    kept, that phase and every later one add failures for what they did not measure
-    (Phase.missing), so no rule passes on missing data, and only the phases marked
-    after_stop still run (a signal inside them is only recorded). Returns the name of the
-    phase that was stopped (None: every phase ran); interrupt.stopped_in() says so too."""
-    stop: str | None = None
-    why = ""
-    for ph in phases:
-        if stop is not None:
-            if ph.after_stop:
-                with interrupt.deferred():
-                    _safely(m, ph)
-            else:
-                m.failures += ph.missing(why, f"during {stop}, before {ph.name}")
-            continue
-        try:
-            if ph.bookkeeping:
-                with interrupt.deferred():
-                    _safely(m, ph)
-                if interrupt.received() is not None:  # a signal it only recorded: the run stops here, nothing lost
-                    interrupt.caught()
-                    stop, why = ph.name, stop_reason()
-                    interrupt.stopped(ph.name)
-            else:
-                interrupt.entering(ph.name, budget=not ph.after_stop)  # an after_stop phase runs after the budget anyway
-                _safely(m, ph)
-        except (KeyboardInterrupt, interrupt.OutOfTime) as e:
-            if isinstance(e, KeyboardInterrupt):
-                interrupt.caught()
-            interrupt.stop_raising()  # what is left is bookkeeping: a signal now is only recorded
-            stop, why = ph.name, stop_reason()
-            interrupt.stopped(ph.name, ph.detail() if ph.detail is not None else None)  # before its failures are added
-            m.failures += ph.missing(why, f"during {ph.name}")
-    return stop
-
-
-def _safely(m: Measurements, ph: Phase) -> None:
-    try:
-        ph.run()
-    except Exception as e:  # noqa: BLE001 - a phase that failed loses nothing else
-        m.failures.append(Failure(ph.stage, "*", "*", ph.stage.value, describe_error(e)))
-
-
-def requests_phase(m: Measurements, planned: list[Request], run: Callable[[], Any]) -> Phase:
-    """The timed requests of an in-process run as a Phase: when stopped, each runner and law
-    with requests that did not end gets a failure (stage "request") saying how many, and
-    why: "not measured: measurement.max_wall_s (20 min) ran out after N of M requests", or
-    "interrupted by SIGTERM after N of M requests: not measured"."""
-    before = len(m.requests)
-    failed_before = len(m.failures)
-
-    def ended() -> Counter:
-        done: Counter = Counter((r.draft, r.law) for r in m.requests[before:])
-        done.update((f.draft, f.law) for f in m.failures[failed_before:] if f.stage == FailureStage.REQUEST)
-        return done
-
-    def unmeasured(why: str, when: str) -> list[Failure]:
-        want = Counter((r.draft, r.law.name) for r in planned)
-        done = ended()
-        n, total = min(sum(done.values()), len(planned)), len(planned)
-        text = not_measured(why, f"after {n} of {total} requests")
-        return [Failure(FailureStage.REQUEST, draft, law, f"{k} of {want[draft, law]} requests not measured", text)
-                for (draft, law), k in ((key, want[key] - done.get(key, 0)) for key in want) if k > 0]
-
-    def detail() -> str:
-        return f"{min(sum(ended().values()), len(planned))} of {len(planned)} requests measured"
-
-    return Phase("the requests", FailureStage.REQUEST, run, unmeasured, detail=detail)
-
-
-def measure_more(session: Session, m: Measurements, drafts: list[str], laws: list[str], max_new_tokens: list[int],
-                 repetitions: range, seed: int, interleave: bool = True, progress: Progress | None = None,
-                 contention: Handling | None = None) -> None:
-    """Further repetitions of the cells of `drafts` (and their fallback) under `laws`,
-    appended to `m.requests`: what measurement.extra_repetitions runs when a verdict is
-    inconclusive. Overlap and exactness are not remeasured (they do not depend on timing).
-    When measurement.max_wall_s runs out it stops between requests (interrupt.ran_out())."""
+def measure_more(session: Session, m: Measurements, settings: Settings, drafts: list[str], laws: list[str],
+                 repetitions: range, progress: Progress | None = None) -> None:
+    """Further repetitions of `drafts` (and their fallback) under `laws`, at every load
+    point, appended to `m` (requests, windows, notes): what measurement.extra_repetitions
+    runs when a verdict is inconclusive. Overlap and exactness are not remeasured (they do
+    not depend on timing). When measurement.max_wall_s runs out it stops between requests
+    (interrupt.ran_out()); a signal stops it with a failure saying so."""
+    loop = Loop(session, m, settings, progress or (lambda *_: None))
     chosen = [law for law in session.laws if law.name in laws]
-    requests = plan_requests([d for d in session.drafts if d in drafts], chosen, session.prompts, max_new_tokens, repetitions,
-                             seed, interleave)
     try:
-        _run_requests(session, m, requests, progress or (lambda *_: None), contention)
+        loop.requests([FALLBACK, *[d for d in m.drafts if d in drafts]], chosen, repetitions)
     except KeyboardInterrupt:
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted during extra repetitions"))
-    except interrupt.OutOfTime:  # the budget ran out: what was measured is kept (check() notes it)
+    except interrupt.OutOfTime:  # the budget ran out: what was measured is kept (gate.check notes it)
         pass
     with interrupt.deferred():
         record_load(m.environment, m.requests)
+        m.servers = _servers(session.runner, [FALLBACK, *m.drafts]) or m.servers
 
 
 # Once this many consecutive cells stayed contended through their first attempt and every
@@ -231,156 +151,298 @@ def measure_more(session: Session, m: Measurements, drafts: list[str], laws: lis
 STUCK_CELLS = BUSY_CELLS
 
 
-def _cells(requests: list[Request]) -> list[list[Request]]:
-    """Consecutive requests of one cell (law, length, prompt, repetition): with interleaving
-    the fallback and every draft, run back to back; without it, one request each."""
-    def key(r: Request) -> tuple:
-        return r.law.name, r.max_new_tokens, r.prompt.id, r.prompt.context_length, r.repetition
+@dataclass
+class _Attempt:
+    """One attempt at a unit (a cell or a window): what ended, as it ended."""
 
-    out: list[list[Request]] = []
-    for req in requests:
-        if out and key(out[-1][-1]) == key(req):
-            out[-1].append(req)
-        else:
-            out.append([req])
-    return out
+    records: list[RequestRecord] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    starts: dict[int, float] = field(default_factory=dict)  # id(record) -> its wall-clock start (s)
+    counters: dict[str, Any] = field(default_factory=dict)  # runner -> counter delta (None: no counters)
+    scrape_errors: dict[str, str] = field(default_factory=dict)
+    scraped: set[str] = field(default_factory=set)  # runners whose counters were read before the requests
+    stall_share: float | None = None  # share of the attempt's wall time some task waited for a CPU
 
+    def wall_ms(self) -> float:
+        """Wall time the attempt's timed requests were in flight (ms)."""
+        from gate.records import busy_seconds
 
-def _run_requests(session: Session, m: Measurements, requests: list[Request], progress: Progress,
-                  contention: Handling | None = None) -> None:
-    """Run every request, a cell at a time. A cell with a contended request (see
-    gate.measure.contention) is rerun whole, up to `contention.reruns` times, and the
-    attempt with the fewest contended requests is kept (ties: the least stalled). The kept
-    requests are recorded as windows in m.runs, also when an interrupt stops the run."""
-    h = contention or Handling()
-    load = SEQUENTIAL
-    starts: dict[int, float] = {}  # id(record) -> its wall-clock start (s)
-    kept: list[RequestRecord] = []
-    try:
-        _run_cells(session, m, requests, progress, h, starts, kept)
-    finally:
-        m.runs += _windows(kept, starts, load.offered())
+        return busy_seconds((self.starts[id(r)], self.starts[id(r)] + r.e2el_ms / 1e3) for r in self.records) * 1e3
 
 
-def _run_cells(session: Session, m: Measurements, requests: list[Request], progress: Progress, h: Handling,
-               starts: dict[int, float], kept: list[RequestRecord]) -> None:
-    """Run the cells of `requests`, rerunning a contended cell while `RerunBudget` allows it
-    (up to `h.reruns` times: not once the machine has stayed busy, nor beyond
-    `h.rerun_budget` of the first attempts' time), and say in m.notes what reruns were not
-    run and why (also when an interrupt stops the run)."""
-    cells = _cells(requests)
-    budget = RerunBudget(len(cells), h.rerun_budget, STUCK_CELLS)
-    done = 0
-    try:
-        for cell in cells:
-            progress("requests", done, len(requests))
-            _contention_cell(session, m, cell, h, budget, starts, kept)
-            done += len(cell)
-    finally:
-        note = budget.note() if h.max_cpu_stall is not None and h.reruns else None
-        if note:
-            m.notes.append(note)
-    progress("requests", len(requests), len(requests))
+class Loop:
+    """The requests of a run through `session.runner`, recorded into `m` (see the module
+    docstring). `ended` counts the requests that ended (measured or failed) per (runner,
+    law, concurrency, request_rate)."""
 
+    def __init__(self, session: Session, m: Measurements, settings: Settings, progress: Progress):
+        self.session, self.m, self.s, self.progress = session, m, settings, progress
+        self.runner: Runner = session.runner
+        caps = self.runner.capabilities
+        self.labelled = caps.load_points  # records and failures carry their load point
+        self.points = list(settings.points) if caps.load_points else [SEQUENTIAL]
+        self.interleaved = settings.interleave and caps.interleaves
+        self.ended: Counter = Counter()
+        self.total = 0
 
-def _contention_cell(session: Session, m: Measurements, cell: list[Request], h: Handling, budget: RerunBudget,
-                     starts: dict[int, float], kept: list[RequestRecord]) -> None:
-    """One cell: its first attempt, then reruns while it is contended and `budget` allows;
-    the attempt with the fewest contended requests is kept (ties: the least stalled)."""
-    records: list[RequestRecord] = []
-    failures: list[Failure] = []
-    reruns = 0
-    try:  # an interrupt keeps what the cell measured so far (its last whole attempt)
-        _run_cell(session, cell, starts, records, failures)
-        last_ms = _wall_ms(records)
-        budget.first(last_ms)
-        first_contended = bool(_contended(records, h))
-        if h.max_cpu_stall is not None:
-            while not failures and reruns < h.reruns and _contended(records, h) and budget.allows(last_ms):
-                reruns += 1
-                again: list[RequestRecord] = []
-                failed: list[Failure] = []
-                _run_cell(session, cell, starts, again, failed)
-                last_ms = _wall_ms(again)
-                budget.rerun(last_ms)
-                if failed:  # not contention: keep what was measured, say what failed
-                    failures += failed
-                    break
-                if (_contended(again, h), _stalled(again, h)) <= (_contended(records, h), _stalled(records, h)):
-                    records[:] = again
-            budget.cell(first_contended, bool(_contended(records, h)), reruns)
-    finally:
-        for r in records:
-            r.contention_reruns = reruns
-        m.requests += records
-        kept += records
-        m.failures += failures
+    def phase(self, names: list[str], laws: list[Law], reps: range) -> Phase:
+        """The timed requests as a Phase: when stopped, each runner, law and load point with
+        requests that did not end gets a failure (stage "request") saying how many and why."""
+        per = len(reps) * len(self.session.prompts) * len(self.s.max_new_tokens)  # per runner, law and load point
+        total = len(laws) * len(self.points) * len(names) * per
 
+        def ended() -> int:
+            return min(sum(self.ended.values()), total)
 
-def _wall_ms(records: list[RequestRecord]) -> float:
-    """The wall time of an attempt's timed requests (ms; they run one at a time)."""
-    return sum(r.e2el_ms for r in records)
+        def unmeasured(why: str, when: str) -> list[Failure]:
+            text = not_measured(why, f"after {ended()} of {total} requests")
+            out = []
+            for law in laws:
+                for load in self.points:
+                    c, r = self._labels(load)
+                    for name in names:
+                        k = per - self.ended.get((name, law.name, c, r), 0)
+                        if k > 0:
+                            what = f"{k} of {per} requests at {describe_point(load)}" if self.labelled else \
+                                f"{k} of {per} requests not measured"
+                            out.append(Failure(FailureStage.REQUEST, name, law.name, what, text, c, r))
+            return out
 
+        return Phase("the requests", FailureStage.REQUEST, lambda: self.requests(names, laws, reps), unmeasured,
+                     detail=lambda: f"{ended()} of {total} requests measured")
 
-def _run_cell(session: Session, cell: list[Request], starts: dict[int, float], records: list[RequestRecord],
-              failures: list[Failure]) -> None:
-    """One attempt at a cell: its requests through the runner, one at a time. A request's
-    record (or Failure, stage "request") is kept as it ends, so an interrupt keeps them.
-    Raises interrupt.OutOfTime before a request once measurement.max_wall_s has run out."""
+    def _labels(self, load: LoadStrategy) -> tuple[int | None, float | None]:
+        return point_of(load) if self.labelled else (None, None)
 
-    def done(i: int, result: RequestResult) -> None:
-        req = cell[i]
-        if isinstance(result, BaseException):  # recorded, the run goes on
-            failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}", describe_error(result)))
-            return
-        record = _record(session, req, result)
-        starts[id(record)] = result.started_s
-        records.append(record)
-        if i + 1 < len(cell):
-            interrupt.check_budget()  # between requests: the next one is not sent once the budget ran out
+    def requests(self, names: list[str], laws: list[Law], reps: range) -> None:
+        """Every request of `names` x `laws` x load points x `reps`. An Exception that escapes a
+        window (a server that cannot start) is a failure and the reports are still written;
+        the runner is closed at the end, and the servers it ran recorded (m.servers)."""
+        s, prompts = self.s, self.session.prompts
+        per_block = len(prompts) * len(s.max_new_tokens)
+        total = len(laws) * len(self.points) * len(reps) * len(names) * per_block
+        units = len(laws) * len(self.points) * len(reps) * (per_block if self.interleaved else len(names))
+        budget = RerunBudget(units, s.contention.rerun_budget, STUCK_CELLS)
+        done = 0
+        try:
+            with self.runner:
+                for law in laws:
+                    for li, load in enumerate(self.points):
+                        for rep in reps:
+                            shift = (li + rep) % len(names)
+                            order = names[shift:] + names[:shift]
+                            block = {name: [Request(name, law, p, mnt, rep, request_seed(s.seed, p.id, law.name, mnt, rep))
+                                            for mnt in s.max_new_tokens for p in prompts] for name in order}
+                            for group in ([order] if self.interleaved else [[n] for n in order]):
+                                interrupt.check_budget()  # between windows: none starts once the budget ran out
+                                self.progress("requests", done, total)
+                                self._window(group, block, load, rep, budget)
+                                done += len(group) * per_block
+                self.progress("requests", total, total)
+        except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
+            self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
+        finally:
+            h = s.contention
+            note = budget.note() if h.max_cpu_stall is not None and h.reruns else None
+            if note:
+                self.m.notes.append(note)
+            self.m.servers = _servers(self.runner, names) or self.m.servers
+            self.runner.close()
 
-    interrupt.check_budget()
-    session.runner.run(cell, SEQUENTIAL, done)
+    def _window(self, group: list[str], block: dict[str, list[Request]], load: LoadStrategy, rep: int,
+                budget: RerunBudget) -> None:
+        """The windows of `group` (one runner, or every runner interleaved) at one law, load
+        point and repetition: warm-up, then each unit (a cell of the group, or the whole
+        window) with its contention reruns, then one RunRecord per runner of what was kept."""
+        law = block[group[0]][0].law.name
+        at = f"{describe_point(load)}, repetition {rep}"
+        if self.s.warmup:
+            for name in group:
+                self._warmup(name, block[name], load, at)
+        n = len(block[group[0]])
+        units = [[block[name][k] for name in group] for k in range(n)] if self.interleaved else [block[group[0]]]
+        kept: list[_Attempt] = []
+        try:
+            for unit in units:
+                self._unit(unit, load, at, budget, kept)
+        finally:
+            self._record_windows(group, law, load, rep, at, kept)
 
+    def _warmup(self, name: str, requests: list[Request], load: LoadStrategy, at: str) -> None:
+        """Untimed requests before `name`'s window (first calls allocate and pick kernels; a
+        server just started warms its caches). A runner that fails here is recorded (stage
+        "warm-up", so the run exits 3); its timed requests say for themselves whether they
+        failed too."""
+        from gate.load.closed import ClosedLoop
 
-def _windows(records: list[RequestRecord], starts: dict[int, float], load: OfferedLoad) -> list[RunRecord]:
-    """One RunRecord per (runner, law) of `records`, in the order they first ran."""
-    groups: dict[tuple[str, str], list[tuple[float, RequestRecord]]] = {}
-    for r in records:
-        groups.setdefault((r.draft, r.law), []).append((starts[id(r)], r))
-    return [RunRecord.of(runner, law, load, spans) for (runner, law), spans in groups.items()]
+        c, r = self._labels(load)
+        warm = [Request(name, q.law, q.prompt, min(8 if self.labelled else 4, q.max_new_tokens), q.repetition, q.seed)
+                for q in requests[:self.s.warmup]]
 
+        def fail(what: str, message: str) -> None:
+            if self.labelled:
+                self.m.failures.append(Failure(FailureStage.WARM_UP, name, warm[0].law.name, f"{what} at {at}", message, c, r))
+            else:
+                self.m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", message))
 
-def _contended(records: list[RequestRecord], h: Handling) -> int:
-    return sum(is_contended(r, h.max_cpu_stall, h.cpus) for r in records)
-
-
-def _stalled(records: list[RequestRecord], h: Handling) -> float:
-    return pooled_stall_share(records, h.cpus) or 0.0
-
-
-def _oracle(session: Session) -> TargetOracle:
-    """The session's target oracle. Raises RuntimeError where there is no local target."""
-    if session.oracle is None:
-        raise RuntimeError("no local copy of the target: teacher-forced checks (overlap, exactness) need one")
-    return session.oracle
-
-
-def _warmup(session: Session, m: Measurements) -> None:
-    """One short untimed request per runner: first calls allocate and pick kernels.
-    A runner that fails here is recorded (stage "warm-up", so the run exits 3); rules judge
-    its timed requests, which say for themselves whether they failed too."""
-    for name in [FALLBACK, *session.drafts]:
         interrupt.check_budget()
-        (result,) = session.runner.run([Request(name, session.laws[0], session.prompts[0], 4, 0, 0)], SEQUENTIAL)
-        if isinstance(result, BaseException):
-            m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", describe_error(result)))
+        try:
+            for i, result in enumerate(self.runner.run(warm, ClosedLoop(concurrency=1))):
+                if isinstance(result, BaseException):
+                    fail(f"warm-up request {warm[i].prompt.id}", describe_error(result))
+        except Exception as e:  # noqa: BLE001 - e.g. the server did not start: the window's requests will say so too
+            fail("warm-up", describe_error(e))
+
+    def _unit(self, unit: list[Request], load: LoadStrategy, at: str, budget: RerunBudget, kept: list[_Attempt]) -> None:
+        """One unit: its first attempt, then reruns while it is contended and `budget` allows;
+        the attempt with the fewest contended requests is kept (ties: the least stalled). An
+        interrupt keeps what the unit measured so far (its last whole attempt, or the first
+        attempt's requests that ended)."""
+        h = self.s.contention
+        best = _Attempt()
+        extra: list[Failure] = []
+        reruns = 0
+        try:
+            self._attempt(unit, load, at, best)
+            last_ms = best.wall_ms()
+            budget.first(last_ms)
+            first_contended = bool(self._contended(best))
+            if h.max_cpu_stall is not None:
+                while not best.failures and reruns < h.reruns and self._contended(best) and budget.allows(last_ms):
+                    reruns += 1
+                    again = _Attempt()
+                    self._attempt(unit, load, at, again)
+                    last_ms = again.wall_ms()
+                    budget.rerun(last_ms)
+                    if again.failures:  # not contention: keep what was measured, say what failed
+                        extra += again.failures
+                        break
+                    if (self._contended(again), self._stalled(again)) <= (self._contended(best), self._stalled(best)):
+                        best = again
+                budget.cell(first_contended, bool(self._contended(best)), reruns)
+        finally:
+            for r in best.records:
+                r.contention_reruns = reruns
+            self.m.requests += best.records
+            self.m.failures += best.failures + extra
+            kept.append(best)
+
+    def _attempt(self, unit: list[Request], load: LoadStrategy, at: str, into: _Attempt) -> None:
+        """One attempt at `unit` through the runner: a counter scrape of each of its runners,
+        the requests, a second scrape. A request's record (or Failure, stage "request") is
+        kept in `into` as it ends, so an interrupt keeps them. Raises interrupt.OutOfTime
+        between requests once measurement.max_wall_s has run out."""
+        c, r = self._labels(load)
+        names = list(dict.fromkeys(q.draft for q in unit))
+        where = f" at {at}" if self.labelled else ""
+        before = {name: self._scrape(name, into) for name in names}
+        into.scraped.update(name for name, b in before.items() if b is not None)
+
+        def done(i: int, result: RequestResult) -> None:
+            req = unit[i]
+            self.ended[req.draft, req.law.name, c, r] += 1
+            if isinstance(result, BaseException):  # recorded, the run goes on
+                into.failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}{where}",
+                                             describe_error(result), c, r))
+            else:
+                info = self.m.drafts.get(req.draft)
+                rec = request_record(req, result, (info.num_draft_tokens or 0) if info is not None else 0, c, r)
+                into.starts[id(rec)] = result.started_s
+                into.records.append(rec)
+            if i + 1 < len(unit):
+                interrupt.check_budget()  # between requests: the next one is not sent once the budget ran out
+
+        interrupt.check_budget()
+        probe = Probe()
+        started = probe.start()
+        try:
+            self.runner.run(unit, load, done)
+        except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
+            ended = len(into.records) + len(into.failures)
+            left = unit[ended:]
+            for req in left:
+                self.ended[req.draft, req.law.name, c, r] += 1
+            if left:
+                into.failures.append(Failure(FailureStage.REQUEST, left[0].draft, left[0].law.name,
+                                             f"{len(left)} requests{where}", describe_error(e), c, r))
+        finally:
+            self.m.notes += self.runner.notes()  # what the runner saw beside the results (listen-queue overflows)
+            reading = probe.stop(started)
+            if reading.cpu_stall_ms is not None and reading.wall_ms > 0:
+                into.stall_share = min(1.0, reading.cpu_stall_ms / reading.wall_ms)
+            for name in names:
+                after = self._scrape(name, into)
+                into.counters[name] = _delta(before[name], after)
+
+    def _scrape(self, name: str, into: _Attempt) -> Any:
+        """The runner's counters for `name` now (None: it has none, or the scrape failed: the
+        error is kept in `into` and becomes a failure of the window)."""
+        try:
+            return self.runner.counters(name)
+        except Exception as e:  # noqa: BLE001 - an unreachable metrics URL is a failed measurement, not a crash
+            into.scrape_errors.setdefault(name, describe_error(e))
+            return None
+
+    def _record_windows(self, group: list[str], law: str, load: LoadStrategy, rep: int, at: str,
+                        kept: list[_Attempt]) -> None:
+        """One RunRecord per runner of `group` from the kept attempts; a scrape that failed,
+        or counters that did not move for a draft that always proposes, is a failure."""
+        c, r = self._labels(load)
+        for name in group:
+            spans = [(a.starts[id(rec)], rec) for a in kept for rec in a.records if rec.draft == name]
+            if not spans:
+                continue
+            w = RunRecord.of(name, law, load.offered(), spans, server=self.runner.server_info(name))
+            w.repetition = rep
+            if len(group) == 1 and kept and kept[0].stall_share is not None:
+                w.cpu_stall_share = kept[0].stall_share
+            deltas = [a.counters.get(name) for a in kept if any(rec.draft == name for rec in a.records)]
+            w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
+            if self.s.slo_ms:
+                w.good_requests, w.slo_ms = sum(_meets(rec, self.s.slo_ms) for _, rec in spans), dict(self.s.slo_ms)
+            self.m.runs.append(w)
+            error = next((a.scrape_errors[name] for a in kept if name in a.scrape_errors), None)
+            # A draft model proposes at every step, so counters that did not move mean speculation was off;
+            # an n-gram draft (point mass) may find nothing to copy in a whole window.
+            info = self.m.drafts.get(name)
+            always_proposes = info is not None and info.probability_info == "distribution"
+            if error:
+                self.m.failures.append(Failure(FailureStage.REQUEST, name, law, f"server counters at {at}", error, c, r))
+            elif always_proposes and any(name in a.scraped for a in kept) and (
+                    w.counters is None or (w.counters.num_draft_tokens == 0 and w.counters.num_drafts == 0)):
+                why = ("the server exposes no spec-decode counters" if w.counters is None else
+                       "its spec-decode counters did not move")
+                self.m.failures.append(Failure(
+                    FailureStage.REQUEST, name, law, f"server counters at {at}",
+                    f"speculation was off: {why} while it committed {w.committed_tokens} tokens (some servers turn "
+                    "speculation off for requests with logprobs, penalties or min-p)", c, r))
+
+    def _contended(self, a: _Attempt) -> int:
+        h = self.s.contention
+        return sum(is_contended(r, h.max_cpu_stall, h.cpus) for r in a.records)
+
+    def _stalled(self, a: _Attempt) -> float:
+        return pooled_stall_share(a.records, self.s.contention.cpus) or 0.0
 
 
-def _record(session: Session, req: Request, g: StreamResult) -> RequestRecord:
-    """The request's record: what the runner returned, labelled with the planned request."""
-    draft = None if req.draft == FALLBACK else session.drafts.get(req.draft)
-    return request_record(req, g, draft.num_draft_tokens if draft else 0)
+def _delta(before: Any, after: Any) -> SpecDecodeCounters | None:
+    if before is None or after is None:
+        return None
+    from gate.runners.server_metrics import counter_delta
+
+    return counter_delta(before, after)
+
+
+def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
+    """Whether a request met every SLO (ms): ttft, tpot, e2el (vLLM's goodput; a request with
+    one output token has no TPOT and meets that objective)."""
+    values = {"ttft": r.ttft_ms, "tpot": r.tpot_ms, "e2el": r.e2el_ms}
+    return all(not (values[k] > limit) for k, limit in slo.items())
+
+
+def _servers(runner: Runner, names: list[str]) -> list[Any]:
+    """What gate saw of each runner's engine (Runner.describe; none for gate's own loop)."""
+    return [d for name in names if (d := runner.describe(name)) is not None]
 
 
 def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurrency: int | None = None,
@@ -400,6 +462,44 @@ def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurr
         server_draft_tokens=g.server_draft_tokens, server_accepted_tokens=g.server_accepted_tokens,
         step_mapping_ms=g.step_mapping_ms, step_draft_tokens=g.step_draft_tokens,
     )
+
+
+
+
+def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress) -> list[Phase]:
+    """The exactness pass of the plan's (draft, law) pairs. A runner of the local target
+    (Capabilities.in_process): each output against the target's own law (greedy argmax,
+    PIT, next-token laws; _exactness). A served runner: greedy token equality with the
+    fallback runner, divergences weighed by the local target's logit gap where it is loaded
+    (gate.served.greedy_exactness)."""
+    if session.runner.capabilities.in_process:
+        if not plan.pairs:
+            return []
+        return [Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))]
+    from gate import served
+
+    greedy_pairs = any(law.greedy for law in session.laws if any(x == law.name for _, x in plan.pairs))
+    return [Phase("the served exactness pass", FailureStage.EXACTNESS,
+                  lambda: served.greedy_exactness(session, m, plan, progress),
+                  unmeasured=None if greedy_pairs else (lambda why, when: []))]
+
+
+def _bill(session: Session, m: Measurements, settings: Settings) -> None:
+    """The bill of every runner: from the weights loaded here (the in-process runner), else
+    from the models' configs without loading weights (as `gate bill`)."""
+    if session.target is not None and session.runner.capabilities.in_process:
+        _bills(session, m, max(settings.max_new_tokens), settings.resources)
+        return
+    from gate import served
+
+    served._bills(session.plan, m)
+
+
+def _oracle(session: Session) -> TargetOracle:
+    """The session's target oracle. Raises RuntimeError where there is no local target."""
+    if session.oracle is None:
+        raise RuntimeError("no local copy of the target: teacher-forced checks (overlap, exactness) need one")
+    return session.oracle
 
 
 def _bound(session: Session, law: Law, prompt: PlannedPrompt) -> RequestLaw:

@@ -1,406 +1,38 @@
-"""Served runs: the plan's requests sent to servers (runner kind openai or llama_server) at
-every load point of the policy, with the server's own spec-decode counters scoped to each
-measured window.
+"""Exactness of served runners, and the bill of runners gate does not load.
 
-For every law, load point (load.concurrency, then load.request_rate) and repetition, each
-runner (the fallback and every draft) runs the same requests on the same prompts under the
-same offered load, one runner at a time (a managed llama-server is started for it and the
-previous one stopped: never two side by side on shared cores). The runner order rotates
-with the load point and repetition, so slow drift of the machine does not always favour
-the same runner. Per runner and window: warm-up requests (untimed), a scrape of the
-server's counters, the timed requests, a second scrape; the difference is the window's
-acceptance (gate.records.RunRecord.counters). A draft runner whose counters did not move
-while it produced tokens had speculation off: an error, never a pass.
-
-Nothing measured is lost: a failed request is a Failure at its runner, law and load point
-and the run goes on; an interrupt stops the run with what it has; managed servers are
-always stopped (close() in a finally block).
+A served engine runs its own numerics (another build, kernels, batch shapes), so its
+greedy outputs are not checked against gate's target token by token: each draft runner's
+output is compared with the fallback runner's on the same prompt, length, repetition and
+load point, and a divergence is weighed by the local target's logit gap where the target
+is loaded here (gate.session; the fallback runner's own largest gap is the control for the
+server's numerics). The teacher-forced pass is batched (teacher_forced). The bill comes
+from the models' configs, without loading weights (as `gate bill`).
 """
 
 from __future__ import annotations
 
-import os
-from collections import Counter
-from pathlib import Path
 from typing import Any, Callable
 
-from gate.drafts import registry as draft_kinds
-from gate.drafts.interface import ServedContext
-from gate.errors import PolicyValueError
-from gate.law import law_logits
-from gate.load.interface import LoadStrategy
-from gate.measure.contention import Probe
-from gate.plan import Plan, PlannedPrompt, Request, request_seed
-from gate.records import (FALLBACK, DraftInfo, Divergence, ExactnessRecord, Failure, FailureStage, Measurements,
-                          RequestRecord, RunRecord, ServerRecord, SpecDecodeCounters)
 import torch
 
 from gate import interrupt
 from gate.errors import describe_error
-from gate.run import Phase, not_measured, request_record, run_phases
-from gate.runners.interface import RequestResult, Runner
+from gate.law import law_logits
+from gate.plan import Plan, PlannedPrompt
+from gate.records import FALLBACK, Divergence, ExactnessRecord, Failure, FailureStage, Measurements, RequestRecord
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
-CACHE_DIR = Path.home() / ".cache" / "gate" / "gguf"  # GGUF files gate writes (early-exit drafts)
 
 
-def load_points(policy: Any) -> list[LoadStrategy]:
-    """The policy's load points in run order: closed-loop concurrencies, then open-loop
-    rates (default: concurrency 1). Open-loop arrivals are seeded by workload.seed."""
-    from gate.load.closed import ClosedLoop
-    from gate.load.open import OpenLoop
-
-    load = policy.load
-    if load is None or (not load.concurrency and not load.request_rate):
-        return [ClosedLoop(concurrency=1)]
-    points: list[LoadStrategy] = [ClosedLoop(concurrency=c) for c in load.concurrency or []]
-    points += [OpenLoop(request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed,
-                        concurrency=load.max_concurrency) for r in load.request_rate or []]
-    return points
+def greedy_exactness(session: Any, m: Measurements, exactness: Any, progress: Progress | None = None) -> None:
+    """Greedy exactness of the served drafts of `session` (a gate.session.Session of a served
+    runner) for the pairs of `exactness` (a gate.plan.ExactnessPlan): _greedy_exactness on the
+    session's plan, with its local target's oracle where one was loaded."""
+    _greedy_exactness(session.plan, m, session.oracle, progress, exactness)
 
 
-def point_of(load: LoadStrategy) -> tuple[int | None, float | None]:
-    """(concurrency, request_rate) labels of a load point, as requests and failures carry them."""
-    if load.request_rate is not None:
-        return None, load.request_rate
-    return load.concurrency, None
-
-
-def describe_point(load: LoadStrategy) -> str:
-    c, r = point_of(load)
-    return f"concurrency {c}" if r is None else f"request rate {r:g}/s"
-
-
-def target_gguf(plan: Plan) -> str:
-    """The target's GGUF file (llama_server needs one). Raises PolicyValueError at target.model."""
-    source = plan.target
-    if not getattr(source, "gguf_file", None):
-        raise PolicyValueError("target.model", f"runner llama_server serves a GGUF file; {source} is not one "
-                               "(name a .gguf file or the packaged default)")
-    return str(Path(source.location) / source.gguf_file)
-
-
-def eos_ids(tokenizer: Any) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
-
-
-def build_runner(plan: Plan) -> Runner:
-    """The served runner of the policy (runner.kind openai or llama_server), checked to
-    apply every declared law and constraint as gate does (check_served_law). Raises
-    PolicyValueError naming the YAML path (a draft llama-server cannot run, a missing
-    binary, a GGUF that cannot be written, a law field or constraint the server cannot
-    honour)."""
-    runner = _build_runner(plan)
-    check_served_law(plan, runner)
-    return runner
-
-
-def law_path(policy: Any, i: int) -> str:
-    """The YAML path of the policy's i-th law: `law` for a single mapping, `law[i]` for a list."""
-    return f"law[{i}]" if isinstance(getattr(policy, "law", None), list) else "law"
-
-
-def constraint_path(plan: Plan, fmt: Any) -> str:
-    """The YAML path that declares constraint `fmt`: workload.constraints[j] for the first
-    entry whose prompts carry it (a prompt's `constraint` label is the entry's name, or
-    'prompt' for the entry that runs each prompt's own format), else workload.path (a
-    prompt's own response_format in the prompt file, without workload.constraints)."""
-    for j, entry in enumerate(getattr(plan.policy.workload, "constraints", None) or []):
-        name = entry if entry == "prompt" else getattr(entry, "name", None)
-        if name is not None and any(p.constraint == name and p.response_format == fmt
-                                    for p in plan.workload.prompts):
-            return f"workload.constraints[{j}]"
-    return "workload.path"
-
-
-def check_served_law(plan: Plan, runner: Runner) -> None:
-    """Raise PolicyValueError at law[i].<field> (law.<field> for a single law), or at the
-    constraint's path (constraint_path), for the first declared law, constraint, or law
-    under a constraint that a runner of the policy cannot apply as gate does (the runner's
-    law_refusals: the sources are there). Runners without law_refusals are not checked."""
-    refusals = getattr(runner, "law_refusals", None)
-    if refusals is None:
-        return
-    formats: dict[Any, str] = {}  # constraint -> the first prompt that has it
-    for p in plan.workload.prompts:
-        fmt = p.response_format
-        if fmt is not None and fmt not in formats:
-            formats[fmt] = p.id
-    names = [FALLBACK, *plan.policy.drafts]
-    for i, law in enumerate(plan.laws):
-        for fmt in [None, *formats]:
-            for name in names:
-                try:
-                    found = refusals(name, law, fmt)
-                except (KeyError, ValueError):  # a runner name without an endpoint: validated elsewhere
-                    continue
-                for field, why in found:
-                    if field == "constraint":
-                        raise PolicyValueError(constraint_path(plan, fmt),
-                                               f"runner {name!r} cannot apply the {fmt.describe()} constraint of prompt "
-                                               f"{formats[fmt]!r} as gate does: {why}")
-                    under = f" under the {fmt.describe()} constraint of prompt {formats[fmt]!r}" if fmt is not None else ""
-                    raise PolicyValueError(f"{law_path(plan.policy, i)}.{field}",
-                                           f"runner {name!r} cannot apply {field} of law {law.name!r}{under} as gate "
-                                           f"does: {why}")
-
-
-def _build_runner(plan: Plan) -> Runner:
-    from gate.runners.registry import runner_class
-
-    policy = plan.policy
-    spec = policy.runner
-    eos = eos_ids(plan.tokenizer)
-    if spec.kind == "openai":
-        from gate.runners.openai import Endpoint
-
-        endpoints = {name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)
-                     for name, e in spec.endpoints.items()}
-        return runner_class("openai")(endpoints, eos, request_timeout_s=spec.request_timeout_s,  # type: ignore[call-arg]
-                                      ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
-                                      max_consecutive_failures=spec.max_consecutive_failures)
-    from gate.runners.llama_server import ServerConfig, find_binary
-
-    binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
-    if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
-        where = spec.binary or "$GATE_LLAMA_SERVER, llama-server on PATH, or scripts/build-llama-server.sh's build"
-        raise PolicyValueError("runner.binary", f"no executable llama-server binary found ({where}); build it with "
-                               "`make llama-server` or name it in runner.binary")
-    model = target_gguf(plan)
-    ctx = ServedContext(model, plan.path.parent, CACHE_DIR)
-    servers = {FALLBACK: ServerConfig(model, extra_args=tuple(spec.extra_args))}
-    for name, d in policy.drafts.items():
-        kind = draft_kinds.get(d.kind)
-        if kind.llama_server is None:
-            raise PolicyValueError(f"drafts.{name}.kind", f"runner llama_server cannot run a {d.kind} draft "
-                                   f"(kinds it runs: {', '.join(k.name for k in draft_kinds.kinds() if k.llama_server)})")
-        served = kind.llama_server(name, d, ctx)
-        servers[name] = ServerConfig(model, served.draft_model, served.spec_type, d.num_draft_tokens,
-                                     tuple(served.extra_args) + tuple(spec.extra_args))
-    parallel = max([p.concurrency or 1 for p in load_points(policy)] + [policy.load.max_concurrency or 1 if policy.load else 1])
-    return runner_class("llama_server")(servers, binary, eos, threads=spec.threads, parallel=parallel,  # type: ignore[call-arg]
-                                        ctx_size=spec.ctx_size, startup_timeout_s=spec.startup_timeout_s,
-                                        request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos,
-                                        burst_gap_ms=spec.burst_gap_ms,
-                                        max_consecutive_failures=spec.max_consecutive_failures)
-
-
-def measure_served(plan: Plan, runner: Runner, progress: Progress | None = None, oracle: Any = None) -> Measurements:
-    """Every request of the plan at every load point through `runner` (see the module
-    docstring), as raw records: requests labelled with their load point, one RunRecord per
-    runner, law, load point and repetition with the server's counter deltas, the servers
-    gate saw, greedy exactness against the fallback runner (with the local target's logit
-    gap at each divergence when `oracle`, a gate.oracle.TargetOracle, is given), and the
-    bill from configs. Never raises for a measurement that failed: it is a Failure.
-
-    The phases (the requests, the served exactness pass, the bill) run under one guard
-    (gate.run.run_phases): a SIGINT or SIGTERM, or measurement.max_wall_s running out
-    (checked before each window and as each request ends), stops the phase in progress and
-    keeps what was measured; each runner, law and load point with requests that did not
-    end gets a failure saying how many and why, as does each pass not run; the bill is
-    still made. interrupt.stopped_in() names the phase stopped."""
-    from gate.measure.environment import environment, process_peak_rss_bytes, record_load
-
-    progress = progress or (lambda *_: None)
-    policy = plan.policy
-    ms = policy.measurement
-    names = [FALLBACK, *policy.drafts]
-    m = Measurements(environment=environment(torch.device("cpu"), policy.workload.seed), laws=[law.name for law in plan.laws])
-    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info)
-                for name, d in policy.drafts.items()}
-    m.workload = plan.workload.info
-    points = load_points(policy)
-    slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
-    lengths = policy.workload.max_new_tokens_list
-    prompts = list(plan.workload.prompts)
-    total = len(plan.laws) * len(points) * ms.repetitions * len(names) * len(prompts) * len(lengths)
-    ended: Counter = Counter()  # (runner, law, concurrency, rate) -> requests that ended (measured or failed)
-
-    def run_requests() -> None:
-        done = 0
-        try:
-            with runner:
-                for law in plan.laws:
-                    for li, load in enumerate(points):
-                        for rep in range(ms.repetitions):
-                            shift = (li + rep) % len(names)
-                            for name in names[shift:] + names[:shift]:
-                                interrupt.check_budget()  # between windows: none starts once the budget ran out
-                                progress("requests", done, total)
-                                requests = [Request(name, law, p, mnt, rep, request_seed(policy.workload.seed, p.id, law.name, mnt, rep))
-                                            for mnt in lengths for p in prompts]
-                                _window(runner, m, name, load, rep, requests, ms.warmup_requests, slo, ended)
-                                done += len(requests)
-                progress("requests", total, total)
-        except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
-            m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
-        finally:
-            m.servers = _servers(runner, names, policy.runner.kind)
-            runner.close()
-
-    def unmeasured(why: str, when: str) -> list[Failure]:
-        """A failure per runner, law and load point with requests that did not end."""
-        n = min(sum(ended.values()), total)
-        text = not_measured(why, f"after {n} of {total} requests")
-        per = ms.repetitions * len(prompts) * len(lengths)
-        out = []
-        for law in plan.laws:
-            for load in points:
-                c, r = point_of(load)
-                for name in names:
-                    k = per - ended.get((name, law.name, c, r), 0)
-                    if k > 0:
-                        out.append(Failure(FailureStage.REQUEST, name, law.name,
-                                           f"{k} of {per} requests at {describe_point(load)}", text, c, r))
-        return out
-
-    def peaks() -> None:
-        record_load(m.environment, m.requests)  # the machine's CPU pressure over the timed requests (contention)
-        m.process_peak_rss_bytes = process_peak_rss_bytes()
-
-    greedy_pairs = any(law.greedy for law in plan.laws if any(x == law.name for _, x in plan.exactness.pairs))
-    phases = [
-        Phase("the requests", FailureStage.REQUEST, run_requests, unmeasured,
-              detail=lambda: f"{min(sum(ended.values()), total)} of {total} requests measured"),
-        Phase("the served exactness pass", FailureStage.EXACTNESS, lambda: _greedy_exactness(plan, m, oracle, progress),
-              unmeasured=None if greedy_pairs else (lambda why, when: [])),
-        Phase("the bill", FailureStage.BILL, lambda: _bills(plan, m), after_stop=True),
-        Phase("the peaks", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
-    ]
-    run_phases(m, phases)
-    return m
-
-
-def _window(runner: Runner, m: Measurements, name: str, load: LoadStrategy, rep: int, requests: list[Request],
-            warmup: int, slo: dict[str, float], ended: Counter | None = None) -> None:
-    """One runner's window at one load point and repetition: warm-up, counters, requests,
-    counters. `ended` counts the requests that ended (measured or failed) per (runner, law,
-    concurrency, request_rate). Raises interrupt.OutOfTime as a request ends once
-    measurement.max_wall_s has run out: the requests still in flight are cancelled and the
-    rest not sent (so a run ends within the budget plus about one request's time limit)."""
-    ended = ended if ended is not None else Counter()
-    concurrency, rate = point_of(load)
-    law = requests[0].law.name
-    # A draft model proposes at every step, so counters that did not move mean speculation was off;
-    # an n-gram draft (point mass) may find nothing to copy in a whole window.
-    info = m.drafts.get(name)
-    always_proposes = info is not None and info.probability_info == "distribution"
-    gamma = (info.num_draft_tokens or 0) if info is not None else 0
-    at = f"{describe_point(load)}, repetition {rep}"
-
-    def fail(stage: FailureStage, what: str, message: str) -> None:
-        m.failures.append(Failure(stage, name, law, what, message, concurrency, rate))
-
-    if warmup:
-        from gate.load.closed import ClosedLoop
-
-        warm = [Request(name, r.law, r.prompt, min(8, r.max_new_tokens), r.repetition, r.seed) for r in requests[:warmup]]
-        try:
-            for i, result in enumerate(runner.run(warm, ClosedLoop(concurrency=1))):
-                if isinstance(result, BaseException):
-                    fail(FailureStage.WARM_UP, f"warm-up request {warm[i].prompt.id} at {at}", describe_error(result))
-        except Exception as e:  # noqa: BLE001 - e.g. the server did not start: the window's requests will say so too
-            fail(FailureStage.WARM_UP, f"warm-up at {at}", describe_error(e))
-    before, scrape_error = _scrape(runner, name)
-    records: list[RequestRecord] = []
-    starts: list[tuple[float, RequestRecord]] = []
-
-    def done(i: int, result: RequestResult) -> None:
-        req = requests[i]
-        ended[name, law, concurrency, rate] += 1
-        if isinstance(result, BaseException):
-            fail(FailureStage.REQUEST, f"request {req.prompt.id} at {at}", describe_error(result))
-        else:
-            rec = request_record(req, result, gamma, concurrency, rate)
-            records.append(rec)
-            starts.append((result.started_s, rec))
-        interrupt.check_budget()  # the request is kept; no further one is sent once the budget ran out
-
-    probe = Probe()
-    started = probe.start()
-    try:
-        runner.run(requests, load, done)
-    except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
-        left = len(requests) - len(records)
-        ended[name, law, concurrency, rate] += left
-        fail(FailureStage.REQUEST, f"{left} requests at {at}", describe_error(e))
-    finally:
-        m.requests += records
-        m.notes += runner.notes()  # what the runner saw beside the results (the kernel's listen-queue overflows)
-        after, error = _scrape(runner, name)
-        scrape_error = scrape_error or error
-        if starts:
-            w = RunRecord.of(name, law, load.offered(), starts, server=_info(runner, name))
-            w.repetition = rep
-            reading = probe.stop(started)
-            if reading.cpu_stall_ms is not None and reading.wall_ms > 0:
-                w.cpu_stall_share = min(1.0, reading.cpu_stall_ms / reading.wall_ms)
-            w.counters = _delta(before, after)
-            if slo:
-                w.good_requests, w.slo_ms = sum(_meets(r, slo) for _, r in starts), dict(slo)
-            m.runs.append(w)
-            if scrape_error:
-                fail(FailureStage.REQUEST, f"server counters at {at}", scrape_error)
-            elif always_proposes and before is not None and (
-                    w.counters is None or (w.counters.num_draft_tokens == 0 and w.counters.num_drafts == 0)):
-                why = ("the server exposes no spec-decode counters" if w.counters is None else
-                       "its spec-decode counters did not move")
-                fail(FailureStage.REQUEST, f"server counters at {at}",
-                     f"speculation was off: {why} while it committed {w.committed_tokens} tokens (some servers turn "
-                     "speculation off for requests with logprobs, penalties or min-p)")
-
-
-def _scrape(runner: Runner, name: str) -> tuple[Any, str | None]:
-    """The runner's server counters now (None: it has no metrics endpoint), or the error."""
-    counters = getattr(runner, "counters", None)
-    if counters is None:
-        return None, None
-    try:
-        return counters(name), None
-    except Exception as e:  # noqa: BLE001 - an unreachable metrics URL is a failed measurement, not a crash
-        return None, describe_error(e)
-
-
-def _delta(before: Any, after: Any) -> SpecDecodeCounters | None:
-    if before is None or after is None:
-        return None
-    from gate.runners.server_metrics import counter_delta
-
-    return counter_delta(before, after)
-
-
-def _info(runner: Runner, name: str) -> str | None:
-    info = getattr(runner, "server_info", None)
-    try:
-        return info(name) if info is not None else None
-    except Exception:  # noqa: BLE001 - identity is informative only
-        return None
-
-
-def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
-    """Whether a request met every SLO (ms): ttft, tpot, e2el (vLLM's goodput; a request with
-    one output token has no TPOT and meets that objective)."""
-    values = {"ttft": r.ttft_ms, "tpot": r.tpot_ms, "e2el": r.e2el_ms}
-    return all(not (values[k] > limit) for k, limit in slo.items())
-
-
-def _servers(runner: Runner, names: list[str], kind: str) -> list[ServerRecord]:
-    """What gate saw of each runner's engine (what the runner can tell: a managed server's
-    command line and peak RSS, an endpoint's base URL, a version)."""
-    endpoint, command, rss = (getattr(runner, a, None) for a in ("endpoint", "command_line", "peak_rss_bytes"))
-    return [ServerRecord(name, kind, getattr(_safe(endpoint, name), "base_url", None), _safe(command, name),
-                         _info(runner, name), _safe(rss, name)) for name in names]
-
-
-def _safe(get: Any, name: str) -> Any:
-    try:
-        return get(name) if callable(get) else None
-    except Exception:  # noqa: BLE001 - informative only
-        return None
-
-
-def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progress | None = None) -> None:
+def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progress | None = None,
+                      exactness: Any = None) -> None:
     """Greedy exactness of served drafts: each draft runner's output equals the fallback
     runner's on the same prompt, length, repetition and load point, token for token. The
     first divergence of a request is recorded (later tokens follow other contexts), with how
@@ -420,13 +52,14 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
     from gate.runners.openai import UNKNOWN_ID
 
     progress = progress or (lambda *_: None)
+    pairs = (exactness or plan.exactness).pairs
     prompts = {p.id: p for p in plan.workload.prompts}
     laws = {law.name: law for law in plan.laws}
     greedy = {law.name for law in plan.laws if law.greedy}
     grammars = _Grammars(plan, oracle)
     compared: list[tuple[str, list[str], dict, dict, dict, dict]] = []
-    for law in sorted({law for _, law in plan.exactness.pairs} & greedy):
-        drafts = sorted(d for d, x in plan.exactness.pairs if x == law)
+    for law in sorted({law for _, law in pairs} & greedy):
+        drafts = sorted(d for d, x in pairs if x == law)
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
         recs = {d: ExactnessRecord(d, law, greedy=True) for d in drafts}
         found: dict[tuple, list[tuple[ExactnessRecord, int, int]]] = {}  # fallback cell -> (record, position, draft token)
@@ -508,9 +141,10 @@ class _Grammars:
         if fmt not in self.matchers:
             if self.engine is None:
                 from gate.constraints import grammar_engine
+                from gate.models.load import eos_token_ids
 
                 tokenizer = self.plan.tokenizer
-                self.engine = grammar_engine(tokenizer, int(self.oracle.vocab_size), eos_ids(tokenizer))
+                self.engine = grammar_engine(tokenizer, int(self.oracle.vocab_size), eos_token_ids(tokenizer))
             self.matchers[fmt] = self.engine.matcher(fmt)
         return self.matchers[fmt]
 
@@ -637,4 +271,4 @@ def _bills(plan: Plan, m: Measurements) -> None:
         m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", describe_error(e)))
 
 
-__all__ = ["build_runner", "describe_point", "load_points", "measure_served", "point_of", "target_gguf"]
+__all__ = ["greedy_exactness", "teacher_forced"]

@@ -1,7 +1,9 @@
-"""Resolve a validated policy into what the measurements need: the target (its oracle
-and the runner under test), every draft, the tokenized prompts and the laws. Every
-failure here is bad input: a PolicyValueError naming the YAML path (the CLI adds file
-and line, exit code 2)."""
+"""Resolve a validated plan into what the measurement loop needs: the runner under test
+(built by its kind, gate.runners.registry), the models it runs in this process where it
+runs them (Capabilities.in_process: the target and every draft), the local target's oracle
+where a measurement needs one, the tokenized prompts and the laws. A runner's
+configuration that cannot be built is bad input: a PolicyValueError naming the YAML path
+(the CLI adds file and line, exit code 2)."""
 
 from __future__ import annotations
 
@@ -16,22 +18,26 @@ from gate.oracle import TargetOracle
 from gate.runners.interface import Runner
 from gate.runners.stop import StopStrings
 from gate.runners.registry import runner_class
-from gate.errors import PolicyValueError
 from gate.constraints import grammar_engine
 from gate.constraints.interface import GrammarEngine
 from gate.law import Law
 from gate.models import load as models
 from gate.plan import Plan, PlannedPrompt
 from gate.policy.load import LoadedPolicy
-from gate.records import ModelInfo, WorkloadInfo
+from gate.records import DraftInfo, ModelInfo, WorkloadInfo
 
 
 @dataclass
 class Session:
-    """Everything loaded for one policy."""
+    """Everything opened for one policy: what the measurement loop (gate.run) runs.
+
+    `target` and `drafts` are the models loaded in this process (None and {} for a runner
+    that runs its own, a served engine); `oracle` the local target scoring tokens (overlap,
+    exactness; None: no local target); `draft_infos` what each draft is, for rules and
+    reports, whether loaded here or not; `notes` what opening it had to say for the report."""
 
     device: torch.device
-    target: torch.nn.Module
+    target: torch.nn.Module | None
     tokenizer: Any
     runner: Runner  # the system under test (serves every draft and the fallback)
     oracle: TargetOracle | None  # the target scoring tokens (overlap, exactness); None: no local target
@@ -42,6 +48,10 @@ class Session:
     workload: WorkloadInfo | None = None
     release: Any = None  # the pinned released target (gate.measure.identity.Release; loaded only to compare, never run)
     grammars: GrammarEngine | None = None  # compiles requests' response formats on the target's tokenizer
+    plan: Plan | None = None
+    draft_infos: dict[str, DraftInfo] = field(default_factory=dict)
+    tokenizer_comparisons: list[Any] = field(default_factory=list)  # drafts with their own tokenizer, compared with the target's
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -58,11 +68,15 @@ class Target:
     stop: StopStrings | None = None
     grammars: GrammarEngine | None = None  # None: no tokenizer loaded (no constraint can be compiled)
 
-    def runner(self, drafts: dict[str, Draft]) -> Runner:
-        """The in-process runner (kind "transformers", gate.runners.registry) on this target
-        for `drafts` (name -> draft)."""
-        return runner_class("transformers")(self.model, self.eos_token_ids, self.device, self.stop, drafts,  # type: ignore[call-arg]
-                                            self.grammars)
+
+
+@dataclass
+class LocalModels:
+    """What a runner that runs the models in this process (Capabilities.in_process) is built
+    on: the loaded `target` and `drafts` (name -> draft)."""
+
+    target: Target
+    drafts: dict[str, Draft]
 
 
 def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
@@ -74,8 +88,7 @@ def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
     source = models.resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
     tok = (models.load_tokenizer(source) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
     target = models.load_model(source, policy.target.dtype, device)
-    eos = {i for i in [getattr(tok, "eos_token_id", None), getattr(target.generation_config, "eos_token_id", None)]
-           for i in (i if isinstance(i, list) else [i]) if i is not None}
+    eos = models.eos_token_ids(tok, target.generation_config)
     info = models.model_info("target", str(source), "target", policy.target.dtype, target)
     stop = StopStrings(tok, policy.workload.stop) if policy.workload.stop and tok is not None else None
     oracle = TargetOracle(target, device)
@@ -83,11 +96,22 @@ def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
     return Target(device, target, tok, oracle, info, eos, stop, grammars)
 
 
-def open_session(plan: Plan) -> Session:
-    """Load the target and every draft of a validated plan (models are loaded once each);
-    the prompts are the plan's (built once, by gate.validate). Raises PolicyValueError."""
+def open_session(plan: Plan, step: Any = None) -> Session:
+    """Open what a validated plan runs: its runner (gate.runners.registry, by runner.kind)
+    and, for a runner of the models in this process, the target and every draft (each
+    loaded once); for any other runner the local target only where an exactness rule on a
+    greedy law needs its logits to tell a numerical near-tie from a fault (if it cannot be
+    loaded, session.notes says so and every divergence counts as a fault). The prompts are
+    the plan's (built once, by gate.validate). `step(what, done, total)` reports progress.
+    Raises PolicyValueError (a runner or draft that cannot be built); anything else a model
+    load raises propagates (a failed measurement)."""
+    step = step or (lambda *_: None)
     loaded = plan.loaded
     policy = loaded.policy
+    cls = runner_class(policy.runner.kind)
+    if not cls.capabilities.in_process:
+        return _served_session(plan, cls, step)
+    step("loading models", 0, 1)
     t = open_target(loaded, plan.tokenizer if plan.tokenizer is not None else True)
     device, target, tokenizer, oracle, infos = t.device, t.model, t.tokenizer, t.oracle, [t.info]
     drafts: dict[str, Draft] = {}
@@ -97,7 +121,33 @@ def open_session(plan: Plan) -> Session:
         drafts[name] = built.draft
         if built.info is not None:
             infos.append(built.info)
-    return Session(device, target, tokenizer, t.runner(drafts), oracle, drafts, list(plan.laws), list(plan.workload.prompts),
-                   infos, plan.workload.info, getattr(plan, "release", None), t.grammars)
+    step("loading models", 1, 1)
+    draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info, draft_kinds.get(d.kind).modifies_target)
+                   for name, d in drafts.items()}
+    compared = [c for d in drafts.values() if (c := getattr(d, "tokenizer_comparison", None)) is not None]
+    return Session(device, target, tokenizer, cls.from_plan(plan, LocalModels(t, drafts)), oracle, drafts, list(plan.laws),
+                   list(plan.workload.prompts), infos, plan.workload.info, plan.release, t.grammars, plan,
+                   draft_infos,
+                   compared)
 
 
+def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
+    """The session of a runner that runs its own models: see open_session."""
+    loaded = plan.loaded
+    policy = loaded.policy
+    runner = cls.from_plan(plan)
+    session = Session(torch.device("cpu"), None, plan.tokenizer, runner, None, {}, list(plan.laws), list(plan.workload.prompts),
+                      [], plan.workload.info, None, None, plan)
+    session.draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info,
+                                           draft_kinds.get(d.kind).modifies_target) for name, d in policy.drafts.items()}
+    if any(law.greedy for law in plan.laws if any(p[1] == law.name for p in plan.exactness.pairs)):
+        try:
+            step("loading the local target (exactness near-ties)", 0, 1)
+            session.oracle = open_target(loaded, plan.tokenizer).oracle
+        except KeyboardInterrupt:
+            runner.close()
+            raise
+        except Exception as e:  # noqa: BLE001 - exactness then counts every divergence as a fault, and says so
+            session.notes.append(f"the local target could not be loaded ({type(e).__name__}: {e}): greedy divergences "
+                                 "between served runners cannot be told apart from numerical near-ties and count as faults")
+    return session

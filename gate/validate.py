@@ -22,6 +22,7 @@ from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_so
 from gate.policy.load import LoadedPolicy, load_policy
 from gate.rules.evaluate import declared_load_points, inapplicable_points, not_applicable_reason
 from gate.rules.power import underpowered
+from gate.runners.registry import runner_class
 
 
 def validate(path: str | Path) -> Plan:
@@ -68,8 +69,10 @@ def validate(path: str | Path) -> Plan:
     exactness = plan_exactness(policy.rules, list(policy.drafts), [law.label for law in policy.laws])
     baseline = load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
     plan = Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer, release)
-    if policy.runner.served:
-        _check_served(plan)
+    try:  # what the runner needs that can be told without starting it (gate.runners: each kind says)
+        runner_class(policy.runner.kind).check_plan(plan)
+    except PolicyValueError as e:
+        raise loaded.error(e) from None
     return plan
 
 
@@ -93,24 +96,6 @@ def load_gaps(policy: Any) -> list[tuple[str, str]]:
                     f"{not_applicable_reason(axis)}; those points are reported as not evaluated (add a rule "
                     f"with per: {axis} to decide them, or list this rule's points in scope.{rule.per})"))
     return out
-
-
-def _check_served(plan: Plan) -> None:
-    """What a served run needs that can be told without a server: the API key's variable is
-    set, the llama-server binary exists, every draft is a kind the runner can run (and an
-    early-exit draft's GGUF can be written). Raises InputError."""
-    import os
-
-    from gate.served import build_runner
-
-    spec = plan.policy.runner
-    try:
-        if spec.api_key_env and not os.environ.get(spec.api_key_env):
-            raise PolicyValueError("runner.api_key_env", f"the environment variable {spec.api_key_env} is not set "
-                                   "(it holds the API key the servers expect)")
-        build_runner(plan)  # builds the runner's configuration only: nothing is started or sent
-    except PolicyValueError as e:
-        raise plan.loaded.error(e) from None
 
 
 def _check_categories(policy: Any, known: list[str]) -> None:

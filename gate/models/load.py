@@ -194,6 +194,13 @@ def _gguf_config(location: str, gguf_file: str, size: int, mtime_ns: int) -> Any
     return AutoConfig.from_pretrained(location, local_files_only=True, gguf_file=gguf_file)
 
 
+def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    """The ids that end a request: the tokenizer's eos_token_id and, where given, the model's
+    generation_config.eos_token_id (each an int or a list of ints; None: none)."""
+    found = [getattr(tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None)]
+    return {int(i) for value in found for i in (value if isinstance(value, list) else [value]) if i is not None}
+
+
 def load_model(source: ModelSource, dtype: str, device: torch.device) -> torch.nn.Module:
     """A causal LM in eval mode at `dtype` on `device` (GGUF weights are dequantized)."""
     from transformers import AutoModelForCausalLM

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gate.drafts import registry as draft_kinds
+from gate.runners import registry as runner_kinds
 from gate.errors import InputError, PolicyValueError, Problem
 import gate.policy.model as policy_model  # the module, not the package (whose __init__ imports this one)
 from gate.policy.model import Policy
@@ -227,6 +228,11 @@ def _unknown_key(error: dict[str, Any]) -> tuple[str, str | None]:
     """The message for an unknown key and the key it probably meant."""
     key = str(error["loc"][-1])
     model = _model_at(tuple(error["loc"][:-1]))
+    if error["loc"][0] == "runner" and len(error["loc"]) == 3:  # a key of another runner kind's spec
+        kinds = runner_kinds.registered_kinds()
+        owners = [k for k in kinds if key in runner_kinds.runner_class(k).spec.model_fields and k != error["loc"][1]]
+        if owners:
+            return f"{key} applies to runner kind {' or '.join(owners)}, not {error['loc'][1]}", None
     known = [f.alias or n for n, f in model.model_fields.items()] if model else []  # as YAML spells them (schema_: schema)
     guess = _close(key, known) if known else _close(key, _known_keys())
     if guess:
@@ -249,6 +255,30 @@ def _got(value: Any) -> str:
     return repr(value)
 
 
+# The policy's unions discriminated by `kind`: top-level key -> (depth of the kind tag in an
+# error location, what a kind is of, its registered names, the registry module).
+_TAGGED = {
+    "drafts": (2, "draft", lambda: draft_kinds.names(), "gate/drafts/registry.py"),
+    "runner": (1, "runner", lambda: runner_kinds.registered_kinds(), "gate/runners/registry.py"),
+}
+
+
+def _tagged(loc: tuple[Any, ...]) -> tuple[str, list[str], str]:
+    """(what a kind is of, the registered kinds, their registry) for an error at `loc`."""
+    _, what, names, registry = _TAGGED.get(loc[0] if loc else "drafts", _TAGGED["drafts"])
+    return what, names(), registry
+
+
+def _is_tag(out: list[Any], node: Any, part: Any) -> bool:
+    """Whether `part`, the next segment of an error location after the YAML path `out`, is
+    the kind tag pydantic adds for a discriminated union (no YAML key): a draft's, or the
+    runner's (whose kind may be left to its default)."""
+    if not out or out[0] not in _TAGGED or len(out) != _TAGGED[out[0]][0] or not isinstance(node, dict):
+        return False
+    kinds = _TAGGED[out[0]][2]()
+    return node.get("kind", kinds[0] if out[0] == "runner" else None) == part
+
+
 def _message(error: dict[str, Any]) -> str:
     kind, msg = error["type"], error["msg"]
     if kind == "extra_forbidden":
@@ -257,15 +287,15 @@ def _message(error: dict[str, Any]) -> str:
         return "required key is missing"
     if kind == "union_tag_invalid":
         tag = error["input"].get("kind")
-        kinds = draft_kinds.names()
+        what, kinds, registry = _tagged(error["loc"])
         if tag in kinds:  # registered, but after the policy's union was built
-            return (f"draft kind {tag!r} was registered after gate.policy was imported, so policies cannot use it; "
-                    "list its module in gate/drafts/registry.py BUILTIN (or register it before importing gate.policy)")
+            return (f"{what} kind {tag!r} was registered after gate.policy was imported, so policies cannot use it; "
+                    f"list its module in {registry} BUILTIN (or register it before importing gate.policy)")
         guess = _close(str(tag), kinds)
         return f"unknown kind {tag!r}; expected one of: {', '.join(kinds)}" + (f" (did you mean {guess!r}?)" if guess else "")
     if kind == "union_tag_not_found":
-        kinds = draft_kinds.names()
-        msg = f"a draft needs a 'kind': {' or '.join([', '.join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)}"
+        what, kinds, _ = _tagged(error["loc"])
+        msg = f"a {what} needs a 'kind': {' or '.join([', '.join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)}"
         typo = _close("kind", [str(k) for k in error["input"]]) if isinstance(error["input"], dict) else None
         return msg + (f" (is {typo!r} a misspelt 'kind'?)" if typo else "")
     if kind in ("model_type", "model_attributes_type", "dict_type"):
@@ -306,7 +336,7 @@ def _union_branch(loc: tuple[Any, ...], data: Any) -> tuple[tuple[Any, ...], str
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
-        elif not (i == 2 and loc[0] == "drafts"):  # a draft's kind tag is no YAML key: step over it
+        elif not (loc[0] in _TAGGED and i == _TAGGED[loc[0]][0]):  # a kind tag is no YAML key: step over it
             return None
     return None
 
@@ -344,8 +374,7 @@ def _clean_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     out: list[Any] = []
     node = data
     for i, part in enumerate(loc):
-        is_draft_tag = len(out) == 2 and out[0] == "drafts" and isinstance(node, dict) and node.get("kind") == part
-        if is_draft_tag and i + 1 < len(loc):
+        if _is_tag(out, node, part) and i + 1 < len(loc):
             continue
         if isinstance(node, dict) and part in node:
             out.append(str(part))

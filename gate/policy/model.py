@@ -20,6 +20,8 @@ from gate.drafts.registry import draft_spec_union
 from gate.measure.contention import (BUSY_CELLS, DEFAULT_CONTENTION_RERUN_BUDGET, DEFAULT_CONTENTION_RERUNS,
                                      DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL)
 from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE
+from gate.runners import registry as runner_kinds
+from gate.runners.registry import default_runner_spec, runner_spec_union
 from gate.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.workloads import registry as workload_sources
 
@@ -385,53 +387,7 @@ class ScopeSpec(_Strict):
                                           "workload.constraints: 'none', 'prompt' or a name) in scope.")
 
 
-class EndpointSpec(_Strict):
-    """One runner's OpenAI-compatible server (runner kind openai)."""
-
-    base_url: str = Field(..., pattern=r"^https?://", description="Server root, e.g. 'http://127.0.0.1:8000' (no /v1).")
-    model: str | None = Field(None, description="Served model name sent as `model`.")
-    metrics_url: str | None = Field(None, pattern=r"^https?://", description="Prometheus text endpoint for spec-decode "
-                                    "counters, e.g. 'http://127.0.0.1:8000/metrics'; without it a draft runner has no "
-                                    "server-side acceptance figures.")
-    api: Literal["completions", "llama_cpp"] = Field(
-        "completions", description="completions: /v1/completions with token-id prompts (the chat template is applied by "
-        "gate, as for every runner); llama_cpp: llama.cpp's native /completion (token ids and per-response draft counts "
-        "come back).")
-    engine: Literal["generic", "vllm", "llama_cpp", "sglang", "trtllm"] = Field(
-        "generic", description="Which engine's counter names to read from metrics_url.")
-
-
-class RunnerSpec(_Strict):
-    """What produces tokens: gate's in-process loop (transformers, the default), any
-    OpenAI-compatible server (openai: one endpoint per runner), or llama.cpp's llama-server
-    started by gate for each runner (llama_server: the target GGUF, -md for a model draft,
-    an n-gram spec type for prompt_lookup)."""
-
-    kind: Literal["transformers", "openai", "llama_server"] = "transformers"
-    endpoints: dict[str, EndpointSpec] = Field(default_factory=dict, description="openai: 'fallback' and every draft "
-                                               "name -> its endpoint.")
-    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="openai: the environment "
-                                    "variable holding the API key (sent as a bearer token, never written to a report).")
-    binary: str | None = Field(None, description="llama_server: the llama-server binary (default: $GATE_LLAMA_SERVER, "
-                               "llama-server on PATH, then the build of scripts/build-llama-server.sh).")
-    threads: int = Field(2, ge=1, description="llama_server: -t, compute threads of each server.")
-    ctx_size: int = Field(2048, ge=64, description="llama_server: context tokens per parallel slot.")
-    extra_args: list[str] = Field(default_factory=list, description="llama_server: further command-line arguments.")
-    startup_timeout_s: float = Field(120.0, gt=0, description="llama_server: seconds to wait for /health.")
-    request_timeout_s: float = Field(120.0, gt=0, description="Seconds one request may take before it is an error.")
-    max_consecutive_failures: int = Field(3, ge=1, description="openai and llama_server: after this many requests in a "
-                                          "row (in the order they ended) failed by timeout or a failed connection (not "
-                                          "an HTTP error status or a malformed stream), the load point's requests not "
-                                          "yet sent are errors at once, so a runner that keeps failing stops costing "
-                                          "request_timeout_s per request.")
-    ignore_eos: bool = Field(True, description="Ask the server for fixed output lengths (max_new_tokens every time) "
-                             "where it allows.")
-    burst_gap_ms: float = Field(1.0, ge=0, description="Streamed tokens closer than this (ms) are one burst: one "
-                                "verification step as the client sees it (llama-server sends one event per token).")
-
-    @property
-    def served(self) -> bool:
-        return self.kind != "transformers"
+RunnerSpec = runner_spec_union()  # each runner kind's spec, registered beside its class (gate.runners.registry)
 
 
 class GoodputSpec(_Strict):
@@ -725,7 +681,8 @@ class Policy(_Strict):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     measurement: MeasurementSpec = Field(default_factory=MeasurementSpec)
     baseline: BaselineSpec | None = None
-    runner: RunnerSpec = Field(default_factory=RunnerSpec, description="What produces tokens (default: gate's in-process loop).")
+    runner: RunnerSpec = Field(default_factory=default_runner_spec, description="What produces tokens (default: gate's "
+                               "in-process loop).")
     load: LoadSpec | None = Field(None, description="Served runners: the load points (default: concurrency 1).")
     rules: list[RuleSpec] = Field(..., min_length=1, description="A gate without rules would pass anything.")
     waivers: list[WaiverSpec] = Field(default_factory=list)
@@ -801,22 +758,32 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
         if name not in policy.drafts:
             problems.append((f"baseline.drafts.{name}", f"unknown draft {name!r}; known: {', '.join(policy.drafts)}"))
     problems.extend(_runner_problems(policy))
-    if policy.target.release is not None and policy.runner.served:
+    if policy.target.release is not None and not runner_kinds.runner_class(policy.runner.kind).capabilities.in_process:
         problems.append(("target.release", "the target's identity is measured on gate's in-process runner (runner.kind "
-                         "transformers); served runners do not compare it with a release yet"))
+                         f"{_kinds_with(lambda c: c.in_process)}); served runners do not compare it with a release yet"))
     return problems
 
 
-# Metrics only the in-process runner measures (they need gate's own loop or a local model's caches).
-IN_PROCESS_ONLY = ("overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate", "mapping_ms", "mapping_share",
-                   "translation_loss")
 # The tokenizer mapping cost, measured only for drafts of the kind that translates between tokenizers.
 MAPPING_METRICS = ("mapping_ms", "mapping_share", "translation_loss")
 TRANSLATING_KIND = "cross_tokenizer"
 # The target's drift from its pinned release (gate.measure.identity): need target.release.model.
 DRIFT_METRICS = ("target_drift_tv", "target_drift_kl", "target_drift_top1")
-# Metrics only a served run has (measured windows at a load point).
-SERVED_ONLY = ("output_throughput", "request_throughput", "goodput", "queue_ms")
+def _kinds_with(has: Any, sep: str = " or ") -> str:
+    """The registered runner kinds whose Capabilities satisfy `has`, in registration order:
+    'openai or llama_server'."""
+    kinds = [k for k in runner_kinds.registered_kinds() if has(runner_kinds.runner_class(k).capabilities)]
+    return sep.join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 2 else kinds)
+
+
+def _metric_problem(metric: str, kind: str) -> str | None:
+    """Why runner kind `kind` cannot measure `metric`: the note of the kinds whose
+    Capabilities.metrics list it (None: `kind` is one of them, or none lists it)."""
+    owners = [runner_kinds.runner_class(k).capabilities for k in runner_kinds.registered_kinds()]
+    listing = [c for c in owners if metric in c.metrics]
+    if not listing or metric in runner_kinds.runner_class(kind).capabilities.metrics:
+        return None
+    return f"{metric} " + listing[0].metrics_note.format(kinds=_kinds_with(lambda c: metric in c.metrics))
 
 
 def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[str, str]]:
@@ -835,14 +802,11 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
             if not declared or v not in declared:
                 problems.append((f"rules[{i}].scope.{key}[{j}]", f"{v:g} is not a load point; load.{key}: "
                                  f"{', '.join(f'{x:g}' for x in declared) if declared else 'none declared'}"))
-    if rule.metric in SERVED_ONLY and not served:
-        problems.append((f"rules[{i}].metric", f"{rule.metric} is measured on served runners at a load point; set "
-                         "runner.kind to openai or llama_server"))
+    unmeasurable = _metric_problem(rule.metric, policy.runner.kind) if rule.metric else None
+    if unmeasurable:
+        problems.append((f"rules[{i}].metric", unmeasurable))
     if rule.metric == "goodput" and (load is None or load.goodput is None):
         problems.append((f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)"))
-    if rule.metric in IN_PROCESS_ONLY and served:
-        problems.append((f"rules[{i}].metric", f"{rule.metric} needs gate's in-process loop (runner.kind transformers); a "
-                         "served run measures acceptance from the server's counters (acceptance_rate, mean_acceptance_length)"))
     if rule.kind == "exactness" and served:
         greedy = {law.label for law in policy.laws if law.greedy}
         for law in rule.scope.laws or [law.label for law in policy.laws]:
@@ -854,30 +818,16 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
 
 
 def _runner_problems(policy: Policy) -> list[tuple[str, str]]:
-    """The runner section against the drafts and the load."""
+    """The runner section against the drafts and the load (the runner kind's own checks:
+    RunnerSpecBase.policy_problems)."""
     r = policy.runner
     problems: list[tuple[str, str]] = []
     if policy.load is not None and not r.served:
-        problems.append(("load", "load points apply to served runners (runner.kind openai or llama_server); gate's "
-                         "in-process runner serves one request at a time"))
+        problems.append(("load", f"load points apply to served runners (runner.kind {_kinds_with(lambda c: c.load_points)}); "
+                         "gate's in-process runner serves one request at a time"))
     if policy.load is not None and policy.load.max_concurrency is not None and not policy.load.request_rate:
         problems.append(("load.max_concurrency", "max_concurrency caps an open loop: it needs load.request_rate"))
-    if r.kind == "openai":
-        names = ["fallback", *policy.drafts]
-        for name in names:
-            if name not in r.endpoints:
-                problems.append(("runner.endpoints", f"no endpoint for runner {name!r}: every runner (fallback and each "
-                                 f"draft) names its server"))
-        for name in r.endpoints:
-            if name not in names:
-                problems.append((f"runner.endpoints.{name}", f"unknown runner {name!r}; runners: {', '.join(names)}"
-                                 f"{_did_you_mean(name, names)}"))
-    elif r.endpoints:
-        problems.append(("runner.endpoints", f"endpoints apply to runner kind openai, not {r.kind}"))
-    if r.kind != "llama_server":
-        for key, default in (("binary", None), ("extra_args", [])):
-            if getattr(r, key) != default:
-                problems.append((f"runner.{key}", f"{key} applies to runner kind llama_server, not {r.kind}"))
+    problems.extend(r.policy_problems(policy))
     return problems
 
 

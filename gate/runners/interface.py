@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence, Union
 
+from pydantic import BaseModel, ConfigDict
+
 from gate.law import Law
 from gate.load.interface import LoadStrategy
 from gate.plan import Request
@@ -31,6 +33,18 @@ class Capabilities:
         so contended requests can be found and their cells rerun.
     max_concurrency: most requests it can have in flight (LoadStrategy.concurrency above it is refused).
     server_counters: counters scraped from a server over a window (RunRecord.server, counter deltas).
+    in_process: it runs the target and the drafts in this process: gate loads them (the bill
+        from the loaded weights, overlap from the loaded drafts) and its outputs are the local
+        target's own, so exactness checks each output against the target (else against the
+        fallback runner's output, the control for the server's numerics).
+    load_points: it serves requests at the policy's load points (load.concurrency,
+        load.request_rate); without it every request runs alone, and records carry no load point.
+    interleaves: switching between the fallback and the drafts costs nothing, so the
+        measurement loop interleaves them request by request, cell by cell (else each runner
+        runs its window of requests in turn).
+    metrics: the metrics only runners with this capability measure (gate.metrics names); the
+        policy refuses a rule on a metric that some runner kind lists and its runner does not,
+        saying "<metric> <metrics_note>" ({kinds}: the kinds that measure it).
     """
 
     token_ids: bool = True
@@ -40,6 +54,34 @@ class Capabilities:
     cpu_accounting: bool = False
     max_concurrency: int = 1
     server_counters: bool = False
+    in_process: bool = False
+    load_points: bool = False
+    interleaves: bool = False
+    metrics: frozenset[str] = frozenset()
+    metrics_note: str = "is measured by runner.kind {kinds}"
+
+
+class RunnerSpecBase(BaseModel):
+    """The policy's `runner` section for one runner kind: each kind's spec class subclasses
+    this with `kind: Literal["<kind>"]` and the fields its runner reads, and is registered
+    with its Runner class (Runner.spec); the policy's `runner` union is built from them
+    (gate.runners.registry.runner_spec_union)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str
+
+    @property
+    def served(self) -> bool:
+        """Whether the runner serves requests at the policy's load points (Capabilities.load_points)."""
+        from gate.runners.registry import runner_class
+
+        return runner_class(self.kind).capabilities.load_points
+
+    def policy_problems(self, policy: Any) -> list[tuple[str, str]]:
+        """(YAML path, message) for what the rest of `policy` (a gate.policy.model.Policy)
+        asks that this runner kind cannot do, told from the policy alone (e.g. a runner name
+        without an endpoint). Default: none."""
+        return []
 
 
 @dataclass
@@ -88,6 +130,21 @@ class Runner(ABC):
 
     kind: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    spec: ClassVar[type[RunnerSpecBase]]  # the policy's `runner` section for this kind
+
+    @classmethod
+    def from_plan(cls, plan: Any, local: Any = None) -> "Runner":
+        """The runner of a validated plan (gate.plan.Plan; plan.policy.runner is its spec).
+        `local`: the models loaded in this process (gate.session.LocalModels) for a runner
+        that runs them (Capabilities.in_process), else None. Builds the configuration only:
+        nothing is started or sent. Raises PolicyValueError naming the YAML path for what it
+        cannot run (a draft kind, a missing binary, a law field it cannot honour)."""
+        raise NotImplementedError(f"runner kind {cls.kind!r} cannot be built from a policy")
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        """What a run of `plan` needs from this runner kind that can be told without starting
+        anything (gate validate): default nothing. Raises PolicyValueError at the YAML path."""
 
     def open(self) -> None:
         """Acquire what requests need (a connection, a server process, probes). Idempotent."""
@@ -120,6 +177,31 @@ class Runner(ABC):
         the kernel's listen-queue overflows while a served runner ran), in the order seen,
         since the last call: returned once, then cleared. Default: none."""
         return []
+
+    def counters(self, runner: str) -> Any:
+        """The server's counters for `runner` now (a gate.runners.server_metrics.ServerSnapshot),
+        scraped before and after each measured window (their difference is the window's
+        acceptance); None when the runner has no counters (default). Raises what the scrape
+        raises (an unreachable metrics URL): the caller records it."""
+        return None
+
+    def law_refusals(self, runner: str, law: Law, fmt: Any = None) -> list[tuple[str, str]]:
+        """What `runner` cannot apply as gate applies `law` to a request constrained by `fmt`
+        (a gate.constraints.interface.ResponseFormat, None: unconstrained): (field, why)
+        pairs, field a Law attribute name or "constraint". Default: none (gate's own loop
+        applies the whole law). Raises KeyError for a runner name it does not serve."""
+        return []
+
+    def describe(self, runner: str) -> Any:
+        """What gate saw of `runner`'s engine, for the report: a gate.records.ServerRecord
+        (endpoint, command line, version, peak RSS), or None where there is no server
+        (default). Never raises: what cannot be told is None."""
+        return None
+
+    def server_info(self, runner: str) -> str | None:
+        """The engine's own identity for `runner` (e.g. "llama.cpp b4567"), recorded with each
+        measured window; None when unknown (default). Never raises."""
+        return None
 
     def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int,
                     response_format: Any = None) -> list[list[int]]:

@@ -50,14 +50,16 @@ import time
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import httpx
+from pydantic import Field
 
 from gate.load.interface import LoadStrategy
 from gate.plan import Request
+from gate.records import FALLBACK
 from gate.runners.interface import Done, RequestResult
-from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
+from gate.runners.openai import Endpoint, OpenAIRunner, ServedError, ServedRunnerSpec
 from gate.runners.registry import register
 from gate.runners.server_metrics import ServerSnapshot
 
@@ -69,6 +71,7 @@ STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL
 LOG_TAIL_LINES = 20
 HEALTH_POLL_S = 0.05
 HOST = "127.0.0.1"
+GGUF_CACHE_DIR = Path.home() / ".cache" / "gate" / "gguf"  # GGUF files gate writes for drafts (early-exit)
 
 
 def find_binary() -> str | None:
@@ -321,6 +324,19 @@ class _Server:
         return f"http://{HOST}:{self.port}"
 
 
+class LlamaServerRunnerSpec(ServedRunnerSpec):
+    """runner.kind llama_server: llama.cpp's llama-server started by gate for each runner (the
+    target GGUF, -md for a model draft, an n-gram spec type for prompt_lookup)."""
+
+    kind: Literal["llama_server"]
+    binary: str | None = Field(None, description="The llama-server binary (default: $GATE_LLAMA_SERVER, llama-server on "
+                               "PATH, then the build of scripts/build-llama-server.sh).")
+    threads: int = Field(2, ge=1, description="-t, compute threads of each server.")
+    ctx_size: int = Field(2048, ge=64, description="Context tokens per parallel slot.")
+    extra_args: list[str] = Field(default_factory=list, description="Further command-line arguments.")
+    startup_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for /health.")
+
+
 @register("llama_server")
 class LlamaServerRunner(OpenAIRunner):
     """llama-server started and stopped by gate, one runner name at a time (see the module
@@ -337,6 +353,8 @@ class LlamaServerRunner(OpenAIRunner):
     port in use twice, the server exited before /health (its log tail quoted), startup
     timeout; a server that died during run() turns the failed requests' results into a
     ServedError saying so."""
+
+    spec = LlamaServerRunnerSpec
 
     def __init__(self, servers: dict[str, ServerConfig], binary: str, eos_token_ids: set[int], threads: int = 2,
                  parallel: int = 1, ctx_size: int = 4096, startup_timeout_s: float = 120.0,
@@ -365,6 +383,56 @@ class LlamaServerRunner(OpenAIRunner):
         self._version: str | None = None
         self._tmp_logs: tempfile.TemporaryDirectory[str] | None = None
         self._spawns = 0
+
+    @classmethod
+    def from_plan(cls, plan: Any, local: Any = None) -> "LlamaServerRunner":
+        """A llama-server per runner name for plan.policy.runner: the target's GGUF for the
+        fallback; for each draft what its kind serves (DraftKind.llama_server: -md, an n-gram
+        spec type). Raises PolicyValueError at runner.binary (no executable binary), at
+        target.model (not a GGUF) or at drafts.<name>.kind (a kind llama-server cannot run)."""
+        from gate.drafts import registry as draft_kinds
+        from gate.drafts.interface import ServedContext
+        from gate.errors import PolicyValueError
+        from gate.models.load import eos_token_ids
+        from gate.plan import load_points
+
+        policy = plan.policy
+        spec = policy.runner
+        binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
+        if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
+            where = spec.binary or "$GATE_LLAMA_SERVER, llama-server on PATH, or scripts/build-llama-server.sh's build"
+            raise PolicyValueError("runner.binary", f"no executable llama-server binary found ({where}); build it with "
+                                   "`make llama-server` or name it in runner.binary")
+        source = plan.target
+        if not getattr(source, "gguf_file", None):
+            raise PolicyValueError("target.model", f"runner llama_server serves a GGUF file; {source} is not one "
+                                   "(name a .gguf file or the packaged default)")
+        model = str(Path(source.location) / source.gguf_file)
+        ctx = ServedContext(model, plan.path.parent, GGUF_CACHE_DIR)
+        servers = {FALLBACK: ServerConfig(model, extra_args=tuple(spec.extra_args))}
+        for name, d in policy.drafts.items():
+            kind = draft_kinds.get(d.kind)
+            if kind.llama_server is None:
+                raise PolicyValueError(f"drafts.{name}.kind", f"runner llama_server cannot run a {d.kind} draft (kinds it "
+                                       f"runs: {', '.join(k.name for k in draft_kinds.kinds() if k.llama_server)})")
+            served = kind.llama_server(name, d, ctx)
+            servers[name] = ServerConfig(model, served.draft_model, served.spec_type, d.num_draft_tokens,
+                                         tuple(served.extra_args) + tuple(spec.extra_args))
+        load = policy.load
+        parallel = max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1])
+        return cls(servers, binary, eos_token_ids(plan.tokenizer), threads=spec.threads, parallel=parallel,
+                   ctx_size=spec.ctx_size, startup_timeout_s=spec.startup_timeout_s,
+                   request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
+                   max_consecutive_failures=spec.max_consecutive_failures)
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        """The runner's configuration builds (from_plan: a binary, a GGUF target, drafts it
+        can run; nothing started) and every declared law and constraint is one llama-server
+        applies as gate does. Raises PolicyValueError at the YAML path."""
+        from gate.runners.refusals import check_law_refusals
+
+        check_law_refusals(plan, cls.from_plan(plan))
 
     # ---- what gate records -------------------------------------------------------------
 

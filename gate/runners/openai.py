@@ -60,17 +60,19 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import load_average, read_pressure
 from gate.load.schedule import drive
 from gate.plan import Request
-from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.netstat import listen_counters, listen_note
 from gate.runners.registry import register
+from gate.records import ServerRecord
 from gate.runners.server_metrics import ServerSnapshot, parse_metrics
 
 Api = Literal["completions", "chat", "llama_cpp"]
@@ -303,6 +305,67 @@ class _Breaker:
                            kind="not_sent")
 
 
+class EndpointSpec(BaseModel):
+    """One runner's OpenAI-compatible server (runner kind openai)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    base_url: str = Field(..., pattern=r"^https?://", description="Server root, e.g. 'http://127.0.0.1:8000' (no /v1).")
+    model: str | None = Field(None, description="Served model name sent as `model`.")
+    metrics_url: str | None = Field(None, pattern=r"^https?://", description="Prometheus text endpoint for spec-decode "
+                                    "counters, e.g. 'http://127.0.0.1:8000/metrics'; without it a draft runner has no "
+                                    "server-side acceptance figures.")
+    api: Literal["completions", "llama_cpp"] = Field(
+        "completions", description="completions: /v1/completions with token-id prompts (the chat template is applied by "
+        "gate, as for every runner); llama_cpp: llama.cpp's native /completion (token ids and per-response draft counts "
+        "come back).")
+    engine: Literal["generic", "vllm", "llama_cpp", "sglang", "trtllm"] = Field(
+        "generic", description="Which engine's counter names to read from metrics_url.")
+
+
+class ServedRunnerSpec(RunnerSpecBase):
+    """What every served runner kind reads from the policy: request time limits, the breaker,
+    fixed output lengths and the burst rule."""
+
+    request_timeout_s: float = Field(120.0, gt=0, description="Seconds one request may take before it is an error.")
+    max_consecutive_failures: int = Field(3, ge=1, description="After this many requests in a row (in the order they "
+                                          "ended) failed by timeout or a failed connection (not an HTTP error status or "
+                                          "a malformed stream), the load point's requests not yet sent are errors at "
+                                          "once, so a runner that keeps failing stops costing request_timeout_s per "
+                                          "request.")
+    ignore_eos: bool = Field(True, description="Ask the server for fixed output lengths (max_new_tokens every time) "
+                             "where it allows.")
+    burst_gap_ms: float = Field(1.0, ge=0, description="Streamed tokens closer than this (ms) are one burst: one "
+                                "verification step as the client sees it (llama-server sends one event per token).")
+
+
+class OpenAIRunnerSpec(ServedRunnerSpec):
+    """runner.kind openai: any OpenAI-compatible server, one endpoint per runner name."""
+
+    kind: Literal["openai"]
+    endpoints: dict[str, EndpointSpec] = Field(default_factory=dict, description="'fallback' and every draft name -> "
+                                               "its endpoint.")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="The environment variable "
+                                    "holding the API key (sent as a bearer token, never written to a report).")
+
+    def policy_problems(self, policy: Any) -> list[tuple[str, str]]:
+        """Every runner (the fallback and each draft) has an endpoint, and every endpoint a runner."""
+        import difflib
+
+        names = ["fallback", *policy.drafts]
+        problems = [("runner.endpoints", f"no endpoint for runner {name!r}: every runner (fallback and each draft) names "
+                     "its server") for name in names if name not in self.endpoints]
+        for name in self.endpoints:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                problems.append((f"runner.endpoints.{name}", f"unknown runner {name!r}; runners: {', '.join(names)}"
+                                 + (f" (did you mean {close[0]!r}?)" if close else "")))
+        return problems
+
+
+# Metrics only a runner at load points measures: windows of requests in flight together.
+SERVED_METRICS = frozenset({"output_throughput", "request_throughput", "goodput", "queue_ms"})
+
+
 @register("openai")
 class OpenAIRunner(Runner):
     """Streams planned requests to OpenAI-compatible (or llama.cpp native) servers, one
@@ -324,7 +387,58 @@ class OpenAIRunner(Runner):
     """
 
     capabilities = Capabilities(token_ids=True, step_counters=False, seeding=True, first_steps=False,
-                                cpu_accounting=False, max_concurrency=4096, server_counters=True)
+                                cpu_accounting=False, max_concurrency=4096, server_counters=True, in_process=False,
+                                load_points=True, interleaves=False, metrics=SERVED_METRICS,
+                                metrics_note="is measured on served runners at a load point; set runner.kind to {kinds}")
+    spec: ClassVar[type[RunnerSpecBase]] = OpenAIRunnerSpec
+
+    @classmethod
+    def from_plan(cls, plan: Any, local: Any = None) -> "OpenAIRunner":
+        """The endpoints of plan.policy.runner (runner.endpoints: one per runner name), with
+        the target tokenizer's end ids (gate.models.load.eos_token_ids)."""
+        from gate.models.load import eos_token_ids
+
+        spec = plan.policy.runner
+        endpoints = {name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)
+                     for name, e in spec.endpoints.items()}
+        return cls(endpoints, eos_token_ids(plan.tokenizer), request_timeout_s=spec.request_timeout_s,
+                   ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
+                   max_consecutive_failures=spec.max_consecutive_failures)
+
+    @classmethod
+    def check_plan(cls, plan: Any) -> None:
+        """The API key's variable is set (runner.api_key_env), the runner's configuration
+        builds (from_plan: nothing started or sent) and every declared law and constraint is
+        one its servers apply as gate does (gate.runners.refusals.check_law_refusals).
+        Raises PolicyValueError at the YAML path."""
+        from gate.errors import PolicyValueError
+        from gate.runners.refusals import check_law_refusals
+
+        spec = plan.policy.runner
+        if spec.api_key_env and not os.environ.get(spec.api_key_env):
+            raise PolicyValueError("runner.api_key_env", f"the environment variable {spec.api_key_env} is not set "
+                                   "(it holds the API key the servers expect)")
+        check_law_refusals(plan, cls.from_plan(plan))
+
+    def describe(self, runner: str) -> ServerRecord | None:
+        """The runner's endpoint, the command line of a server gate started, the version the
+        server gives and its peak RSS, where known (ServerRecord); never raises."""
+        def safe(get: Callable[[], Any]) -> Any:
+            try:
+                return get()
+            except Exception:  # noqa: BLE001 - informative only
+                return None
+
+        return ServerRecord(runner, self.kind, safe(lambda: self.endpoint(runner).base_url), safe(lambda: self.command_line(runner)),
+                            safe(lambda: self.server_info(runner)), safe(lambda: self.peak_rss_bytes(runner)))
+
+    def command_line(self, runner: str) -> list[str] | None:
+        """The command line of the server gate started for `runner` (None: gate started none)."""
+        return None
+
+    def peak_rss_bytes(self, runner: str) -> int | None:
+        """Peak resident set size of `runner`'s server in bytes (None: not known to gate)."""
+        return None
 
     def __init__(self, endpoints: dict[str, Endpoint], eos_token_ids: set[int], request_timeout_s: float = 120.0,
                  ignore_eos: bool = True, burst_gap_ms: float = 1.0, count_tokens: Callable[[str], int] | None = None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 
@@ -34,10 +34,22 @@ from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.plan import Request
 from gate.records import FALLBACK
-from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.registry import register
 from gate.runners.stop import StopStrings
 from gate.speculative import Verdict, sample, verify
+
+
+# Metrics only gate's own loop measures: they need its step counters, the caches it holds, the
+# drafts loaded here (overlap, top-1 agreement) or their tokenizer mapping (gate.metrics names).
+IN_PROCESS_METRICS = frozenset({"overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate", "mapping_ms",
+                                "mapping_share", "translation_loss"})
+
+
+class TransformersRunnerSpec(RunnerSpecBase):
+    """runner.kind transformers: gate's in-process loop on the target and drafts it loads."""
+
+    kind: Literal["transformers"] = "transformers"
 
 
 @register("transformers")
@@ -51,7 +63,11 @@ class TransformersRunner(Runner):
     accepted (at one position EOS comes first, then a stop string, then the length)."""
 
     capabilities = Capabilities(token_ids=True, step_counters=True, seeding=True, first_steps=True,
-                                cpu_accounting=True, max_concurrency=1, server_counters=False)
+                                cpu_accounting=True, max_concurrency=1, server_counters=False, in_process=True,
+                                load_points=False, interleaves=True, metrics=IN_PROCESS_METRICS,
+                                metrics_note="needs gate's in-process loop (runner.kind {kinds}); a served run measures "
+                                             "acceptance from the server's counters (acceptance_rate, mean_acceptance_length)")
+    spec = TransformersRunnerSpec
 
     def __init__(self, model: torch.nn.Module, eos_token_ids: set[int], device: torch.device,
                  stop: StopStrings | None = None, drafts: dict[str, Draft] | None = None,
@@ -63,6 +79,15 @@ class TransformersRunner(Runner):
         self.stop = stop
         self.drafts: dict[str, Draft] = dict(drafts or {})
         self._probe: Probe | None = None
+
+    @classmethod
+    def from_plan(cls, plan: Any, local: Any = None) -> "TransformersRunner":
+        """The runner on the target and drafts loaded for `plan` (`local`, a
+        gate.session.LocalModels). Raises ValueError without them."""
+        if local is None:
+            raise ValueError("the transformers runner runs the models loaded in this process: open them first")
+        t = local.target
+        return cls(t.model, t.eos_token_ids, t.device, t.stop, local.drafts, t.grammars)
 
     def open(self) -> None:
         """Set up the CPU accounting probe (reads whether /proc/pressure/cpu exists)."""
