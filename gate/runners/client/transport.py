@@ -164,6 +164,8 @@ class Breaker:
         self.open = False
 
     def ended(self, result: RequestResult) -> None:
+        """Count a request that ended: a transport failure lengthens the streak, any answer
+        from the server resets it, a request not sent leaves it."""
         if isinstance(result, ServedError) and result.kind in TRANSPORT_KINDS:
             self.streak += 1
             self.last = result.what
@@ -173,6 +175,7 @@ class Breaker:
             self.streak = 0  # an answer (even HTTP 500 or a malformed stream): the server is there
 
     def refusal(self) -> ServedError:
+        """The ServedError (kind "not_sent") of a request not sent once the breaker is open."""
         return ServedError(self.runner, self.url,
                            f"not sent: {self.streak} request{'s' if self.streak != 1 else ''} in a row failed at this "
                            f"load point ({self.at}; last: "

@@ -14,6 +14,8 @@ from gate.runners.engines.registry import register
 
 @register
 class SGLang(UnverifiedEngine):
+    """SGLang (see the module docstring): unverified, its own counters."""
+
     name = "sglang"
     marker = "sglang:spec_verify_calls_total"
 

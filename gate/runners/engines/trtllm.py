@@ -14,6 +14,8 @@ from gate.runners.engines.registry import register
 
 @register
 class TensorRTLLM(UnverifiedEngine):
+    """TensorRT-LLM (see the module docstring): unverified, its own counters."""
+
     name = "trtllm"
     marker = "trtllm_spec_decode_num_draft_tokens_total"
 
