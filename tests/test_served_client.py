@@ -23,7 +23,8 @@ from gate.load.open import OpenLoop
 from gate.load.sequential import SEQUENTIAL
 from gate.plan import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
-from gate.runners.openai import UNKNOWN_ID, Endpoint, OpenAIRunner, ServedError, bursts
+from gate.runners.client.stream import bursts
+from gate.runners.openai import UNKNOWN_ID, Endpoint, OpenAIRunner, ServedError
 from gate.runners.registry import register
 from gate.runners.server_metrics import counter_delta
 
@@ -225,9 +226,9 @@ def test_each_engines_documented_stream(stub: Stub, engine: str, api: str, n: in
         assert r.step_committed == [1, 1, 2, 2]  # the 2-token chunks are 2-token bursts
 
 
-def test_chat_needs_text_and_one_run_serves_one_runner(stub: Stub) -> None:
-    with pytest.raises(ServedError, match="chat api needs the prompt's text"):
-        runner(stub, "chat").run([req()], SEQUENTIAL)
+def test_the_chat_api_is_unknown_and_one_run_serves_one_runner(stub: Stub) -> None:
+    with pytest.raises(ValueError, match="unknown api 'chat'; known: completions, llama_cpp"):
+        runner(stub, "chat")
     with pytest.raises(ValueError, match="one runner name; got d, fallback"):
         runner(stub).run([req(), req(draft="d")], SEQUENTIAL)
     with pytest.raises(ValueError, match="no endpoint for runner 'x'"):

@@ -24,7 +24,9 @@ from gate.load.sequential import SEQUENTIAL
 from gate.plan import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.llama_server import LlamaServerRunner, ServerConfig
-from gate.runners.openai import Endpoint, OpenAIRunner, ServedError, gbnf_choice, law_refusals
+from gate.runners.engines.llama_cpp import gbnf_choice
+from gate.runners.engines.registry import engine
+from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
 from gate.law import law_logits
 from gate.served import check_served_law
 
@@ -155,7 +157,7 @@ def test_the_server_receives_the_law_and_the_constraint(api):
     ("generic", Law("t", 0.7, top_k=5, top_p=0.9), None, []),
 ])
 def test_law_refusals_name_what_the_server_cannot_apply(semantics, law, kind, fields):
-    assert [f for f, _ in law_refusals(semantics, law, FORMATS.get(kind))] == fields
+    assert [f for f, _ in engine(semantics).law_refusals(law, FORMATS.get(kind))] == fields
 
 
 def test_a_refused_request_is_not_sent():

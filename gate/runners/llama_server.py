@@ -24,10 +24,10 @@ Flags verified against llama-server --help of llama.cpp build 11434 (llama-cpp-b
 -t, --version.
 
 Requests carry the whole declared law with llama.cpp's sampler order set per request
-(gate.runners.openai: sampling_fields, llama_samplers); the repetition penalty's window
-(repeat_last_n) is the slot context `ctx_size`, so it covers the whole prompt and output.
-What llama.cpp cannot apply as gate does (presence and frequency penalties, regex
-constraints, truncation under a grammar: gate.runners.openai.law_refusals) is refused
+(gate.runners.engines.llama_cpp: LlamaCpp.sampling_fields, llama_samplers); the repetition
+penalty's window (repeat_last_n) is the slot context `ctx_size`, so it covers the whole
+prompt and output. What llama.cpp cannot apply as gate does (presence and frequency
+penalties, regex constraints, truncation under a grammar: LlamaCpp.law_refusals) is refused
 before a server starts.
 """
 
@@ -58,8 +58,11 @@ from pydantic import Field
 from gate.load.interface import LoadStrategy
 from gate.plan import Request
 from gate.records import FALLBACK
+from gate.runners.client.transport import ServedError
+from gate.runners.engines.interface import Engine
+from gate.runners.engines.registry import engine
 from gate.runners.interface import Done, RequestResult
-from gate.runners.openai import Endpoint, OpenAIRunner, ServedError, ServedRunnerSpec
+from gate.runners.openai import Endpoint, OpenAIRunner, ServedRunnerSpec
 from gate.runners.registry import register
 from gate.runners.server_metrics import ServerSnapshot
 
@@ -458,9 +461,9 @@ class LlamaServerRunner(OpenAIRunner):
         """repeat_last_n: the slot context (tokens), the longest prompt plus output a slot holds."""
         return int(self.ctx_size)
 
-    def semantics(self, runner: str) -> str:
-        """Always "llama_cpp" (known before the server is up)."""
-        return "llama_cpp"
+    def engine_of(self, runner: str) -> Engine:
+        """Always llama.cpp's engine (known before the server is up)."""
+        return engine("llama_cpp")
 
     def server_info(self, runner: str) -> str | None:
         """"llama-server <the line of `binary --version` that says version>", e.g.

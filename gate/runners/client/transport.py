@@ -1,0 +1,184 @@
+"""How a served request's transport failed, named for its ServedError: the request's
+progress as httpcore reports it (RequestProgress), the failure's kind and wording
+(classify_transport), and the breaker that stops sending after consecutive transport
+failures (Breaker)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from gate.runners.interface import RequestResult
+
+
+class ServedError(RuntimeError):
+    """A served request (or scrape) failed: `runner` (the runner name: a draft or
+    "fallback"), `url` (the endpoint), `what` (what failed, e.g. "connection refused at
+    connect (...)", "HTTP 503: <body>", "timed out before the first byte after 120 s (...)")
+    and `kind`: for a transport failure one of TRANSPORT_KINDS (the connection, not the
+    server's answer, failed), "not_sent" for a request the runner gave up on without
+    sending (max_consecutive_failures), None otherwise (an HTTP error status, a malformed
+    stream, a refused law)."""
+
+    names_its_place = True  # its message names runner and URL: reports add no source location
+
+    def __init__(self, runner: str, url: str, what: str, kind: str | None = None):
+        super().__init__(f"runner {runner!r} at {url}: {what}")
+        self.runner = runner
+        self.url = url
+        self.what = what
+        self.kind = kind
+
+
+TRANSPORT_KINDS = ("refused", "connect_failed", "reset_before_response", "reset_mid_stream",
+                   "timeout_before_first_byte", "timeout_mid_stream")
+"""ServedError.kind of a request whose connection failed (classify_transport): refused at
+connect (ECONNREFUSED), another failure to connect (unreachable, name resolution), reset or
+closed before the response headers, reset or closed after them, no response byte within
+the time limit, stalled after the response began. These, and only these, count towards
+OpenAIRunner.max_consecutive_failures."""
+
+
+@dataclass
+class RequestProgress:
+    """How far one request got, for naming a transport failure (classify_transport): the
+    phase httpcore last reported (its trace extension: "connecting", "connected",
+    "sending", "sent", "headers"; None before anything), perf_counter seconds at send, at
+    the response headers and at the last body byte, and the SSE events and tokens (ids)
+    parsed."""
+
+    phase: str | None = None
+    fresh: bool = False  # this attempt opened its connection (else it reused a kept-alive one)
+    t0: float | None = None
+    headers_s: float | None = None
+    last_s: float | None = None
+    events: int = 0
+    tokens: int = 0
+
+    def restart(self) -> None:
+        """Forget a lost attempt (nothing was received): the request is sent again."""
+        self.phase, self.fresh, self.t0, self.headers_s, self.last_s = None, False, None, None, None
+        self.events = self.tokens = 0
+
+    async def trace(self, name: str, info: dict[str, Any]) -> None:
+        """httpcore's trace callback ("connection.connect_tcp.started", "http11.send_request_headers.started", ...)."""
+        if name.endswith("connect_tcp.started"):
+            self.phase, self.fresh = "connecting", True
+        elif name.endswith("connect_tcp.complete"):
+            self.phase = "connected"
+        elif name.endswith("send_request_headers.started"):
+            self.phase = "sending"
+        elif name.endswith("send_request_body.complete"):
+            self.phase = "sent"
+        elif name.endswith("receive_response_headers.complete"):
+            self.phase = "headers"
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The first OSError with an errno in `e`'s chain of causes (httpx wraps httpcore's, which wraps the socket's)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno is not None:
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _cause(e: BaseException) -> str:
+    """'<class>: <errno name> (<os.strerror>)' of a transport exception, else '<class>:
+    <message>' (or the class alone when the message is empty: asyncio.TimeoutError has none)."""
+    os_err = _os_error(e)
+    name = type(e).__name__
+    if os_err is not None:
+        code = errno.errorcode.get(os_err.errno, str(os_err.errno))
+        return f"{name}: {code} ({os.strerror(os_err.errno)})"  # asyncio's strerror is "Connect call failed (...)"
+    text = str(e).strip()
+    return f"{name}: {text}" if text else name
+
+
+def classify_transport(e: BaseException, progress: RequestProgress, now_s: float, timeout_s: float) -> tuple[str, str]:
+    """(kind, what) of a request whose transport failed with `e` (an httpx.TimeoutException,
+    NetworkError or RemoteProtocolError, or asyncio.TimeoutError: the request's time
+    limit), given how far it got (`progress`) and perf_counter `now_s` (s); `timeout_s`:
+    the request's time limit (s). `kind` is one of TRANSPORT_KINDS; `what` names it with a
+    non-empty detail: the exception's class and errno name and strerror (or its message),
+    the events and tokens received, the seconds waited (a timeout: the time limit, which
+    it reached; else the seconds since the send). Raises nothing."""
+    waited = now_s - progress.t0 if progress.t0 is not None else None
+    after = f"{waited:.2f} s after the send" if waited is not None else "before the send"
+    got = f"{progress.events} event(s), {progress.tokens} token(s)"
+    started = progress.headers_s is not None
+    if isinstance(e, (asyncio.TimeoutError, httpx.TimeoutException)):
+        if isinstance(e, httpx.ConnectTimeout):
+            which = f"ConnectTimeout: the TCP handshake did not complete within {timeout_s:g} s"
+        else:
+            which = _cause(e) if isinstance(e, httpx.TimeoutException) else f"the request's time limit of {timeout_s:g} s"
+        if not started:
+            where = {"connecting": "connecting", None: "before connecting", "connected": "connected, sending",
+                     "sending": "sending the request", "sent": "the request was sent"}.get(progress.phase, progress.phase)
+            if isinstance(e, httpx.ConnectTimeout):
+                where = "connecting"
+            return "timeout_before_first_byte", (f"timed out before the first byte after {_s(timeout_s)} s "
+                                                 f"({which}; {where}, no response byte)")
+        last = f"; the last byte {now_s - progress.last_s:.2f} s before" if progress.last_s is not None else \
+            "; nothing after the response headers"
+        return "timeout_mid_stream", (f"timed out mid-stream after {_s(timeout_s)} s ({which}; the response "
+                                      f"headers, then {got}{last})")
+    if isinstance(e, httpx.ConnectError):
+        os_err = _os_error(e)
+        code = os_err.errno if os_err is not None else None
+        if code == errno.ECONNREFUSED:
+            return "refused", f"connection refused at connect ({_cause(e)}; {after}: nothing listens on that port)"
+        if code in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
+            return "reset_before_response", f"connection reset before the response ({_cause(e)}; at connect, {after})"
+        return "connect_failed", f"connection failed at connect ({_cause(e)}; {after}: the host is unreachable or unknown)"
+    if not started:
+        where = "while sending the request" if progress.phase in ("connected", "sending") or isinstance(e, httpx.WriteError) \
+            else "after the request was sent"
+        return "reset_before_response", (f"connection reset before the response ({_cause(e)}; {where}, no response "
+                                         f"byte, {after})")
+    return "reset_mid_stream", (f"connection reset mid-stream ({_cause(e)}; after the response headers and {got}, "
+                                f"{after})")
+
+
+def _s(seconds: float) -> str:
+    """Seconds to 0.1 s, without trailing zeros: 1, 10, 0.5, 2.3."""
+    return f"{round(seconds, 1):g}"
+
+
+class Breaker:
+    """Consecutive transport failures of one run() call, in the order requests ended. After
+    `limit` in a row every request not yet sent fails at once (refusal)."""
+
+    def __init__(self, limit: int, runner: str, url: str, at: str):
+        self.limit, self.runner, self.url, self.at = limit, runner, url, at
+        self.streak = 0
+        self.last: str | None = None
+        self.open = False
+
+    def ended(self, result: RequestResult) -> None:
+        """Count a request that ended: a transport failure lengthens the streak, any answer
+        from the server resets it, a request not sent leaves it."""
+        if isinstance(result, ServedError) and result.kind in TRANSPORT_KINDS:
+            self.streak += 1
+            self.last = result.what
+            if self.streak >= self.limit:
+                self.open = True
+        elif not (isinstance(result, ServedError) and result.kind == "not_sent"):
+            self.streak = 0  # an answer (even HTTP 500 or a malformed stream): the server is there
+
+    def refusal(self) -> ServedError:
+        """The ServedError (kind "not_sent") of a request not sent once the breaker is open."""
+        return ServedError(self.runner, self.url,
+                           f"not sent: {self.streak} request{'s' if self.streak != 1 else ''} in a row failed at this "
+                           f"load point ({self.at}; last: "
+                           f"{self.last}); the rest are errors at once (runner.max_consecutive_failures: {self.limit})",
+                           kind="not_sent")
+
