@@ -163,10 +163,13 @@ class _Attempt:
     scraped: set[str] = field(default_factory=set)  # runners whose counters were read before the requests
     stall_share: float | None = None  # share of the attempt's wall time some task waited for a CPU
 
-    def wall_ms(self) -> float:
-        """Wall time the attempt's timed requests were in flight (ms)."""
+    def wall_ms(self, one_at_a_time: bool) -> float:
+        """Wall time the attempt's timed requests took (ms): the sum of their E2E latencies
+        when they ran one at a time, else the time at least one was in flight."""
         from gate.records import busy_seconds
 
+        if one_at_a_time:
+            return sum(r.e2el_ms for r in self.records)
         return busy_seconds((self.starts[id(r)], self.starts[id(r)] + r.e2el_ms / 1e3) for r in self.records) * 1e3
 
 
@@ -304,7 +307,7 @@ class Loop:
         reruns = 0
         try:
             self._attempt(unit, load, at, best)
-            last_ms = best.wall_ms()
+            last_ms = best.wall_ms(load.concurrency == 1)
             budget.first(last_ms)
             first_contended = bool(self._contended(best))
             if h.max_cpu_stall is not None:
@@ -312,7 +315,7 @@ class Loop:
                     reruns += 1
                     again = _Attempt()
                     self._attempt(unit, load, at, again)
-                    last_ms = again.wall_ms()
+                    last_ms = again.wall_ms(load.concurrency == 1)
                     budget.rerun(last_ms)
                     if again.failures:  # not contention: keep what was measured, say what failed
                         extra += again.failures

@@ -22,7 +22,7 @@ from gate.measure.contention import (Pressure, Reading, cpu_share, describe, is_
 from gate.policy.model import MeasurementSpec, RuleSpec
 from gate.records import DraftInfo, Environment, Measurements, OverlapRecord, RequestRecord
 from gate.rules.evaluate import Settings, evaluate
-from gate.runners.interface import StreamResult
+from gate.runners.interface import Capabilities, Runner, StreamResult
 
 PSI = "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
@@ -236,10 +236,13 @@ def test_a_latency_ceiling_met_while_contended_passes_and_a_miss_is_inconclusive
     assert o.status == "inconclusive" and "machine contended" in o.message
 
 
-class FakeRunner:
+class FakeRunner(Runner):
     """Runs a cell in no time: every request 'takes' 100 ms and is contended (all its wall time
     without CPU) when `busy(rerun)` says so, `rerun` being whether the attempt repeats the cell
     before it. Counts first attempts and reruns."""
+
+    kind = "fake"
+    capabilities = Capabilities(interleaves=True)
 
     def __init__(self, busy) -> None:
         self.busy, self.last, self.first, self.reruns = busy, None, 0, 0
@@ -258,20 +261,19 @@ class FakeRunner:
 
 
 def run_cells(busy, cells: int = 20, reruns: int = 2, budget: float = 0.5) -> tuple[Measurements, FakeRunner]:
-    """`cells` cells (fallback and draft d on one prompt each) through gate.run's cell loop."""
+    """`cells` cells (fallback and draft d on one prompt each) through gate.run's loop."""
     from types import SimpleNamespace
 
     from gate.measure.contention import Handling
-    from gate.plan import PlannedPrompt, Request
-    from gate.run import _run_requests
+    from gate.plan import PlannedPrompt
+    from gate.run import Loop, Settings
 
     law = SimpleNamespace(name="greedy")
-    requests = [Request(r, law, PlannedPrompt(f"p{i}", "qa", (1, 2, 3)), 3, 0, 0) for i in range(cells)
-                for r in ("fallback", "d")]
     runner = FakeRunner(busy)
-    session = SimpleNamespace(runner=runner, drafts={"d": SimpleNamespace(num_draft_tokens=3)})
+    session = SimpleNamespace(runner=runner, prompts=[PlannedPrompt(f"p{i}", "qa", (1, 2, 3)) for i in range(cells)])
     m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("prompt_lookup", 3)})
-    _run_requests(session, m, requests, lambda *_: None, Handling(0.1, reruns, 2, budget))
+    settings = Settings([3], warmup=0, contention=Handling(0.1, reruns, 2, budget))
+    Loop(session, m, settings, lambda *_: None).requests(["fallback", "d"], [law], range(1))
     return m, runner
 
 
