@@ -34,7 +34,7 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
-from gate.measure.identity import identity_lines
+from gate.report.identity import identity_lines
 from gate.metrics import COMPUTED_ONCE
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
