@@ -124,14 +124,13 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
         values = sorted(values, key=lambda v: (declared.index(v) if v in declared else len(declared), v))
         return [replace(base, constraints=(v,)) for v in values]
     if rule.per in ("concurrency", "request_rate"):  # one load point each (an open loop's points have no concurrency)
-        other = "request_rate" if rule.per == "concurrency" else "concurrency"
-        return [replace(base, **{rule.per: (v,), other: None}) for v in values]
+        return [replace(base, **{rule.per: (v,), other_axis(rule.per): None}) for v in values]
     return [replace(base, **{rule.per: v}) for v in values]
 
 
 def _gaps(rule: RuleSpec, draft: str, law: str, declared: dict[str, tuple[float, ...]]) -> list[Selection]:
     """The load points in the rule's scope that its `per:` gives no verdict at (one selection each)."""
-    if rule.kind == "exactness" or not declared:
+    if not declared:
         return []
     conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
     rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
