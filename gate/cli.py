@@ -177,7 +177,7 @@ def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options:
 
 
 @cli.command("report")
-@click.argument("report_path", metavar="REPORT", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("report_path", metavar="REPORT", type=click.Path(path_type=Path))
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write one self-contained HTML page with plots.")
 @click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (default: the --html path).")
@@ -198,6 +198,7 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
     plots (--html), a Markdown summary, JUnit, or any registered format. Exit 0 when
     written, 2 for a file that is not a gate report or a report that cannot be written
     (the report's own verdict is its exit_code field, not this command's)."""
+    from gate import saved
     from gate.errors import InputError, Problem
 
     extra = _extra_reports(extra_reports)
@@ -206,7 +207,8 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
         raise click.UsageError("nothing to write: give --html, --markdown, --junit or --report FORMAT=PATH")
     options: dict[str, dict[str, Any]] = {}
     try:
-        report, data = _load_saved_report(report_path)
+        data = saved.read_data(report_path)
+        report = saved.as_report(report_path, data)
         if roofline_policy is not None or bandwidth is not None or peak is not None:
             if roofline_policy is None or bandwidth is None or peak is None:
                 raise InputError([Problem("command line", "--roofline-policy/--bandwidth/--peak", None,
@@ -218,32 +220,6 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
     for name, path in targets:
         if path is not None:
             click.echo(f"wrote {name}: {path}")
-
-
-def _load_saved_report(path: Path) -> tuple[Any, dict[str, Any]]:
-    """A saved gate JSON report (plain or gzip) as the Report document and as plain data.
-    Raises InputError naming the file for anything else."""
-    import gzip
-
-    from pydantic import ValidationError
-
-    from gate.errors import InputError, Problem
-    from gate.report.document import ADAPTER, FORMAT
-
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, gzip.BadGzipFile) as e:
-        raise InputError([Problem(str(path), "", None, f"not a gate JSON report: {e}")]) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise InputError([Problem(str(path), "format", None, f"not a gate JSON report (format {FORMAT!r} expected)")])
-    try:
-        return ADAPTER.validate_python(data), data
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError([Problem(str(path), ".".join(str(x) for x in err["loc"]), None, err["msg"])]) from None
 
 
 def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], bandwidth: str, peak: str) -> dict[str, Any]:
@@ -366,7 +342,7 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
 @click.option("--peak", required=True, help="Compute roof, e.g. 1000GFLOP/s.")
 @click.option("--intensity", type=float, multiple=True, help="Operational intensity in FLOP/byte (repeatable).")
 @click.option("--batch", type=click.IntRange(1), multiple=True, help="Batch sizes to place a policy's steps at (repeatable).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--report", "report_path", type=click.Path(path_type=Path),
               help="A gate check JSON report: adds the predicted speedup from its measured acceptance rate.")
 def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[float, ...], batch: tuple[int, ...],
              report_path: Path | None) -> None:
@@ -417,7 +393,7 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
 
 
 @cli.command()
-@click.argument("report_path", metavar="REPORT", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("report_path", metavar="REPORT", type=click.Path(path_type=Path))
 @click.argument("rule_id")
 @click.option("--scope", help="Only this scope, e.g. bf16/greedy.")
 @click.option("--values", "max_values", type=click.IntRange(0), default=20, show_default=True, help="Raw values to print per scope.")
@@ -425,10 +401,11 @@ def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int)
     """Show how REPORT's verdicts for RULE_ID were reached: the samples, the aggregation,
     the threshold, the comparison and the raw values (or the exactness tests)."""
     from gate.errors import InputError, Problem
-    from gate.report.explain import explain_rule, load_report
+    from gate import saved
+    from gate.report.explain import explain_rule
 
     try:
-        report = load_report(report_path)
+        report = saved.read_report(report_path)
         text = explain_rule(report, rule_id, scope, max_values)
     except GateError as e:
         _fail(e)
@@ -438,8 +415,8 @@ def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int)
 
 
 @cli.command()
-@click.argument("base_path", metavar="BASE", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.argument("candidate_path", metavar="CANDIDATE", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("base_path", metavar="BASE", type=click.Path(path_type=Path))
+@click.argument("candidate_path", metavar="CANDIDATE", type=click.Path(path_type=Path))
 @click.option("--draft", "mapping", multiple=True, metavar="CANDIDATE=BASE",
               help="Compare candidate draft CANDIDATE with the baseline's BASE (repeatable; default: same names).")
 @click.option("--tolerance", type=click.FloatRange(0, 1), default=0.05, show_default=True,
@@ -458,7 +435,7 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
     from gate.compare import compare as do_compare
     from gate.errors import InputError, Problem
     from gate.report.console import comparison_table
-    from gate.report.explain import load_report
+    from gate import saved
 
     try:
         drafts = {}
@@ -469,7 +446,7 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
             if cand in drafts:
                 raise InputError([Problem("--draft", "", None, f"candidate draft {cand!r} is mapped twice")])
             drafts[cand] = base
-        result = do_compare(load_report(base_path), load_report(candidate_path), drafts, tolerance, confidence,
+        result = do_compare(saved.read_report(base_path), saved.read_report(candidate_path), drafts, tolerance, confidence,
                             base_file=str(base_path), cand_file=str(candidate_path))
     except GateError as e:
         _fail(e)
@@ -509,9 +486,9 @@ def schema(which: str) -> None:
 def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
     """A gate check JSON report made with this policy's drafts (same num_draft_tokens).
     Raises InputError for a file that is not such a report."""
-    from gate.report.explain import read_report_data
+    from gate import saved
 
-    report = read_report_data(path, "gate check")
+    report = saved.read_data(path, "gate check")
     _check_report_drafts(report, loaded, path)
     return report
 

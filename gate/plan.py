@@ -117,10 +117,12 @@ class ExactnessPlan:
 
 
 def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> ExactnessPlan:
-    """The exactness measurements every rule of kind 'exactness' (level not off) needs."""
+    """The exactness measurements every rule decided on exactness raw material (level not off) needs."""
+    from gate.rules.kinds import registry as rule_kinds
+
     plan = ExactnessPlan()
     for rule in rules:
-        if rule.kind != "exactness" or rule.level == "off":
+        if not rule_kinds.needs_exactness(rule) or rule.level == "off":
             continue
         for d in rule.scope.drafts or drafts:
             for law in rule.scope.laws or laws:

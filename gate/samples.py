@@ -221,8 +221,10 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
 
 def _finish_samples(loaded, m: Measurements) -> CheckResult:  # type: ignore[no-untyped-def]
     from gate.policy.model import RuleSpec
+    from gate.rules.kinds import exactness, registry as rule_kinds
 
-    rules = [r for r in loaded.policy.rules if r.kind == "exactness"] or [RuleSpec(id="exactness", kind="exactness")]
+    rules = [r for r in loaded.policy.rules if rule_kinds.needs_exactness(r)] or [
+        RuleSpec(id="exactness", kind=exactness.KIND.name)]
     # The samples name their own sources: scope by law only.
     rules = [r.model_copy(update={"scope": r.scope.model_copy(update={"drafts": None})}) for r in rules]
     return finish(loaded, m, Options(), [], rules=rules)

@@ -12,15 +12,15 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from gate.baseline import load_baseline
+from gate.baseline import load_baseline, load_release
 from gate.drafts import registry as draft_kinds
 from gate.errors import PolicyValueError
-from gate.measure.identity import load_release
 from gate.measure.kv import sliding_window
 from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
 from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
 from gate.policy.load import LoadedPolicy, load_policy
-from gate.rules.evaluate import declared_load_points, inapplicable_points, not_applicable_reason
+from gate.rules.kinds import registry as rule_kinds
+from gate.rules.scope import declared_load_points, inapplicable_points, not_applicable_reason
 from gate.rules.power import underpowered
 from gate.runners.registry import runner_class
 
@@ -85,7 +85,7 @@ def load_gaps(policy: Any) -> list[tuple[str, str]]:
     declared = declared_load_points(policy)
     out: list[tuple[str, str]] = []
     for i, rule in enumerate(policy.rules):
-        if rule.kind != "metric" or not declared:
+        if not rule_kinds.reads_metric(rule) or not declared:
             continue
         gap = inapplicable_points(rule.per, rule.scope.concurrency, rule.scope.request_rate, declared)
         if gap is None:

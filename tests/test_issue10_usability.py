@@ -211,7 +211,8 @@ def test_junit_cases_carry_the_time_of_their_requests(run: dict[str, Any]) -> No
 
 
 def test_explain_prints_statistics_with_a_few_significant_digits(run: dict[str, Any]) -> None:
-    from gate.report.explain import explain_rule, load_report
+    from gate.report.explain import explain_rule
+    from gate.saved import read_report as load_report
 
     report = load_report(run["folder"] / "report.json")
     text = explain_rule(report, "exact", "lookup/t0.8", 5)
@@ -224,7 +225,7 @@ def test_explain_prints_statistics_with_a_few_significant_digits(run: dict[str, 
 
 def test_compare_declares_every_verdict_inconclusive_when_not_comparable_bill_lines_included(run: dict[str, Any]) -> None:
     from gate.compare import compare
-    from gate.report.explain import load_report
+    from gate.saved import read_report as load_report
 
     base = load_report(run["folder"] / "report.json")
     cand = copy.deepcopy(base)

@@ -317,7 +317,7 @@ def test_selections_scope_keys_and_summaries_keep_constraints_apart():
     from gate.report.document import make_report
     from gate.report.html import HtmlReport
     from gate.report.markdown import MarkdownReport
-    from gate.rules.evaluate import parse_scope, scope_key
+    from gate.rules.scope import parse_scope, scope_key
     from gate.rules.selection import Selection
     from gate.rules.summary import summarize
 

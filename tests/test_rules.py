@@ -149,7 +149,8 @@ def test_example_policies_validate_against_the_schema():
 
 
 def test_markdown_summary_and_explain(tmp_path):
-    from gate.report.explain import explain_rule, load_report
+    from gate.report.explain import explain_rule
+    from gate.saved import read_report as load_report
     from gate.report.markdown import MarkdownReport
 
     m = measurements()

@@ -253,7 +253,7 @@ def test_category_breakdown_pools_and_sums_to_the_totals_and_rules_bind_per_cate
     decile = RuleSpec(id="slowest-decile", metric="request_speedup", aggregation="p10", comparison=">=", threshold="0.95x")
     (o,) = evaluate([decile], m)
     assert o.status in ("fail", "inconclusive") and "below 0.950" in o.message  # half the requests are at 0.7x
-    from gate.rules.evaluate import parse_scope
+    from gate.rules.scope import parse_scope
 
     assert parse_scope("d/greedy/category=code").categories == ("code",)
     assert parse_scope("d/greedy/context_length=1024").context_length == 1024

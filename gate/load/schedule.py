@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar, Union
 
 from gate.load.interface import LoadStrategy
-from gate.runners.interface import Done, RequestResult
 
-Send = Callable[[int, float], Awaitable[RequestResult]]
-"""send(index, scheduled_perf_counter_s) -> that request's result."""
+R = TypeVar("R")  # what one request gives (a runner's StreamResult, gate.runners.interface)
 
 
-async def drive(n: int, load: LoadStrategy, send: Send, done: Done | None = None) -> list[RequestResult]:
-    """Run send(i, scheduled_s) for i in 0..n-1 under `load`; return the results in index
+async def drive(n: int, load: LoadStrategy, send: Callable[[int, float], Awaitable[R]],
+                done: Callable[[int, Union[R, Exception]], None] | None = None) -> list[Union[R, Exception]]:
+    """Run send(i, scheduled_s) for i in 0..n-1 under `load` (`scheduled_s`: the
+    time.perf_counter() the request was scheduled at); return the results in index
     order. An Exception raised by send(i) becomes request i's result (the others go on);
     BaseExceptions (KeyboardInterrupt, cancellation) propagate. `done(i, result)` is called
     as each request ends. Raises ValueError for n < 0 or a concurrency below 1."""
@@ -36,13 +36,13 @@ async def drive(n: int, load: LoadStrategy, send: Send, done: Done | None = None
         raise ValueError(f"number of requests must be >= 0, got {n}")
     if load.concurrency is not None and load.concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {load.concurrency}")
-    results: list[RequestResult | None] = [None] * n
+    results: list[Union[R, Exception, None]] = [None] * n
     if n == 0:
         return []
 
     async def one(i: int, scheduled_s: float) -> None:
         try:
-            result: RequestResult = await send(i, scheduled_s)
+            result: Union[R, Exception] = await send(i, scheduled_s)
         except Exception as e:  # noqa: BLE001 - the request's result; the others go on
             result = e
         results[i] = result

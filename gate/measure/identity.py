@@ -49,9 +49,9 @@ from typing import Any, Callable
 
 import torch
 
-from gate.errors import InputError, PolicyValueError
 from gate.constraints import bind
 from gate.law import AnyLaw, Law, law_probs
+from gate.measure.release import Release
 from gate.records import (FALLBACK, DriftRecord, Failure, FailureStage, Measurements, ProbeSequence, ReleaseComparison,
                           TargetIdentity)
 
@@ -81,67 +81,6 @@ ARCH_KEYS = (
     "partial_rotary_factor", "tie_word_embeddings", "sliding_window", "layer_types", "attention_bias", "mlp_bias",
     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "logits_scaling",
 )
-
-
-@dataclass(frozen=True)
-class Release:
-    """The pinned release as validation resolved it (policy `target.release`).
-
-    `given`: "fingerprint", "report <path>" or "model <source>"; `tolerance_logits`: the
-    unchanged-within-tolerance bound (logits). From a report: its target `fingerprint`,
-    `config` fields, `config_digest` and `probe`; from a model: `source`
-    (gate.models.load.ModelSource) and `dtype` (its fingerprint and config are read once
-    it is loaded)."""
-
-    given: str
-    tolerance_logits: float
-    fingerprint: str | None = None
-    config: dict[str, Any] | None = None
-    config_digest: str | None = None
-    probe: list[ProbeSequence] | None = None
-    source: Any = None
-    dtype: str = "float32"
-
-
-def load_release(loaded: Any) -> Release | None:
-    """The policy's pinned release (None without `target.release`), read without loading
-    weights: a report is read and must carry the target identity with a probe; a model
-    source must exist. Raises PolicyValueError at the YAML path (target.release.report, ...)."""
-    from gate.models.load import resolve_source
-
-    spec = loaded.policy.target.release
-    if spec is None:
-        return None
-    if spec.fingerprint is not None:
-        return Release("fingerprint", spec.tolerance_logits, fingerprint=spec.fingerprint)
-    if spec.model is not None:
-        source = resolve_source(spec.model, spec.gguf_file, loaded.path.parent, "target.release.model")
-        return Release(f"model {spec.model}", spec.tolerance_logits, source=source, dtype=spec.dtype)
-    return _release_report(loaded.resolve(spec.report), spec.report, spec.tolerance_logits)
-
-
-def _release_report(path: Any, written: str, tolerance: float) -> Release:
-    """The release from a saved gate report. Raises PolicyValueError (target.release.report)."""
-    from gate.report.explain import load_report
-
-    at = "target.release.report"
-    if not path.is_file():
-        raise PolicyValueError(at, f"the release report {path} {'is a directory, not a report' if path.is_dir() else 'does not exist'}")
-    try:
-        report = load_report(path)
-    except InputError as e:
-        raise PolicyValueError(at, "; ".join(str(p) for p in e.problems)) from None
-    ident = report.measurements.target_identity
-    target = next((x for x in report.measurements.environment.models if x.role == "target"), None)
-    if ident is None:
-        hint = f"; pin its weights by fingerprint instead (fingerprint: {target.fingerprint})" if target else ""
-        raise PolicyValueError(at, f"the report {path} records no target identity (a report of an older gate, or of a served "
-                               f"run){hint}")
-    if not ident.probe:
-        why = f" ({ident.probe_error})" if ident.probe_error else ""
-        raise PolicyValueError(at, f"the report {path} has no logit probe of its target{why}; pin its weights by fingerprint "
-                               f"instead (fingerprint: {ident.fingerprint})")
-    return Release(f"report {written}", tolerance, ident.fingerprint, dict(ident.config), ident.config_digest, list(ident.probe))
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -344,16 +283,6 @@ def drift_along(logits: torch.Tensor, release_logits: torch.Tensor, law: AnyLaw,
     return tv, kl, top1
 
 
-def modifies_target(kind: str) -> bool:
-    """Whether the registered draft kind `kind` ships a changed target (False for an unknown kind)."""
-    from gate.drafts import registry
-
-    try:
-        return bool(registry.get(kind).modifies_target)
-    except KeyError:
-        return False
-
-
 def _continuations(m: Measurements, laws: dict[str, Law]) -> list[Any]:
     """The fallback continuations overlap is measured along: repetition 0, and for a greedy
     law only the longest of each prompt (the others are its prefixes)."""
@@ -458,34 +387,3 @@ def _drift(session: Any, m: Measurements, release: Any) -> None:
             m.failures.append(Failure(FailureStage.DRIFT, "*", rec.law, f"target drift {rec.prompt_id}", _describe(e)))
             continue
         m.drift.append(DriftRecord(rec.law, rec.prompt_id, rec.category, tv, kl, top1, rec.context_length, constraint=rec.constraint))
-
-
-def identity_lines(m: Any) -> list[str]:
-    """What every report says of the target's identity: nothing without a pinned release (and
-    no identity failure); else its classification with the figures and, per law, the drift
-    along the workload (mean TV, mean KL, top-1 agreement over the positions measured)."""
-    ident = getattr(m, "target_identity", None)
-    failed = [f for f in getattr(m, "failures", []) if f.stage in (FailureStage.IDENTITY, FailureStage.DRIFT)]
-    out: list[str] = []
-    if ident is not None and ident.release is not None:
-        c = ident.release
-        out.append(f"target identity: {c.classification.upper()} against the release ({c.release}): {c.reason}")
-        if c.differences:
-            out.append("target identity: differs in " + "; ".join(c.differences))
-    elif failed:
-        out.append("target identity: could not be compared with the release (see the failed measurements)")
-    drift = getattr(m, "drift", [])
-    for law in dict.fromkeys(d.law for d in drift):
-        rows = [d for d in drift if d.law == law]
-        tv = [v for d in rows for v in d.tv]
-        kl = [math.inf if v is None else v for d in rows for v in d.kl]
-        top1 = [bool(v) for d in rows for v in d.top1]
-        if not tv:
-            continue
-        infinite = sum(math.isinf(v) for v in kl)
-        kl_mean = sum(kl) / len(kl)
-        out.append(f"target drift against the release ({law}, {len(tv)} positions of {len(rows)} continuations): TV mean "
-                   f"{sum(tv) / len(tv):.4g} (max {max(tv):.4g}), KL(target || release) mean "
-                   + (f"{kl_mean:.4g} nats" if not math.isinf(kl_mean) else f"inf ({infinite} position{'s' if infinite != 1 else ''} infinite)")
-                   + f", top-1 agreement {sum(top1) / len(top1):.4g}")
-    return out

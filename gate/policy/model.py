@@ -19,7 +19,9 @@ from gate.drafts.interface import DType  # the weight dtypes a policy may name, 
 from gate.drafts.registry import draft_spec_union
 from gate.measure.contention import (BUSY_CELLS, DEFAULT_CONTENTION_RERUN_BUDGET, DEFAULT_CONTENTION_RERUNS,
                                      DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL)
-from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE
+from gate.metrics import METRICS
+from gate.rules.kinds import registry as rule_kinds
+from gate.rules.kinds.interface import shown_threshold
 from gate.runners import registry as runner_kinds
 from gate.runners.registry import default_runner_spec, runner_spec_union
 from gate.units import Dimension, Quantity, UnitError, parse_quantity
@@ -36,14 +38,6 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(message)
         self.field = field
-
-
-_EXAMPLE = {"bytes": "2 GiB", "ms": "120 ms", "tokens/s": "25 tokens/s", "requests/s": "2 requests/s", "tokens": "3 tokens"}
-
-
-def _shown(v: str | float) -> str:
-    """A threshold as the user wrote it: '2 GiB' quoted, a bare number without a trailing .0."""
-    return f"{v:g}" if isinstance(v, float) else repr(v)
 
 
 def _quantity(v: str | float) -> Quantity:
@@ -436,18 +430,19 @@ class LoadSpec(_Strict):
         return v
 
 
-# RATIO_NOT_SHARE (a percentage threshold is a mistake there) and COMPUTED_ONCE (no breakdown by `per`)
-# are derived from the metric declarations in gate.metrics.
-
-
 class RuleSpec(_Strict):
     """One rule. kind 'metric' (the default) reads like a Lighthouse CI assertion: metric,
     aggregation, comparison, threshold. kind 'exactness' tests that speculative output
     follows the target's declared law (greedy: token equality with the fallback; sampling:
     PIT and next-token tests with Holm correction and a stated power)."""
 
+    # (The docstring above is the schema's description.) Each kind is a module of gate/rules/kinds, which says which
+    # of these fields it takes (RuleKind.spec_problem).
+
     id: str = Field(..., pattern=NAME)
-    kind: Literal["metric", "exactness"] = "metric"
+    # A registered rule kind (gate.rules.kinds.registry): checked like a Literal by _known_kind, with the schema's enum
+    # assembled from the registry when the schema is generated.
+    kind: str = Field(rule_kinds.names()[0], json_schema_extra=rule_kinds.json_schema)
     metric: Literal[tuple(METRICS)] | None = None  # type: ignore[valid-type]
     aggregation: Literal["mean", "median", "p10", "p90", "p95", "p99", "min", "max", "pooled"] = "mean"
     comparison: Literal[">=", ">", "<=", "<"] | None = None
@@ -483,51 +478,25 @@ class RuleSpec(_Strict):
             return v
         q = _quantity(v)
         if not math.isfinite(q.value):
-            raise ValueError(f"threshold {_shown(v)} is not a finite number")
+            raise ValueError(f"threshold {shown_threshold(v)} is not a finite number")
         if q.value < 0:
-            raise ValueError(f"threshold {_shown(v)} is negative")
+            raise ValueError(f"threshold {shown_threshold(v)} is negative")
+        return v
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _known_kind(cls, v: object) -> object:
+        """A registered rule kind (gate.rules.kinds.registry), else pydantic's literal_error (same
+        message and did-you-mean as a Literal of the registered names)."""
+        if not (isinstance(v, str) and v in rule_kinds.names()):
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": rule_kinds.expected()})
         return v
 
     @model_validator(mode="after")
-    def _fits_metric(self) -> "RuleSpec":
-        if self.kind == "exactness":
-            for key in ("metric", "comparison", "threshold", "relative_to", "line"):
-                if getattr(self, key) is not None:
-                    raise FieldError(key, f"an exactness rule takes no {key}: it tests the declared law itself")
-            if self.scope.categories or self.scope.constraints or self.per:
-                raise FieldError("per" if self.per else "scope", "an exactness rule covers every prompt; scope it by drafts and laws only")
-            return self
-        for key in ("metric", "comparison", "threshold"):
-            if getattr(self, key) is None:
-                raise FieldError(key, "required key is missing (a metric rule needs metric, comparison and threshold)")
-        metric = METRICS[self.metric]
-        if self.per and self.metric in COMPUTED_ONCE:
-            raise FieldError("per", f"metric {self.metric} is computed once per draft; it has no breakdown by {self.per}")
-        if (self.metric == "memory_line_bytes") != (self.line is not None):
-            raise FieldError("line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one")
-        if self.aggregation not in metric.aggregations:
-            raise FieldError("aggregation", f"metric {self.metric} takes aggregation {' or '.join(metric.aggregations)}, not {self.aggregation!r}")
-        if self.relative_to == "fallback" and not metric.fallback_has_it:
-            raise FieldError("relative_to", f"metric {self.metric} has no fallback value; relative_to: fallback does not apply")
-        q = parse_quantity(self.threshold)
-        expected = Dimension.RATIO if self.relative_to else metric.dimension
-        if isinstance(self.threshold, str) and self.threshold.strip().endswith("%") and (
-                self.relative_to or self.metric in RATIO_NOT_SHARE):
-            n = q.value * 100
-            what = (f"{self.metric} is a count of sequences" if self.metric == "extra_sequences" else
-                    f"{self.metric}{' relative to the ' + self.relative_to if self.relative_to else ''} is a ratio (1.0x: equal)")
-            hint = ("write a number, e.g. 2" if self.metric == "extra_sequences" else
-                    f"write the ratio, e.g. '{1 + q.value:g}x' ({n:g}% above) or '{1 - q.value:g}x' ({n:g}% below)" if n < 50 else
-                    f"write the ratio, e.g. '{q.value:g}x' ({n:g}% of it)")
-            raise FieldError("threshold", f"threshold {_shown(self.threshold)} is a percentage, but {what}: it would read "
-                             f"as {q.value:g}x; {hint}")
-        if q.dimension is None and expected is not Dimension.RATIO:
-            example = _EXAMPLE.get(expected.value, expected.value)
-            raise FieldError("threshold", f"threshold {_shown(self.threshold)} has no unit; {self.metric} is in {expected.value} "
-                             f"(write it with a unit, e.g. '{example}')")
-        if q.dimension is not None and q.dimension is not expected:
-            what = "a ratio to the fallback" if self.relative_to else f"in {expected.value}"
-            raise FieldError("threshold", f"threshold {_shown(self.threshold)} is in {q.dimension.value} but {self.metric} is {what}")
+    def _fits_kind(self) -> "RuleSpec":
+        problem = rule_kinds.get(self.kind).spec_problem(self)
+        if problem is not None:
+            raise FieldError(*problem)
         return self
 
     @property
@@ -807,7 +776,7 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
         problems.append((f"rules[{i}].metric", unmeasurable))
     if rule.metric == "goodput" and (load is None or load.goodput is None):
         problems.append((f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)"))
-    if rule.kind == "exactness" and served:
+    if rule_kinds.needs_exactness(rule) and served:
         greedy = {law.label for law in policy.laws if law.greedy}
         for law in rule.scope.laws or [law.label for law in policy.laws]:
             if law not in greedy:

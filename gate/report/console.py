@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gate.measure.identity import identity_lines
+from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
 from gate.report.interface import ReportFormat

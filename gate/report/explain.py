@@ -1,48 +1,23 @@
-"""`gate explain`: how a verdict in a saved report was reached, from its raw records."""
+"""`gate explain`: how a verdict in a saved report was reached, from its raw records.
+
+Saved reports are read by gate.saved (load_report here is its read_report, kept for callers).
+"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from gate.errors import InputError, Problem
 from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, stall_share
 from gate.metrics import METRICS, TIMED
-from gate.report.document import ADAPTER, FORMAT, Report
-from gate.rules.evaluate import parse_scope
+from gate.report.document import Report
+from gate.rules.kinds import registry as rule_kinds
+from gate.rules.scope import parse_scope
 from gate.rules.samples import FALLBACK, samples
 from gate.rules.status import Status
+from gate.saved import read_report as load_report
 from gate.units import Dimension, format_value
 
-
-_METRIC_KEYS = ("kind", "metric", "line", "aggregation", "comparison", "threshold", "relative_to", "scope", "level")
-_EXACTNESS_KEYS = ("kind", "significance", "power", "detect_tv", "tie_tolerance", "next_token_samples", "next_token_prompts",
-                   "scope", "level")
-
-
-def read_report_data(path: Path, kind: str = "gate") -> dict:
-    """The plain data of a gate JSON report (format checked, not the rest). Raises
-    InputError naming the file for anything else; `kind` words the message."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError([Problem(str(path), "", None, f"not a {kind} JSON report: {e}")]) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise InputError([Problem(str(path), "format", None, f"not a {kind} JSON report (format {FORMAT!r} expected)")])
-    return data
-
-
-def load_report(path: Path) -> Report:
-    """A gate JSON report as typed records. Raises InputError for anything else."""
-    data = read_report_data(path)
-    try:
-        return ADAPTER.validate_python(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError([Problem(str(path), ".".join(str(x) for x in err["loc"]), None, err["msg"])]) from None
+__all__ = ["explain_rule", "load_report"]
 
 
 def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: int) -> str:
@@ -52,13 +27,13 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         known = sorted({o.rule_id for o in report.outcomes})
         raise KeyError(f"no outcome for rule {rule_id!r}" + (f" in scope {scope!r}" if scope else "") + f"; rules: {', '.join(known)}")
     policy_rule = next((r for r in report.policy.get("rules", []) if r.get("id") == rule_id), {})
-    keys = _EXACTNESS_KEYS if policy_rule.get("kind") == "exactness" else _METRIC_KEYS
+    keys = rule_kinds.get(policy_rule.get("kind") or rule_kinds.names()[0]).keys
     shown_rule = dict(policy_rule, scope={k: v for k, v in (policy_rule.get("scope") or {}).items() if v})
     lines = [f"rule {rule_id}: " + ", ".join(f"{k}={shown_rule[k]}" for k in keys if shown_rule.get(k) not in (None, {}, []))]
     m = report.measurements
     for o in outcomes:
         lines += ["", f"{o.name}: {o.status.upper()} (level {o.level})", f"  {o.message}"]
-        if o.metric == "exactness":
+        if o.metric not in METRICS:  # a rule kind that decides no metric (exactness): its details explain it
             for d in o.details:
                 keys = ("name", "kind", "role", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
                         "prompt_id", "position", "draft_token", "target_token", "gap_logits", "near_tie")

@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from gate.measure.identity import identity_lines
+from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
 from gate.report.console import CONSTRAINT_FIGURES, constraint_labels, constraint_rows

@@ -34,7 +34,7 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
-from gate.measure.identity import identity_lines
+from gate.report.identity import identity_lines
 from gate.metrics import COMPUTED_ONCE
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
@@ -123,7 +123,7 @@ def _seconds(report: Report, o: object) -> float | None:
     scope's draft and law, categories and per-value; the fallback's too when the rule divides
     by it). None (no attribute) for a verdict that rests on no timed request: bills, the
     process peak, or nothing measured."""
-    from gate.rules.evaluate import parse_scope
+    from gate.rules.scope import parse_scope
 
     if o.metric in COMPUTED_ONCE:  # type: ignore[attr-defined]
         return None

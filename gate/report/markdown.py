@@ -3,7 +3,7 @@ per-draft figures and every rule that did not pass (passing rules are counted)."
 
 from __future__ import annotations
 
-from gate.measure.identity import identity_lines
+from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
 from gate.report.console import BREAKDOWN_COLUMNS, LOAD_COLUMNS, breakdown_rows, constraint_rows, load_rows

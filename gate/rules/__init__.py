@@ -5,6 +5,8 @@ Modules, lowest first (each imports only those before it; tests/test_layers.py c
 is no import cycle): status (Status, TestVerdict, Role, Change), selection (Selection,
 aggregate), samples (how each metric of gate.metrics is sampled: SAMPLES, checked against
 METRICS at import), units (resampling units), confidence (intervals and their decision),
-outcome (Outcome), exactness_tests (exactness tests, Holm, verdicts), exactness (exactness
-rules), evaluate (every rule, waivers, exit code); power and summary beside them.
+outcome (Outcome), scope (scope keys, load points in scope), exactness_tests (exactness tests,
+Holm, verdicts), exactness (exactness rules), kinds/ (the rule kinds: interface, registry, one
+module per kind), evaluate (every rule through its kind, waivers, exit code); power and
+summary beside them.
 """

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gate.rules.samples import WINDOW_ONLY
 from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
+from gate.rules.kinds import registry as rule_kinds
 from gate.rules.units import RESAMPLED
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
     labels = w.constraint_labels  # each prompt runs under every workload.constraints entry
     out: list[tuple[str, str]] = []
     for i, rule in enumerate(policy.rules):
-        if rule.kind != "metric" or rule.level == "off" or rule.metric not in METRICS:
+        if not rule_kinds.reads_metric(rule) or rule.level == "off" or rule.metric not in METRICS:
             continue
         scoped = [c for c in categories if not rule.scope.categories or c in rule.scope.categories]
         if rule.per == "category":

@@ -1,0 +1,437 @@
+"""Rule kind 'metric' (the default): a Lighthouse CI-style assertion on one metric of
+gate.metrics: metric, aggregation, comparison, threshold, optionally relative to the
+fallback or the baseline, decided per draft and law (and per value of `per`).
+
+Every verdict is decided on a confidence interval (gate.rules.confidence): pass when the
+whole interval satisfies the rule, fail (warn at level warn) when the whole interval
+violates it, inconclusive otherwise; error: the measurement failed or produced no sample;
+skipped: level off. Messages read like "committed_tokens_per_s (pooled, relative to
+fallback): 1.07x (24 paired requests, 95% CI 1.02x-1.12x) vs >= 1.10x: inconclusive".
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from gate.measure.contention import describe, is_contended, pooled_stall_share
+from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE, TIMED
+from gate.records import FALLBACK, Failure, Measurements, RequestRecord
+from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, bootstrap_interval, decide, estimand,
+                                   decide_exceedance, exceedance, ratio)
+from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
+from gate.rules.outcome import Outcome
+from gate.rules.samples import Selection, value
+from gate.rules.scope import LOAD_AXES, inapplicable_points, not_applicable_reason, other_axis, point_name, scope_key, scoped_points
+from gate.rules.status import Status
+from gate.rules.units import RESAMPLED, UnitSet
+from gate.units import Dimension, format_value, parse_quantity
+
+if TYPE_CHECKING:
+    from gate.policy.model import RuleSpec
+
+_OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+
+
+_EXAMPLE = {"bytes": "2 GiB", "ms": "120 ms", "tokens/s": "25 tokens/s", "requests/s": "2 requests/s", "tokens": "3 tokens"}
+
+
+class MetricRules(RuleKind):
+    """A metric rule needs metric, comparison and threshold; its threshold is in the metric's
+    dimension (a ratio when relative_to is set)."""
+
+    name = "metric"
+    keys = ("kind", "metric", "line", "aggregation", "comparison", "threshold", "relative_to", "scope", "level")
+    reads_metric = True
+
+    def spec_problem(self, rule: Any) -> tuple[str, str] | None:
+        for key in ("metric", "comparison", "threshold"):
+            if getattr(rule, key) is None:
+                return key, "required key is missing (a metric rule needs metric, comparison and threshold)"
+        metric = METRICS[rule.metric]
+        if rule.per and rule.metric in COMPUTED_ONCE:
+            return "per", f"metric {rule.metric} is computed once per draft; it has no breakdown by {rule.per}"
+        if (rule.metric == "memory_line_bytes") != (rule.line is not None):
+            return "line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one"
+        if rule.aggregation not in metric.aggregations:
+            return "aggregation", (f"metric {rule.metric} takes aggregation {' or '.join(metric.aggregations)}, "
+                                   f"not {rule.aggregation!r}")
+        if rule.relative_to == "fallback" and not metric.fallback_has_it:
+            return "relative_to", f"metric {rule.metric} has no fallback value; relative_to: fallback does not apply"
+        return _threshold_problem(rule, metric.dimension)
+
+    def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
+        out: list[Outcome] = []
+        for draft in drafts:
+            for law in laws:
+                out += [_one(rule, m, where, settings) for where in _cells(rule, m, draft, law, settings.load_points)]
+                out += [_not_applicable(rule, where) for where in _gaps(rule, draft, law, settings.load_points)]
+        return out
+
+
+KIND = MetricRules()
+
+
+def _threshold_problem(rule: RuleSpec, dimension: Dimension) -> tuple[str, str] | None:
+    """A threshold in the wrong dimension: a percentage where a ratio is meant, no unit, or another unit."""
+    q = parse_quantity(rule.threshold)
+    expected = Dimension.RATIO if rule.relative_to else dimension
+    shown = shown_threshold(rule.threshold)
+    if isinstance(rule.threshold, str) and rule.threshold.strip().endswith("%") and (
+            rule.relative_to or rule.metric in RATIO_NOT_SHARE):
+        n = q.value * 100
+        what = (f"{rule.metric} is a count of sequences" if rule.metric == "extra_sequences" else
+                f"{rule.metric}{' relative to the ' + rule.relative_to if rule.relative_to else ''} is a ratio (1.0x: equal)")
+        hint = ("write a number, e.g. 2" if rule.metric == "extra_sequences" else
+                f"write the ratio, e.g. '{1 + q.value:g}x' ({n:g}% above) or '{1 - q.value:g}x' ({n:g}% below)" if n < 50 else
+                f"write the ratio, e.g. '{q.value:g}x' ({n:g}% of it)")
+        return "threshold", f"threshold {shown} is a percentage, but {what}: it would read as {q.value:g}x; {hint}"
+    if q.dimension is None and expected is not Dimension.RATIO:
+        example = _EXAMPLE.get(expected.value, expected.value)
+        return "threshold", (f"threshold {shown} has no unit; {rule.metric} is in {expected.value} "
+                             f"(write it with a unit, e.g. '{example}')")
+    if q.dimension is not None and q.dimension is not expected:
+        what = "a ratio to the fallback" if rule.relative_to else f"in {expected.value}"
+        return "threshold", f"threshold {shown} is in {q.dimension.value} but {rule.metric} is {what}"
+    return None
+
+
+def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
+           declared: dict[str, tuple[float, ...]] | None = None) -> list[Selection]:
+    """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
+    cats = tuple(rule.scope.categories) if rule.scope.categories else None
+    conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
+    rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
+    cons = tuple(rule.scope.constraints) if getattr(rule.scope, "constraints", None) else None
+    base = Selection(draft, law, cats, concurrency=conc, request_rate=rates, constraints=cons)
+    if not rule.per:
+        return [base]
+    if rule.per in LOAD_AXES and declared and any(declared.values()):
+        other = other_axis(rule.per)
+        # only the points of the rule's own axis: those of the other axis get a "does not apply" outcome (_gaps)
+        return [replace(base, **{rule.per: (v,), other: None}) for v in scoped_points(base.concurrency, base.request_rate,
+                                                                                       declared, rule.per)]
+    records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
+    values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v))
+    if not values:
+        return [base]  # nothing measured: one outcome says so
+    if rule.per == "category":
+        return [replace(base, categories=(v,)) for v in values]
+    if rule.per == "constraint":  # in the workload's order ('none' before the constraints, as declared)
+        declared = list(getattr(m.workload, "constraints", None) or []) if m.workload is not None else []
+        values = sorted(values, key=lambda v: (declared.index(v) if v in declared else len(declared), v))
+        return [replace(base, constraints=(v,)) for v in values]
+    if rule.per in ("concurrency", "request_rate"):  # one load point each (an open loop's points have no concurrency)
+        return [replace(base, **{rule.per: (v,), other_axis(rule.per): None}) for v in values]
+    return [replace(base, **{rule.per: v}) for v in values]
+
+
+def _gaps(rule: RuleSpec, draft: str, law: str, declared: dict[str, tuple[float, ...]]) -> list[Selection]:
+    """The load points in the rule's scope that its `per:` gives no verdict at (one selection each)."""
+    if not declared:
+        return []
+    conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
+    rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
+    gap = inapplicable_points(rule.per, conc, rates, declared)
+    if gap is None:
+        return []
+    axis, points = gap
+    cats = tuple(rule.scope.categories) if rule.scope.categories else None
+    cons = tuple(rule.scope.constraints) if getattr(rule.scope, "constraints", None) else None
+    return [replace(Selection(draft, law, cats, constraints=cons), **{axis: (v,)}) for v in points]
+
+
+def _not_applicable(rule: RuleSpec, where: Selection) -> Outcome:
+    """The outcome of a rule at a load point its `per:` cannot apply to: skipped, saying why."""
+    axis = "concurrency" if where.concurrency is not None else "request_rate"
+    (value,) = getattr(where, axis)
+    what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
+        f", relative to {rule.relative_to})" if rule.relative_to else ")")
+    return Outcome(rule_id=rule.id, scope=scope_key(where, rule.per), draft=where.runner, law=where.law, metric=rule.metric,
+                   aggregation=rule.aggregation, comparison=rule.comparison, threshold=rule.threshold_value,
+                   relative_to=rule.relative_to, level=rule.level, status=Status.SKIPPED, measured=None, samples=0,
+                   fallback_value=None, message=f"{what}: per: {rule.per} does not apply at {point_name(axis, value)}: "
+                   f"{not_applicable_reason(axis)}; not evaluated (a rule with per: {axis} decides it)")
+
+
+def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outcome:
+    metric = METRICS[rule.metric]
+    draft, law = where.runner, where.law
+    scope = scope_key(where, rule.per)
+    threshold = rule.threshold_value
+    base = dict(rule_id=rule.id, scope=scope, draft=draft, law=law, metric=rule.metric, aggregation=rule.aggregation,
+                comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
+    dim = Dimension.RATIO if rule.relative_to else metric.dimension
+    x = "x" if rule.relative_to or rule.metric == "speedup" else ""
+    bound = f"{rule.comparison} {format_value(threshold, dim)}{x}"
+    what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
+        f", relative to {rule.relative_to})" if rule.relative_to else ")")
+    if rule.level == "off":
+        return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
+                       message=f"{what}: level off, not evaluated")
+    other = s.baseline_drafts.get(draft, draft)
+    failed = [f for f in _failures(rule, m, draft, law) if _at_load(f, where)]
+    if rule.relative_to == "baseline" and s.baseline is not None:
+        failed += _failures(rule, s.baseline, other, law)
+    if rule.relative_to == "baseline" and s.baseline is None:
+        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None,
+                       message=f"{what}: no baseline report was loaded vs threshold {bound}")
+    if rule.metric not in RESAMPLED:
+        return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
+    est, reference = _estimands(rule, m, s.baseline, where, other)
+    busy = _contention(rule, m, where, s, other, est) if rule.metric in TIMED and s.max_cpu_stall is not None else None
+    if busy is not None and _only_slower_fails(rule):
+        # Contention only slows: a latency ceiling (or throughput floor) met with the contended
+        # requests in is met without them. Anything else is decided on the clean requests.
+        everything = _one(rule, m, where, replace(s, max_cpu_stall=None))
+        if everything.status == Status.PASS:
+            everything.message += f" ({busy.describe(_unit_word(busy.all, rule))}: slowed, and passed nonetheless)"
+            return everything
+    if busy is not None:  # decided on the clean requests only
+        est, reference = busy.est, busy.reference
+    n = est.units if est is not None and all(g for g in est.groups) else 0
+    point = est.point() if n else float("nan")
+    if busy is not None and busy.too_many and not failed:
+        return Outcome(**base, status=Status.INCONCLUSIVE, measured=None if math.isnan(point) else point, samples=n,
+                       fallback_value=None, message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
+                       + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS else
+                          f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
+    if failed or n == 0 or math.isnan(point):
+        return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(point) else point, samples=n,
+                       fallback_value=None, message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}")
+    level = rule.confidence or s.confidence
+    ref_value = reference.point() if reference is not None else None
+    unit_word = _unit_word(est, rule)
+    shown = format_value(point, dim) + x
+    if rule.relative_to and ref_value is not None:
+        shown += f" ({format_value(point * ref_value, metric.dimension)} vs {rule.relative_to} {format_value(ref_value, metric.dimension)})"
+    exc, interval = None, None
+    if rule.aggregation in QUANTILES and not rule.relative_to:  # decided by counting, no bootstrap
+        u = est.groups[0][0]
+        exc = exceedance(u, threshold, rule.comparison, QUANTILES[rule.aggregation], level)
+        status = decide_exceedance(exc)
+        side = "above" if rule.comparison in ("<=", "<") else "below"
+        detail = (f"{shown} over {u.samples} samples in {u.n} {u.unit}s; {exc.count} {side} "
+                  f"{format_value(threshold, dim)} ({exc.share:.2%}; {level:.0%} CI {exc.low:.2%}-{exc.high:.2%}"
+                  + (f", design effect {exc.design_effect:.2f}" if exc.design_effect > 1 else "")
+                  + f"; at most {exc.allowed:.0%} allowed)")
+    elif rule.aggregation in ("min", "max"):
+        status = Status.PASS if _OPS[rule.comparison](point, threshold) else Status.FAIL
+        detail = f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, no interval)"
+    else:
+        interval = bootstrap_interval(est, level, s.resamples, s.seed)
+        if interval is None:
+            status = Status.INCONCLUSIVE
+            detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS})"
+        else:
+            status = decide(interval, rule.comparison, threshold)
+            detail = (f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
+                      f"{format_value(interval.high, dim)}{x})")
+    note = ""
+    if rule.relative_to == "baseline" and s.baseline_mismatch:
+        status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
+    elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
+        note = "; a large improvement over the baseline: consider refreshing it"
+    if busy is not None:
+        note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
+    if status == Status.FAIL and rule.level == "warn":
+        status = Status.WARN
+    return Outcome(**base, status=status, measured=point, samples=est.groups[0][0].samples, fallback_value=ref_value,
+                   message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}", interval=interval, exceedance=exc)
+
+
+def _estimands(rule: RuleSpec, m: Measurements, baseline: Measurements | None, where: Selection,
+               other: str) -> tuple[Estimand | None, Estimand | None]:
+    """The rule's value as an estimand (divided by its reference when relative) and the reference."""
+    est = estimand(rule.metric, rule.aggregation, m, where)
+    reference = None
+    if rule.relative_to == "fallback":
+        reference = estimand(rule.metric, rule.aggregation, m, where.of(FALLBACK))
+    elif rule.relative_to == "baseline":
+        reference = estimand(rule.metric, rule.aggregation, baseline, where.of(other))
+    if est is not None and reference is not None:
+        est = ratio(est, reference, paired=rule.relative_to == "fallback" or _same_cells(est, reference))
+    return est, reference
+
+
+@dataclass
+class _Busy:
+    """A timing rule's units with contended requests left out: `est`/`reference` on the clean
+    requests, `kept` of the `total` units of `all` (the estimand on every request), the
+    stalled share of the contended requests' wall time, and whether too many were left out."""
+
+    est: Estimand | None
+    reference: Estimand | None
+    all: Estimand
+    total: int
+    kept: int
+    share: float | None
+    too_many: bool
+
+    def describe(self, unit: str) -> str:
+        return describe(self.share, self.total - self.kept, self.total, unit)
+
+
+def _only_slower_fails(rule: RuleSpec) -> bool:
+    """An absolute rule that a slower machine can only push towards failing: a ceiling on a
+    latency or a floor on tokens/s (not a ratio: contention may slow either side of it)."""
+    if rule.relative_to or rule.metric not in TIMED or rule.metric in ("speedup", "request_speedup"):
+        return False
+    return rule.comparison in ((">=", ">") if rule.metric == "committed_tokens_per_s" else ("<=", "<"))
+
+
+def _units(est: Estimand | None) -> int:
+    return est.units if est is not None and all(g for g in est.groups) else 0
+
+
+def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
+    """The rule decided without contended requests (a paired unit goes when either side of it
+    is contended); None when none of its requests was contended."""
+    def clean(x: Measurements | None) -> tuple[Measurements | None, list[RequestRecord]]:
+        if x is None:
+            return None, []
+        cpus = x.environment.cpu_count
+        busy = [r for r in x.requests if is_contended(r, s.max_cpu_stall, cpus)]
+        return (replace(x, requests=[r for r in x.requests if not is_contended(r, s.max_cpu_stall, cpus)]) if busy else x), busy
+
+    here, busy = clean(m)
+    base, busy_base = clean(s.baseline if rule.relative_to == "baseline" else None)
+    runners = {where.runner} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup") else set())
+    mine = [r for r in busy if any(where.of(x).takes(r) for x in runners)]
+    mine += [r for r in busy_base if where.of(other).takes(r)]
+    total = _units(est)
+    if not mine or est is None or total == 0:
+        return None
+    est_clean, ref_clean = _estimands(rule, here, base if base is not None else s.baseline, where, other)
+    kept = _units(est_clean)
+    if kept == total:
+        return None
+    cpus = m.environment.cpu_count
+    return _Busy(est_clean, ref_clean, est, total, kept, pooled_stall_share(mine, cpus),
+                 kept < MIN_UNITS or (total - kept) / total > s.max_contended)
+
+
+def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Failure]:
+    runners = {draft, "*"} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric == "speedup" else set())
+    stage = METRICS[rule.metric].failure_stage
+    # Overlap is measured along the fallback's continuations: a failed fallback request
+    # leaves a hole in it too.
+    return [f for f in m.failures if f.law in (law, "*") and (
+        (f.draft in runners and f.stage in (stage, "run"))
+        or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK))]
+
+
+def _at_load(f: Failure, where: Selection) -> bool:
+    """Whether a failure concerns the selection's load points (a failure at no load point, or a
+    selection of every load point, always does)."""
+    if f.concurrency is None and f.request_rate is None:
+        return True
+    return where.takes_load(f.concurrency, f.request_rate)
+
+
+def _same_cells(a: Estimand, b: Estimand) -> bool:
+    """Two runs over the same cells (prompt, length, repetition) can be paired cell by cell."""
+    return len(a.groups) == len(b.groups) == 1 and set(a.groups[0][0].keys) == set(b.groups[0][0].keys)
+
+
+def _improved(interval: Interval, comparison: str, threshold: float) -> bool:
+    """The whole interval is more than 10% beyond the threshold on the good side."""
+    return interval.low > threshold * 1.1 if comparison in (">=", ">") else interval.high < threshold / 1.1
+
+
+def _unit_word(est: Estimand, rule: RuleSpec) -> str:
+    u: UnitSet = est.groups[0][0]
+    if rule.relative_to == "fallback" or rule.metric == "speedup":
+        return f"paired {u.unit}s"
+    if len(est.groups) > 1:
+        return f"{u.unit}s per run"
+    return f"{u.unit}s" + (" pooled" if rule.aggregation == "pooled" else "")
+
+
+def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, base: dict[str, Any], what: str, bound: str,
+              dim: Dimension, failed: list[Failure], other: str) -> Outcome:
+    """Bills and process peaks: computed or measured once, decided on the value itself."""
+    metric = METRICS[rule.metric]
+    measured, n = value(rule.metric, rule.aggregation, m, where, rule.line)
+    reference = None
+    if rule.relative_to and not math.isnan(measured):
+        ref_m, ref_runner = (m, FALLBACK) if rule.relative_to == "fallback" else (s.baseline, other)
+        reference, ref_n = value(rule.metric, rule.aggregation, ref_m, where.of(ref_runner), rule.line)
+        measured = measured / reference if reference and not math.isnan(reference) else float("nan")
+        n = min(n, ref_n)
+    if failed or n == 0 or math.isnan(measured):
+        return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(measured) else measured, samples=n,
+                       fallback_value=reference, message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}")
+    shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
+    if rule.relative_to:
+        shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {format_value(reference, metric.dimension)})"
+    status = (Status.PASS if _OPS[rule.comparison](measured, rule.threshold_value)
+              else Status.WARN if rule.level == "warn" else Status.FAIL)
+    note = ""
+    if rule.relative_to == "baseline" and s.baseline_mismatch:
+        status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
+    return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=reference,
+                   message=f"{what}: measured {shown} (computed once, no sampling interval) vs threshold {bound}: {status}{note}")
+
+
+# Metrics whose denominator is the draft's proposals: undefined where it made none.
+_PROPOSAL_METRICS = ("acceptance_rate", "mean_acceptance_length", "request_acceptance_rate")
+
+
+def _missing(rule: RuleSpec, m: Measurements, where: Selection, failed: list[Failure]) -> str:
+    """Why a rule has no value in a scope: the failed measurements, a draft that made no
+    proposal (acceptance over zero proposals is undefined), or "measurement missing" with
+    what the records tell about the absence."""
+    if failed:
+        return "measurement missing (" + "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) + ")"
+    return no_proposal(rule.metric, m, where) or f"measurement missing ({_no_sample(rule, m, where.runner)})"
+
+
+def no_proposal(metric: str, m: Measurements, where: Selection) -> str | None:
+    """"no proposal: ..." when an acceptance metric has nothing to measure because the draft
+    made no proposal in the selection: its requests produced tokens, and every count that
+    says how many tokens it proposed (gate's per-step counters, a server's per-response
+    draft count, the server's spec-decode counter deltas over the measured windows) is 0.
+    None otherwise (another metric, no request, or no count recorded: a true absence)."""
+    if metric not in _PROPOSAL_METRICS or where.runner == FALLBACK:
+        return None
+    reqs = [r for r in m.requests if where.takes(r) and r.output_tokens > 0]
+    if not reqs:
+        return None
+    counts = [sum(r.step_proposed) if r.step_proposed else r.server_draft_tokens for r in reqs]
+    counts = [c for c in counts if c is not None]
+    if where.whole_windows:
+        # an engine counts proposed tokens or verification steps with a proposal (SGLang only the steps): either moving
+        # means it proposed
+        counts += [w.counters.num_draft_tokens + w.counters.num_drafts for w in m.runs
+                   if where.takes_window(w) and w.counters is not None]
+    if not counts or any(counts):
+        return None
+    info = m.drafts.get(where.runner)
+    lookup = info is not None and info.kind == "prompt_lookup"
+    if not any(r.concurrency is not None or r.request_rate is not None for r in reqs):  # gate's own loop
+        return (f"no proposal: draft {where.runner} made no proposal (0 draft tokens over {len(reqs)} requests: "
+                + ("prompt lookup found no n-gram to copy)" if lookup else "it proposed nothing)"))
+    return (f"no proposal: the server made no draft proposal at {_points_text(reqs)} (0 draft tokens over {len(reqs)} "
+            "requests: speculation off" + (", or prompt lookup found no n-gram to copy)" if lookup else ")"))
+
+
+def _points_text(reqs: list[RequestRecord]) -> str:
+    """The load points of served requests: 'concurrency 1, 2 and request rate 4/s'."""
+    conc = sorted({r.concurrency for r in reqs if r.concurrency is not None})
+    rates = sorted({r.request_rate for r in reqs if r.concurrency is None and r.request_rate is not None})
+    parts = ([f"concurrency {', '.join(f'{v:g}' for v in conc)}"] if conc else []) + (
+        [f"request rate {', '.join(f'{v:g}' for v in rates)}/s"] if rates else [])
+    return " and ".join(parts)
+
+
+def _no_sample(rule: RuleSpec, m: Measurements, draft: str) -> str:
+    """Why a scope has no sample, as precisely as the records tell."""
+    bills = [b for b in m.bills if b.draft == draft]
+    if rule.metric in ("memory_headroom_bytes", "extra_sequences") and bills and all(b.budget is None for b in bills):
+        return "no budget: set resources.capacity in the policy"
+    if rule.metric == "memory_line_bytes" and bills:
+        return f"the bill has no line {rule.line!r}; its lines: {', '.join(x.name for x in bills[0].lines)}"
+    return "no sample was measured for this scope"
