@@ -107,6 +107,70 @@ def describe_point(load: LoadStrategy) -> str:
 
 
 @dataclass
+class Block:
+    """A stretch of a run measured as one (gate.run.Loop): `runners` (one runner, or the
+    fallback and every draft interleaved cell by cell), its load point, its `units` (the
+    requests run back to back and rerun together when contended: a cell, a request, or a
+    whole window) and `repetition`, the repetition its windows are (None: a runner's window
+    spans every repetition, as for gate's in-process loop)."""
+
+    runners: list[str]
+    load: LoadStrategy
+    units: list[list[Request]]
+    repetition: int | None = None
+
+    @property
+    def requests(self) -> list[Request]:
+        return [r for unit in self.units for r in unit]
+
+
+def plan_blocks(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
+                repetitions: range, seed: int, points: list[LoadStrategy] | None, interleave: bool) -> list[Block]:
+    """The run order of the requests, as blocks.
+
+    At load points (`points`, a runner with load points): for each law, load point and
+    repetition, each runner's window in turn, the order rotated by (load point index +
+    repetition) so slow drift of the machine does not always favour the same runner; a
+    window is rerun whole. Without (`points` None, gate's own loop: one request at a time):
+    plan_requests' order; `interleave` gives one block of cells (the fallback and every
+    draft on one prompt and length, back to back), else one block per runner, its requests
+    one by one."""
+    names = [FALLBACK, *drafts]
+    if points is not None:
+        out: list[Block] = []
+        for law in laws:
+            for li, load in enumerate(points):
+                for rep in repetitions:
+                    shift = (li + rep) % len(names)
+                    for name in names[shift:] + names[:shift]:
+                        window = [Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
+                                  for mnt in max_new_tokens for p in prompts]
+                        out.append(Block([name], load, [window], rep))
+        return out
+    from gate.load.sequential import SEQUENTIAL
+
+    requests = plan_requests(drafts, laws, prompts, max_new_tokens, repetitions, seed, interleave)
+    if interleave:
+        return [Block(names, SEQUENTIAL, cells(requests))]
+    return [Block([name], SEQUENTIAL, [[r] for r in requests if r.draft == name]) for name in names]
+
+
+def cells(requests: list[Request]) -> list[list[Request]]:
+    """Consecutive requests of one cell (law, length, prompt, repetition): with interleaving
+    the fallback and every draft, run back to back; without it, one request each."""
+    def key(r: Request) -> tuple:
+        return r.law.name, r.max_new_tokens, r.prompt.id, r.prompt.context_length, r.repetition
+
+    out: list[list[Request]] = []
+    for req in requests:
+        if out and key(out[-1][-1]) == key(req):
+            out[-1].append(req)
+        else:
+            out.append([req])
+    return out
+
+
+@dataclass
 class ExactnessPlan:
     """Which (draft, law) pairs exactness rules need, and how many speculative first tokens
     to draw per prompt for the next-token test (0: PIT or greedy equality only)."""

@@ -50,7 +50,7 @@ from gate.constraints import bind
 from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.oracle import TargetOracle
 from gate.phases import Phase, not_measured, run_phases
-from gate.plan import ExactnessPlan, PlannedPrompt, Request, describe_point, point_of, request_seed
+from gate.plan import Block, ExactnessPlan, PlannedPrompt, Request, describe_point, plan_blocks, point_of, request_seed
 from gate.records import (FALLBACK, ExactnessRecord, Failure, FailureStage, Measurements, OverlapRecord,
                           RequestRecord, RunRecord, SpecDecodeCounters)
 from gate.runners.interface import RequestResult, Runner, StreamResult
@@ -186,7 +186,12 @@ class Loop:
         self.points = list(settings.points) if caps.load_points else [SEQUENTIAL]
         self.interleaved = settings.interleave and caps.interleaves
         self.ended: Counter = Counter()
-        self.total = 0
+
+    def blocks(self, names: list[str], laws: list[Law], reps: range) -> list[Block]:
+        """The run order of `names` (the fallback first) x `laws` x load points x `reps`
+        (gate.plan.plan_blocks)."""
+        return plan_blocks(names[1:], laws, self.session.prompts, self.s.max_new_tokens, reps, self.s.seed,
+                           self.points if self.labelled else None, self.interleaved)
 
     def phase(self, names: list[str], laws: list[Law], reps: range) -> Phase:
         """The timed requests as a Phase: when stopped, each runner, law and load point with
@@ -218,58 +223,45 @@ class Loop:
         return point_of(load) if self.labelled else (None, None)
 
     def requests(self, names: list[str], laws: list[Law], reps: range) -> None:
-        """Every request of `names` x `laws` x load points x `reps`. An Exception that escapes a
-        window (a server that cannot start) is a failure and the reports are still written;
-        the runner is closed at the end, and the servers it ran recorded (m.servers)."""
-        s, prompts = self.s, self.session.prompts
-        per_block = len(prompts) * len(s.max_new_tokens)
-        total = len(laws) * len(self.points) * len(reps) * len(names) * per_block
-        units = len(laws) * len(self.points) * len(reps) * (per_block if self.interleaved else len(names))
-        budget = RerunBudget(units, s.contention.rerun_budget, STUCK_CELLS)
+        """Every request of `names` (the fallback first) x `laws` x load points x `reps`, block
+        by block. An Exception that escapes a block (a server that cannot start) is a failure
+        and the reports are still written; the runner is closed at the end, and the servers
+        it ran recorded (m.servers)."""
+        blocks = self.blocks(names, laws, reps)
+        total = sum(len(b.requests) for b in blocks)
+        budget = RerunBudget(sum(len(b.units) for b in blocks), self.s.contention.rerun_budget, STUCK_CELLS)
         done = 0
         try:
             with self.runner:
-                for law in laws:
-                    for li, load in enumerate(self.points):
-                        for rep in reps:
-                            shift = (li + rep) % len(names)
-                            order = names[shift:] + names[:shift]
-                            block = {name: [Request(name, law, p, mnt, rep, request_seed(s.seed, p.id, law.name, mnt, rep))
-                                            for mnt in s.max_new_tokens for p in prompts] for name in order}
-                            for group in ([order] if self.interleaved else [[n] for n in order]):
-                                interrupt.check_budget()  # between windows: none starts once the budget ran out
-                                self.progress("requests", done, total)
-                                self._window(group, block, load, rep, budget)
-                                done += len(group) * per_block
+                for block in blocks:
+                    interrupt.check_budget()  # between windows: none starts once the budget ran out
+                    self.progress("requests", done, total)
+                    self._block(block, budget)
+                    done += len(block.requests)
                 self.progress("requests", total, total)
         except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
             self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
         finally:
-            h = s.contention
+            h = self.s.contention
             note = budget.note() if h.max_cpu_stall is not None and h.reruns else None
             if note:
                 self.m.notes.append(note)
             self.m.servers = _servers(self.runner, names) or self.m.servers
             self.runner.close()
 
-    def _window(self, group: list[str], block: dict[str, list[Request]], load: LoadStrategy, rep: int,
-                budget: RerunBudget) -> None:
-        """The windows of `group` (one runner, or every runner interleaved) at one law, load
-        point and repetition: warm-up, then each unit (a cell of the group, or the whole
-        window) with its contention reruns, then one RunRecord per runner of what was kept."""
-        law = block[group[0]][0].law.name
-        at = f"{describe_point(load)}, repetition {rep}"
+    def _block(self, block: Block, budget: RerunBudget) -> None:
+        """One block: warm-up of its runners, then each unit with its contention reruns, then
+        one RunRecord per runner and law of what was kept (its window)."""
+        at = f"{describe_point(block.load)}, repetition {block.repetition}"
         if self.s.warmup:
-            for name in group:
-                self._warmup(name, block[name], load, at)
-        n = len(block[group[0]])
-        units = [[block[name][k] for name in group] for k in range(n)] if self.interleaved else [block[group[0]]]
+            for name in block.runners:
+                self._warmup(name, [r for r in block.requests if r.draft == name], block.load, at)
         kept: list[_Attempt] = []
         try:
-            for unit in units:
-                self._unit(unit, load, at, budget, kept)
+            for unit in block.units:
+                self._unit(unit, block.load, at, budget, kept)
         finally:
-            self._record_windows(group, law, load, rep, at, kept)
+            self._record_windows(block, at, kept)
 
     def _warmup(self, name: str, requests: list[Request], load: LoadStrategy, at: str) -> None:
         """Untimed requests before `name`'s window (first calls allocate and pick kernels; a
@@ -386,32 +378,32 @@ class Loop:
             into.scrape_errors.setdefault(name, describe_error(e))
             return None
 
-    def _record_windows(self, group: list[str], law: str, load: LoadStrategy, rep: int, at: str,
-                        kept: list[_Attempt]) -> None:
-        """One RunRecord per runner of `group` from the kept attempts; a scrape that failed,
-        or counters that did not move for a draft that always proposes, is a failure."""
-        c, r = self._labels(load)
-        for name in group:
-            spans = [(a.starts[id(rec)], rec) for a in kept for rec in a.records if rec.draft == name]
-            if not spans:
-                continue
-            w = RunRecord.of(name, law, load.offered(), spans, server=self.runner.server_info(name))
-            w.repetition = rep
-            if len(group) == 1 and kept and kept[0].stall_share is not None:
+    def _record_windows(self, block: Block, at: str, kept: list[_Attempt]) -> None:
+        """One RunRecord per runner and law of `block` from the kept attempts, in the order they
+        first ran; a scrape that failed, or counters that did not move for a draft that always
+        proposes, is a failure."""
+        c, r = self._labels(block.load)
+        keys = dict.fromkeys((rec.draft, rec.law) for a in kept for rec in a.records)
+        for name, law in keys:
+            mine = [a for a in kept if any((rec.draft, rec.law) == (name, law) for rec in a.records)]
+            spans = [(a.starts[id(rec)], rec) for a in mine for rec in a.records if (rec.draft, rec.law) == (name, law)]
+            w = RunRecord.of(name, law, block.load.offered(), spans, server=self.runner.server_info(name))
+            w.repetition = block.repetition
+            if len(block.units) == 1 and kept and kept[0].stall_share is not None:  # the probe spans the window
                 w.cpu_stall_share = kept[0].stall_share
-            deltas = [a.counters.get(name) for a in kept if any(rec.draft == name for rec in a.records)]
+            deltas = [a.counters.get(name) for a in mine]
             w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
             if self.s.slo_ms:
                 w.good_requests, w.slo_ms = sum(_meets(rec, self.s.slo_ms) for _, rec in spans), dict(self.s.slo_ms)
             self.m.runs.append(w)
-            error = next((a.scrape_errors[name] for a in kept if name in a.scrape_errors), None)
+            error = next((a.scrape_errors[name] for a in mine if name in a.scrape_errors), None)
             # A draft model proposes at every step, so counters that did not move mean speculation was off;
             # an n-gram draft (point mass) may find nothing to copy in a whole window.
             info = self.m.drafts.get(name)
             always_proposes = info is not None and info.probability_info == "distribution"
             if error:
                 self.m.failures.append(Failure(FailureStage.REQUEST, name, law, f"server counters at {at}", error, c, r))
-            elif always_proposes and any(name in a.scraped for a in kept) and (
+            elif always_proposes and any(name in a.scraped for a in mine) and (
                     w.counters is None or (w.counters.num_draft_tokens == 0 and w.counters.num_drafts == 0)):
                 why = ("the server exposes no spec-decode counters" if w.counters is None else
                        "its spec-decode counters did not move")

@@ -326,7 +326,7 @@ def test_ctrl_c_before_measuring_starts_writes_the_reports_and_exits_130(
         tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main, monkeypatch, capsys) -> None:
     import gate.check
 
-    def interrupted_while_loading(loaded):  # type: ignore[no-untyped-def]
+    def interrupted_while_loading(*_):  # type: ignore[no-untyped-def]
         os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT to this process, as Ctrl-C sends it
         time.sleep(30)  # never reached: the handler raises first
         raise AssertionError("the interrupt did not stop the run")

@@ -20,8 +20,8 @@ from gate.law import Law
 from gate.load.interface import LoadStrategy
 from gate.load.sequential import SEQUENTIAL, Sequential
 from gate.oracle import TargetOracle
-from gate.plan import PlannedPrompt, Request, plan_requests
-from gate.records import (FALLBACK, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord,
+from gate.plan import PlannedPrompt, Request
+from gate.records import (FALLBACK, DraftInfo, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord,
                           RunRecord, busy_seconds)
 from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
 from gate.runners.registry import register, runner_class, runner_kinds
@@ -116,10 +116,10 @@ class StreamOnly(Runner):
 
 
 def test_a_runner_without_step_counters_gives_records_and_windows_that_serialise() -> None:
-    session = SimpleNamespace(runner=StreamOnly(), drafts={"d": SimpleNamespace(num_draft_tokens=3)})
-    m = Measurements(environment=Environment("3", "t", "tf", "g", "linux", "cpu", "cpu", 0))
-    requests = plan_requests(["d"], [GREEDY], [PROMPT], [4], 2, 0)
-    gate_run._run_requests(session, m, requests, lambda *_: None)  # type: ignore[arg-type]
+    session = SimpleNamespace(runner=StreamOnly(), prompts=[PROMPT])
+    m = Measurements(environment=Environment("3", "t", "tf", "g", "linux", "cpu", "cpu", 0), drafts={"d": DraftInfo("model", 3)})
+    loop = gate_run.Loop(session, m, gate_run.Settings([4], 2, 0, warmup=0), lambda *_: None)  # type: ignore[arg-type]
+    loop.requests([FALLBACK, "d"], [GREEDY], range(2))
     assert len(m.requests) == 4 and not m.failures
     r = m.requests[0]
     assert r.step_committed is None and r.kv_cache_bytes is None and r.cpu_time_ms is None

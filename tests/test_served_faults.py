@@ -162,7 +162,7 @@ def test_max_consecutive_failures_is_checked() -> None:
         runner("http://127.0.0.1:9", max_consecutive_failures=0)
     from pydantic import ValidationError
 
-    from gate.policy.model import RunnerSpec
+    from gate.runners.openai import OpenAIRunnerSpec as RunnerSpec
 
     assert RunnerSpec(kind="openai").max_consecutive_failures == 3
     with pytest.raises(ValidationError, match="max_consecutive_failures"):

@@ -28,7 +28,7 @@ from gate.runners.engines.llama_cpp import gbnf_choice
 from gate.runners.engines.registry import engine
 from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
 from gate.law import law_logits
-from gate.served import check_served_law
+from gate.runners.refusals import check_law_refusals as check_served_law
 
 FULL = Law("full", 0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
            frequency_penalty=0.25, logit_bias=((7, 2.5), (9, -100.0)))

@@ -25,9 +25,9 @@ def tiny_gguf(tmp_path_factory):
 
 @needs_binary
 def test_gate_check_on_llama_server_measures_every_load_point(tmp_path, tiny_gguf, prompts_file, monkeypatch):
-    import gate.served
+    import gate.runners.llama_server
 
-    monkeypatch.setattr(gate.served, "CACHE_DIR", tmp_path / "gguf")  # where the early-exit GGUF is written
+    monkeypatch.setattr(gate.runners.llama_server, "GGUF_CACHE_DIR", tmp_path / "gguf")  # where the early-exit GGUF is written
     monkeypatch.setenv("GATE_LLAMA_SERVER", BINARY)
     path = write_policy(tmp_path, f"""\
 version: 1

@@ -68,14 +68,13 @@ class RunnerSpecBase(BaseModel):
     (gate.runners.registry.runner_spec_union)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    runner: ClassVar[Any] = None  # its Runner class (set when the class is registered)
     kind: str
 
     @property
     def served(self) -> bool:
         """Whether the runner serves requests at the policy's load points (Capabilities.load_points)."""
-        from gate.runners.registry import runner_class
-
-        return runner_class(self.kind).capabilities.load_points
+        return bool(self.runner is not None and self.runner.capabilities.load_points)
 
     def policy_problems(self, policy: Any) -> list[tuple[str, str]]:
         """(YAML path, message) for what the rest of `policy` (a gate.policy.model.Policy)

@@ -29,7 +29,9 @@ def register(kind: str) -> Callable[[R], R]:
             raise ValueError(f"runner kind {kind!r}: its spec class {getattr(cls, 'spec', None)!r} must declare "
                              f"kind: Literal[{kind!r}]")
         cls.kind = kind
-        return _RUNNERS.add(cls)
+        added = _RUNNERS.add(cls)
+        cls.spec.runner = cls
+        return added
 
     return deco
 
