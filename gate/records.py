@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Iterable
 
 FALLBACK = "fallback"
+UNKNOWN_ID = -1  # output id of a token a runner counted but whose id it did not see (a stream of text only)
 RECORDED_SAMPLES = "recorded samples"  # Measurements.drafts kind of a source in `gate exactness` (gate.samples)
 
 

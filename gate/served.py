@@ -19,7 +19,7 @@ from gate import interrupt
 from gate.errors import describe_error
 from gate.law import law_logits
 from gate.plan import Plan, PlannedPrompt
-from gate.records import FALLBACK, Divergence, ExactnessRecord, Failure, FailureStage, Measurements, RequestRecord
+from gate.records import FALLBACK, UNKNOWN_ID, Divergence, ExactnessRecord, Failure, FailureStage, Measurements, RequestRecord
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -49,8 +49,6 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
     `progress("exactness", done, total)` counts the fallback outputs teacher-forced. Raises
     KeyboardInterrupt or interrupt.OutOfTime (the budget ran out between batches) as they come."""
     from gate.rules.samples import request_key
-    from gate.runners.openai import UNKNOWN_ID
-
     progress = progress or (lambda *_: None)
     pairs = (exactness or plan.exactness).pairs
     prompts = {p.id: p for p in plan.workload.prompts}
@@ -118,8 +116,6 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
 
 def _teacher_forceable(fallback: dict[tuple, RequestRecord]) -> list[tuple[tuple, RequestRecord]]:
     """The fallback outputs the local target can be teacher-forced along (token ids, non-empty)."""
-    from gate.runners.openai import UNKNOWN_ID
-
     return [(key, f) for key, f in fallback.items() if f.output_ids and UNKNOWN_ID not in f.output_ids]
 
 

@@ -41,7 +41,8 @@ from gate.load.schedule import drive
 from gate.plan import Request
 from gate.runners.client.pool import Clients
 from gate.runners.client.protocol import PROTOCOLS, protocol
-from gate.runners.client.stream import UNKNOWN_ID, StreamClient
+from gate.records import UNKNOWN_ID
+from gate.runners.client.stream import StreamClient
 from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
 from gate.runners.engines.interface import Engine
 from gate.runners.engines.registry import engine, engine_names

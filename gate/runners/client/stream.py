@@ -25,13 +25,13 @@ from typing import Any, Callable, Sequence
 import httpx
 
 from gate.measure.contention import load_average, read_pressure
+from gate.records import UNKNOWN_ID
 from gate.runners.client.parse import Event
 from gate.runners.client.protocol import Protocol
 from gate.runners.client.sse import SSEReader
 from gate.runners.client.transport import RequestProgress, ServedError, classify_transport
 from gate.runners.interface import StreamResult
 
-UNKNOWN_ID = -1  # output id of a token that was counted but whose id the stream did not carry
 
 
 def bursts(times_ms: Sequence[float], gap_ms: float) -> list[int]:
