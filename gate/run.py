@@ -466,16 +466,16 @@ def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, se
     (Capabilities.in_process): each output against the target's own law (greedy argmax,
     PIT, next-token laws; _exactness). A served runner: greedy token equality with the
     fallback runner, divergences weighed by the local target's logit gap where it is loaded
-    (gate.served.greedy_exactness)."""
+    (gate.fallback_exactness.greedy_exactness)."""
     if session.runner.capabilities.in_process:
         if not plan.pairs:
             return []
         return [Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))]
-    from gate import served
+    from gate import fallback_exactness
 
     greedy_pairs = any(law.greedy for law in session.laws if any(x == law.name for _, x in plan.pairs))
     return [Phase("the served exactness pass", FailureStage.EXACTNESS,
-                  lambda: served.greedy_exactness(session, m, plan, progress),
+                  lambda: fallback_exactness.greedy_exactness(session, m, plan, progress),
                   unmeasured=None if greedy_pairs else (lambda why, when: []))]
 
 
@@ -484,10 +484,18 @@ def _bill(session: Session, m: Measurements, settings: Settings) -> None:
     from the models' configs without loading weights (as `gate bill`)."""
     if session.target is not None and session.runner.capabilities.in_process:
         _bills(session, m, max(settings.max_new_tokens), settings.resources)
-        return
-    from gate import served
+    else:
+        _config_bills(session.plan, m)
 
-    served._bills(session.plan, m)
+
+def _config_bills(plan: Any, m: Measurements) -> None:
+    """The bill of every runner from configs, without loading weights (as `gate bill`)."""
+    from gate.resources import policy_bills
+
+    try:
+        m.bills = policy_bills(plan)
+    except Exception as e:  # noqa: BLE001 - a bill that cannot be computed is a failed measurement
+        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", describe_error(e)))
 
 
 def _oracle(session: Session) -> TargetOracle:

@@ -236,9 +236,9 @@ def test_sigterm_during_the_in_process_bill(tmp_path: Path, tiny_model_dir: Path
 
 def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main,
                                         monkeypatch) -> None:
-    import gate.served
+    import gate.run
 
-    monkeypatch.setattr(gate.served, "_bills", _sigterm_first(gate.served._bills))
+    monkeypatch.setattr(gate.run, "_config_bills", _sigterm_first(gate.run._config_bills))
     with Stub() as fallback, Stub() as draft:
         policy = write_policy(tmp_path, served_policy(tiny_model_dir, prompts_file, fallback.url, draft.url)
                               .replace("max_new_tokens: 48", "max_new_tokens: 8"))
@@ -256,7 +256,7 @@ def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, pr
 
 def test_batched_teacher_forcing_gives_the_logits_of_one_at_a_time() -> None:
     from gate.oracle import TargetOracle
-    from gate.served import teacher_forced
+    from gate.fallback_exactness import teacher_forced
 
     oracle = TargetOracle(tiny_llama(0), torch.device("cpu"))
     forwards = []

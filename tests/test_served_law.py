@@ -300,7 +300,7 @@ def test_law_logits_apply_bias_penalty_with_each_rows_history_and_the_grammar():
 
 
 def test_gaps_under_a_grammar_leave_the_fallbacks_forbidden_tokens_out_of_the_control():
-    from gate.served import _gaps
+    from gate.fallback_exactness import _gaps
 
     logits = torch.tensor([[1.0, 3.0, 0.0, 0.0], [0.5, 2.0, 0.0, 0.0]])
     oracle = SimpleNamespace(target_logits=lambda ids, start: logits[:len(ids) - start])

@@ -1,5 +1,5 @@
 """Rules, the load summary and the crossover on served records (no server: the records are
-built here, as gate.served writes them), and the policy's runner and load sections."""
+built here, as gate.run writes them), and the policy's runner and load sections."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""Exactness of served runners, and the bill of runners gate does not load.
+"""Greedy exactness of runners whose numerics are not the local target's (served engines).
 
 A served engine runs its own numerics (another build, kernels, batch shapes), so its
 greedy outputs are not checked against gate's target token by token: each draft runner's
 output is compared with the fallback runner's on the same prompt, length, repetition and
 load point, and a divergence is weighed by the local target's logit gap where the target
 is loaded here (gate.session; the fallback runner's own largest gap is the control for the
-server's numerics). The teacher-forced pass is batched (teacher_forced). The bill comes
-from the models' configs, without loading weights (as `gate bill`).
+server's numerics). The teacher-forced pass is batched (teacher_forced).
 """
 
 from __future__ import annotations
@@ -255,16 +254,6 @@ def _gap(top: torch.Tensor, value: torch.Tensor) -> float:
     """top - value, infinite when the token is forbidden (value -inf) or the row is empty."""
     gap = float(top - value)
     return gap if gap == gap else float("inf")  # nan: -inf - -inf, a row the grammar left empty
-
-
-def _bills(plan: Plan, m: Measurements) -> None:
-    """The bill of every runner from configs, without loading weights (as `gate bill`)."""
-    from gate.resources import policy_bills
-
-    try:
-        m.bills = policy_bills(plan)
-    except Exception as e:  # noqa: BLE001 - a bill that cannot be computed is a failed measurement
-        m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", describe_error(e)))
 
 
 __all__ = ["greedy_exactness", "teacher_forced"]
