@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from gate.law import argmax
+
 
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """sum_x min(p, q) over the last axis: [..., V] x [..., V] -> [...]. 1 for equal laws, 0 for disjoint ones."""
@@ -25,7 +27,7 @@ def position_overlaps(p: torch.Tensor, q: torch.Tensor) -> tuple[list[float | No
     """
     values = overlap(p, q)
     proposed = q.sum(dim=-1) > 0
-    agree = p.argmax(dim=-1) == q.argmax(dim=-1)
+    agree = argmax(p) == argmax(q)
     ov: list[float | None] = []
     top1: list[bool | None] = []
     for v, has, a in zip(values.tolist(), proposed.tolist(), agree.tolist()):
