@@ -95,7 +95,7 @@ def run(policy: Path, out: Path, label: str) -> dict:
 
 def without_handling(path: Path) -> dict[str, tuple[str, str]]:
     """The verdicts of a saved report's records decided as before issue 10 (contention ignored)."""
-    from gate.policy.load import load_policy
+    from gate.policy.reader import load_policy
     from gate.report.explain import load_report
     from gate.rules.evaluate import evaluate, settings_for
 

@@ -280,7 +280,7 @@ def false_alarms(setup: Setup, n: int, runs: int) -> None:
 
 
 def smollm2_timing(repeats: int, length: int) -> None:
-    from gate.models.load import load_model, load_tokenizer, resolve_source
+    from gate.models.loading import load_model, load_tokenizer, resolve_source
 
     t0 = time.perf_counter()
     source = resolve_source("smollm2-135m-instruct", None, Path("."), "x")

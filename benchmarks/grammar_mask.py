@@ -27,7 +27,7 @@ from gate.constraints import bind, grammar_engine
 from gate.constraints.interface import ResponseFormat
 from gate.law import Law, law_probs
 from gate.models.cache import forward, new_cache
-from gate.models.load import load_model, load_tokenizer, resolve_source
+from gate.models.loading import load_model, load_tokenizer, resolve_source
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "constrained" / "extraction.jsonl"
 

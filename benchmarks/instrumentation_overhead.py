@@ -28,7 +28,7 @@ from gate.law import Law
 from gate.load.sequential import SEQUENTIAL
 from gate.measure.overlap import position_overlaps
 from gate.models.cache import forward
-from gate.models.load import load_model, load_tokenizer, resolve_source
+from gate.models.loading import load_model, load_tokenizer, resolve_source
 from gate.oracle import TargetOracle
 from gate.plan import PlannedPrompt, Request
 from gate.records import FALLBACK

@@ -63,7 +63,7 @@ def load_release(loaded: Any) -> Release | None:
     """The policy's pinned release (None without `target.release`), read without loading
     weights: a report is read and must carry the target identity with a probe; a model
     source must exist. Raises PolicyValueError at the YAML path (target.release.report, ...)."""
-    from gate.models.load import resolve_source
+    from gate.models.loading import resolve_source
 
     spec = loaded.policy.target.release
     if spec is None:

@@ -18,14 +18,14 @@ from gate.baseline import Baseline
 from gate.errors import InputError, PolicyValueError
 from gate.measure.contention import Handling, is_contended
 from gate.measure.environment import environment
-from gate.models.load import resolve_device
-from gate.policy.load import LoadedPolicy, load_policy
+from gate.models.loading import resolve_device
+from gate.policy.reader import LoadedPolicy, load_policy
 from gate.metrics import REPEATABLE
 from gate.records import FALLBACK, DraftInfo, Failure, FailureStage, Measurements
 from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
-from gate.rules.load import load_summary
+from gate.rules.load_points import load_summary
 from gate.rules.summary import summarize
 from gate.run import Progress, Settings, measure, measure_more
 from gate.session import open_session

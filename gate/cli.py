@@ -256,7 +256,7 @@ def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, se
     """Test recorded SAMPLES (JSONL of prompt_ids, output_ids, law) against the target law of
     POLICY, with the policy's exactness rules (or the defaults: significance 0.01, power 0.9,
     detect_tv 0.1). Exit 0 pass, 1 fail, 2 bad input, 3 inconclusive or not measured."""
-    from gate.samples import check_samples
+    from gate.recorded import check_samples
 
     try:
         result = check_samples(policy, samples, seed)
@@ -301,7 +301,7 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
             except PolicyValueError as e:
                 raise loaded.error(e) from None
         elif target_config is not None and policy is None:
-            from gate.models.load import config_path
+            from gate.models.loading import config_path
 
             found = {}
             for flag, given in (("--target", target_config), ("--draft", draft_config)):
@@ -473,7 +473,7 @@ def schema(which: str) -> None:
 
         doc = report_schema()
     elif which == "samples":
-        from gate.samples import samples_schema
+        from gate.recorded import samples_schema
 
         doc = samples_schema()
     else:

@@ -136,7 +136,7 @@ class _Grammars:
         if fmt not in self.matchers:
             if self.engine is None:
                 from gate.constraints import grammar_engine
-                from gate.models.load import eos_token_ids
+                from gate.models.loading import eos_token_ids
 
                 tokenizer = self.plan.tokenizer
                 self.engine = grammar_engine(tokenizer, int(self.oracle.vocab_size), eos_token_ids(tokenizer))

@@ -377,7 +377,7 @@ class Plan:
     validate` returns and `gate check` runs (the workload is built once, here).
 
     `loaded`: the LoadedPolicy (file, YAML lines, warnings); `target`: the resolved target
-    source (gate.models.load.ModelSource); `workload`: the prompts to run; `laws`: the
+    source (gate.models.loading.ModelSource); `workload`: the prompts to run; `laws`: the
     declared laws; `exactness`: what the exactness rules need measured; `baseline`: the
     saved report relative_to: baseline rules compare with (gate.baseline.Baseline), or None;
     `tokenizer`: the target's tokenizer, loaded once."""

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 FALLBACK = "fallback"
 UNKNOWN_ID = -1  # output id of a token a runner counted but whose id it did not see (a stream of text only)
-RECORDED_SAMPLES = "recorded samples"  # Measurements.drafts kind of a source in `gate exactness` (gate.samples)
+RECORDED_SAMPLES = "recorded samples"  # Measurements.drafts kind of a source in `gate exactness` (gate.recorded)
 
 
 class FailureStage(str, Enum):
@@ -590,7 +590,7 @@ class ReleaseComparison:
     `probe_tv_error` the widest interval high - low (gate.measure.identity.sparse_tv)."""
 
     release: str  # how the release was given: "fingerprint", "report <path>" or "model <source>"
-    fingerprint: str | None  # the release's weights fingerprint (gate.models.load.fingerprint)
+    fingerprint: str | None  # the release's weights fingerprint (gate.models.loading.fingerprint)
     config_digest: str | None  # the release's architecture digest (None: not known, fingerprint only)
     classification: str
     reason: str
@@ -611,7 +611,7 @@ class ReleaseComparison:
 @dataclass
 class TargetIdentity:
     """The loaded target's identity, written in every in-process report so that a saved
-    report can pin a release later: `fingerprint` (gate.models.load.fingerprint of the loaded
+    report can pin a release later: `fingerprint` (gate.models.loading.fingerprint of the loaded
     weights, at `dtype`), `config` (its architecture fields, gate.measure.identity.ARCH_KEYS)
     and `config_digest` (first 16 hex digits of sha256 over them), and the logit `probe` on
     the fixed prompts (top `probe_top_k` per position). `probe_error`: why the probe could not

@@ -17,7 +17,7 @@ from gate.drafts.interface import ConfigContext
 from gate.errors import PolicyValueError
 from gate.measure.bill import DraftBill, bills_for, estimate_weight_bytes, kv_format, meta_model
 from gate.measure.kv import CacheModel, ConfigError, KVFormat, cache_model
-from gate.models.load import load_config, read_config
+from gate.models.loading import load_config, read_config
 from gate.records import FALLBACK, BillRecord
 
 # DraftBill, bills_for, kv_format, meta_model and estimate_weight_bytes live in gate.measure.bill
@@ -31,7 +31,7 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
     the gate.plan.Plan of gate.validate; the default context is its longest planned prompt
     plus max_new_tokens). Raises PolicyValueError (with the YAML path) for a model or config
     gate cannot bill."""
-    from gate.models.load import resolve_source
+    from gate.models.loading import resolve_source
 
     policy = loaded.policy
     res = policy.resources
@@ -58,7 +58,7 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
 def _config_context(loaded: Any, target_config: Any) -> ConfigContext:
     """What a draft kind reads to cost a draft from configs: the target's config and dtype,
     and a reader for the config of a model the policy names (errors at its YAML path)."""
-    from gate.models.load import resolve_source
+    from gate.models.loading import resolve_source
 
     def read(model: str, gguf_file: str | None, yaml_path: str) -> Any:
         return read_config(resolve_source(model, gguf_file, loaded.path.parent, yaml_path), yaml_path)
@@ -134,7 +134,7 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
     context. With a gate check report, the predicted speedup from its measured acceptance
     rate and the roofline's cost coefficient stands beside the measured speedup."""
     from gate.measure.roofline import predicted_speedup, ridge_batch, step
-    from gate.models.load import resolve_source
+    from gate.models.loading import resolve_source
 
     policy = loaded.policy
     source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")

@@ -45,7 +45,7 @@ from gate.measure.exactness import contexts, greedy_divergences, randomized_pit,
 from gate.measure.identity import measure_identity
 from gate.measure.kv import cache_model
 from gate.measure.overlap import position_overlaps
-from gate.models.load import dtype_name, weight_bytes
+from gate.models.loading import dtype_name, weight_bytes
 from gate.constraints import bind
 from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.oracle import TargetOracle

@@ -21,9 +21,9 @@ from gate.runners.registry import runner_class
 from gate.constraints import grammar_engine
 from gate.constraints.interface import GrammarEngine
 from gate.law import Law
-from gate.models import load as models
+from gate.models import loading as models
 from gate.plan import Plan, PlannedPrompt
-from gate.policy.load import LoadedPolicy
+from gate.policy.reader import LoadedPolicy
 from gate.records import DraftInfo, ModelInfo, WorkloadInfo
 
 

@@ -16,9 +16,9 @@ from gate.baseline import load_baseline, load_release
 from gate.drafts import registry as draft_kinds
 from gate.errors import PolicyValueError
 from gate.measure.kv import sliding_window
-from gate.models.load import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
+from gate.models.loading import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
 from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
-from gate.policy.load import LoadedPolicy, load_policy
+from gate.policy.reader import LoadedPolicy, load_policy
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.scope import declared_load_points, inapplicable_points, not_applicable_reason
 from gate.rules.power import underpowered
@@ -208,7 +208,7 @@ def _check_positions(policy: Any, config: Any, longest: int) -> None:
 
 
 def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
-    from gate.models.load import MissingTokenizer
+    from gate.models.loading import MissingTokenizer
 
     try:
         return load_tokenizer(source)

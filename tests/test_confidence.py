@@ -18,7 +18,7 @@ from gate.policy.model import RuleSpec
 from gate.records import DraftInfo, Environment, Measurements, RequestRecord
 from gate.rules.confidence import Interval, decide, exceedance, min_samples_to_pass
 from gate.rules.evaluate import Settings, evaluate
-from gate.rules.units import UnitSet
+from gate.rules.resampling import UnitSet
 
 TRIALS = 200
 THRESHOLD = 1.10  # speedup >= 1.10x

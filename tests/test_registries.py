@@ -14,7 +14,7 @@ from conftest import write_policy
 from pydantic import ValidationError
 
 from gate.errors import InputError
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.policy.model import WorkloadSpec
 from gate.policy.schema import policy_schema
 from gate.report import registry as formats

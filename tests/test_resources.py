@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from conftest import tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.measure.roofline import attainable, predicted_speedup, ridge_batch, step
-from gate.models.load import quantize_int8_dynamic, weight_bytes
+from gate.models.loading import quantize_int8_dynamic, weight_bytes
 from gate.measure.bill import estimate_weight_bytes
 
 

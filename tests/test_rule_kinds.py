@@ -10,7 +10,7 @@ import pytest
 from conftest import write_policy
 
 from gate.errors import InputError
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.policy.model import RuleSpec
 from gate.policy.schema import policy_schema
 from gate.records import DraftInfo, Environment, Measurements, RequestRecord

@@ -109,7 +109,7 @@ def test_bad_sample_lines_name_file_and_line(tmp_path, tiny_model_dir, prompts_f
 
 
 def test_samples_schema_is_checked_in():
-    from gate.samples import samples_schema
+    from gate.recorded import samples_schema
 
     root = Path(__file__).resolve().parents[1]
     assert json.loads((root / "schemas" / "samples.schema.json").read_text()) == samples_schema()

@@ -362,7 +362,7 @@ def test_a_json_schema_constrained_greedy_request_returns_json_matching_the_sche
     from gguf_models import smollm2_gguf_path
 
     from gate.constraints import grammar_engine
-    from gate.models.load import load_tokenizer, resolve_source
+    from gate.models.loading import load_tokenizer, resolve_source
 
     tok = load_tokenizer(resolve_source(str(smollm2_gguf_path()), None, Path("."), "target.model"))
     matcher = grammar_engine(tok, 49152).matcher(FORMATS["json_schema"])

@@ -8,14 +8,14 @@ import pytest
 
 from conftest import write_policy
 from gate.errors import InputError
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.policy.model import RuleSpec
 from gate.records import (DraftInfo, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord, RunRecord,
                           SpecDecodeCounters)
 from gate.report.console import ConsoleReport
 from gate.report.document import make_report
 from gate.rules.evaluate import Settings, evaluate
-from gate.rules.load import load_summary
+from gate.rules.load_points import load_summary
 from gate.rules.status import Status
 from gate.rules.summary import summarize
 

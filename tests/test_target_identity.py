@@ -16,7 +16,7 @@ from gate.cli import cli
 from gate.errors import InputError
 from gate.law import Law
 from gate.measure import identity
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.records import TargetIdentity
 from gate.validate import validate
 
@@ -80,7 +80,7 @@ def test_drift_along_under_greedy_and_sampling_laws():
 
 def _identity(model) -> tuple[TargetIdentity, list[list[int]], list[torch.Tensor]]:
     fields = identity.config_fields(model.config)
-    from gate.models.load import fingerprint
+    from gate.models.loading import fingerprint
 
     ident = TargetIdentity(fingerprint(model), "float32", fields, identity.config_digest(fields), identity.PROBE_TOP_K)
     ids = [[1, 5, 6, 7, 8, 9], [1, 10, 11, 12]]

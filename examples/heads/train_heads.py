@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     import gate
     from gate.drafts.heads import HeadsDraft, MedusaHeads, base_identity, save_checkpoint, teacher_states, train_heads
     from gate.law import Law
-    from gate.models.load import load_model, load_tokenizer, resolve_source
+    from gate.models.loading import load_model, load_tokenizer, resolve_source
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from gate.models.load import load_model, load_tokenizer, resolve_source
+from gate.models.loading import load_model, load_tokenizer, resolve_source
 
 
 def perturb(model: torch.nn.Module, sigma: float, seed: int) -> int:

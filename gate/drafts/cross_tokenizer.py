@@ -337,13 +337,13 @@ class CrossTokenizerDraftSpec(DraftSpecBase):
 def _tokenizer(location: str, gguf_file: str | None, kind: str, label: str) -> Any:
     """A draft's tokenizer, loaded once per process (gate validate and gate check both need it;
     Gemma's GGUF tokenizer takes ~15 s to build)."""
-    from gate.models.load import ModelSource, load_tokenizer
+    from gate.models.loading import ModelSource, load_tokenizer
 
     return load_tokenizer(ModelSource(kind, location, gguf_file, label))
 
 
 def _draft_tokenizer(name: str, spec: CrossTokenizerDraftSpec, policy_dir: Path) -> Any:
-    from gate.models import load as models
+    from gate.models import loading as models
 
     at = f"drafts.{name}.model"
     source = models.resolve_source(spec.model, spec.gguf_file, policy_dir, at)
@@ -360,7 +360,7 @@ _LOADED: "weakref.WeakValueDictionary[tuple, torch.nn.Module]" = weakref.WeakVal
 def _build(name: str, spec: CrossTokenizerDraftSpec, ctx: BuildContext) -> BuiltDraft:
     """Load the draft model and its tokenizer, compare the tokenizers (for the report) and
     build the translator. Raises PolicyValueError at the draft's YAML path."""
-    from gate.models import load as models
+    from gate.models import loading as models
 
     path = f"drafts.{name}"
     if ctx.tokenizer is None:

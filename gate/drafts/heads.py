@@ -27,7 +27,7 @@ Checkpoint format (a folder; `save_checkpoint` writes it, `read_header`/`load_he
 - `heads.json`: {"format": "gate-heads", "version": 1, "head_type": "medusa1-resblock",
   "num_heads": K, "hidden_size": H, "vocab_size": V (the lm_head's output width),
   "lm_head": "target" (shared, frozen), "dtype": the tensors' dtype name,
-  "base": {"fingerprint": gate.models.load.fingerprint of the target the heads were trained
+  "base": {"fingerprint": gate.models.loading.fingerprint of the target the heads were trained
   on, "model_type", "num_hidden_layers", "hidden_size", "vocab_size", "dtype", "source"},
   "training": free-form provenance (data, tokens, steps, loss, seed, wall time, versions)}.
 - `heads.safetensors`: "weight" [K, H, H] and "bias" [K, H] (safetensors).
@@ -213,7 +213,7 @@ def _fit(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def base_identity(target: torch.nn.Module, source: str) -> dict[str, Any]:
     """What heads.json records of the backbone: weight fingerprint, config fields, dtype, source."""
-    from gate.models.load import dtype_name, fingerprint
+    from gate.models.loading import dtype_name, fingerprint
 
     config = target.config
     return {"fingerprint": fingerprint(target), "model_type": getattr(config, "model_type", None),
@@ -226,7 +226,7 @@ def save_checkpoint(folder: str | Path, heads: MedusaHeads, base: dict[str, Any]
     of the target the heads were trained on. Returns the folder."""
     from safetensors.torch import save_file
 
-    from gate.models.load import dtype_name
+    from gate.models.loading import dtype_name
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -293,13 +293,13 @@ def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fing
                target_fingerprint: str | None = None) -> tuple[MedusaHeads, dict[str, Any]]:
     """The heads of a checkpoint folder for `target`, on its device and at its lm_head's
     dtype, and their header. Checks the header (read_header, check_header_config), that the
-    base fingerprint equals the target's (`target_fingerprint` when the caller has it, else gate.models.load.fingerprint; heads are trained on
+    base fingerprint equals the target's (`target_fingerprint` when the caller has it, else gate.models.loading.fingerprint; heads are trained on
     one backbone's hidden states) and the tensors' shapes. Raises PolicyValueError at
     `yaml_path`."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from gate.models.load import fingerprint
+    from gate.models.loading import fingerprint
 
     header = read_header(folder, yaml_path)
     check_header_config(header, target.config, yaml_path)
@@ -466,7 +466,7 @@ class HeadsDraftSpec(DraftSpecBase):
 def _build(name: str, spec: HeadsDraftSpec, ctx: BuildContext) -> BuiltDraft:
     """The heads of the policy's checkpoint on the loaded target (load_heads: header, base
     fingerprint and shapes checked), at the target's lm_head dtype. Raises PolicyValueError."""
-    from gate.models.load import dtype_name
+    from gate.models.loading import dtype_name
 
     at = f"drafts.{name}.checkpoint"
     folder = checkpoint_folder(spec.checkpoint, ctx.policy_dir)
@@ -517,7 +517,7 @@ def _check_tensor_shapes(folder: Path, header: dict[str, Any], yaml_path: str) -
 
 def _loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Any) -> DraftBill:
     """The heads' own bytes (weight, bias); the backbone and lm_head are the target's; no cache."""
-    from gate.models.load import weight_bytes
+    from gate.models.loading import weight_bytes
 
     return DraftBill(name, draft.num_draft_tokens, None, weight_bytes(*draft.modules(), exclude=[target]), True)
 

@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from gate.law import Law
-from gate.models.load import model_info  # noqa: F401 - what a kind records of its model (re-exported)
+from gate.models.loading import model_info  # noqa: F401 - what a kind records of its model (re-exported)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.records import ModelInfo
@@ -117,7 +117,7 @@ class BuildContext:
     """What building an in-process draft may use: the loaded target (module, tokenizer,
     device), the width of the target's logits (`vocab_size`, token ids), the target's dtype
     name ("float32", ...), the policy file's folder (relative model paths) and the target's
-    weights fingerprint when already computed (gate.models.load.fingerprint; None: not yet)."""
+    weights fingerprint when already computed (gate.models.loading.fingerprint; None: not yet)."""
 
     target: torch.nn.Module
     tokenizer: Any
@@ -174,7 +174,7 @@ def bill_from_modules(name: str, draft: Draft, target: torch.nn.Module, kv_forma
     with `target`, and whether it keeps a distribution q. A draft without modules bills no
     cache and no weights."""
     from gate.measure.kv import cache_model
-    from gate.models.load import dtype_name, weight_bytes
+    from gate.models.loading import dtype_name, weight_bytes
 
     modules = draft.modules()
     cache = cache_model(modules[0].config, kv_format_of(dtype_name(modules[0]))) if modules else None

@@ -113,7 +113,7 @@ def _build(name: str, spec: ModelDraftSpec, ctx: BuildContext) -> BuiltDraft:
     """The model draft: the target deep-copied at the draft's dtype (model: target), or a
     separate model (gate validate has checked that its tokenizer matches the target's,
     tokenizer_sources); int8_dynamic quantized on CPU."""
-    from gate.models import load as models
+    from gate.models import loading as models
 
     path = f"drafts.{name}"
     dtype = spec.dtype or ctx.target_dtype
@@ -156,7 +156,7 @@ def _llama_server(name: str, spec: ModelDraftSpec, ctx: ServedContext) -> Served
     """llama-server runs a separate GGUF as the draft (-md, --spec-type draft-simple). It runs
     files as they are: the target's weights at another dtype or quantization need their own
     GGUF (e.g. written by llama.cpp's llama-quantize)."""
-    from gate.models import load as models
+    from gate.models import loading as models
 
     path = f"drafts.{name}"
     if spec.model == "target":

@@ -181,7 +181,7 @@ def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -
     Raises ConfigError for a config that is not a causal LM."""
     import torch
 
-    from gate.models.load import DTYPES
+    from gate.models.loading import DTYPES
 
     model = meta_model(config)
     size = torch.empty(0, dtype=DTYPES[dtype]).element_size()

@@ -312,7 +312,7 @@ def measure_identity(session: Any, m: Measurements, progress: Callable[[str, int
     probe, release model or drift that fails is a Failure (stage "target identity" or
     "target drift"); without one a failed probe is only noted in probe_error (no rule
     depends on it)."""
-    from gate.models import load as models
+    from gate.models import loading as models
     from gate.oracle import TargetOracle
 
     progress = progress or (lambda *_: None)

@@ -16,7 +16,7 @@ class Release:
     `given`: "fingerprint", "report <path>" or "model <source>"; `tolerance_logits`: the
     unchanged-within-tolerance bound (logits). From a report: its target `fingerprint`,
     `config` fields, `config_digest` and `probe`; from a model: `source`
-    (gate.models.load.ModelSource) and `dtype` (its fingerprint and config are read once
+    (gate.models.loading.ModelSource) and `dtype` (its fingerprint and config are read once
     it is loaded)."""
 
     given: str

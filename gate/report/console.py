@@ -106,7 +106,7 @@ LOAD_COLUMNS = ("runner", "law", "load", "req", "out tok/s", "req/s", "goodput",
 
 
 def load_rows(report: Report) -> list[list[str]]:
-    """One row per runner, law and load point of a served run (gate.rules.load.LoadPoint)."""
+    """One row per runner, law and load point of a served run (gate.rules.load_points.LoadPoint)."""
     def ms(x: float | None, fmt: str = ".0f") -> str:
         return "-" if x is None else f"{format(x, fmt)} ms"
 

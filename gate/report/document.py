@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gate.records import Measurements
-from gate.rules.load import Crossover, LoadPoint
+from gate.rules.load_points import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
 from gate.rules.summary import SummaryRow
 

@@ -27,7 +27,7 @@ from scipy import stats
 from gate.records import FALLBACK, Measurements
 from gate.rules.selection import Selection
 from gate.rules.status import Status
-from gate.rules.units import UnitSet, units
+from gate.rules.resampling import UnitSet, units
 
 PASS, FAIL, INCONCLUSIVE = Status.PASS, Status.FAIL, Status.INCONCLUSIVE
 # Fewer resampling units than this give no interval: with 2-4 units the bootstrap has a

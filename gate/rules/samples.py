@@ -4,7 +4,7 @@ raw records, and their aggregation. Never runs a model.
 How a metric's samples are taken is registered here once, next to nothing else: SAMPLES maps
 every metric of gate.metrics.METRICS to its extractor (a check at import fails when a
 metric has none), REQUEST_SAMPLES gives a request's own samples and POOLED a request's
-counters or totals for pooled aggregations (gate.rules.units groups both into resampling
+counters or totals for pooled aggregations (gate.rules.resampling groups both into resampling
 units). Pooled aggregations pool counters (vLLM) or totals (all tokens / all seconds); they
 never average per-request ratios.
 """

@@ -396,7 +396,7 @@ class LlamaServerRunner(OpenAIRunner):
         from gate.drafts import registry as draft_kinds
         from gate.drafts.interface import ServedContext
         from gate.errors import PolicyValueError
-        from gate.models.load import eos_token_ids
+        from gate.models.loading import eos_token_ids
         from gate.plan import load_points
 
         policy = plan.policy

@@ -196,8 +196,8 @@ class OpenAIRunner(Runner):
     @classmethod
     def from_plan(cls, plan: Any, local: Any = None) -> "OpenAIRunner":
         """The endpoints of plan.policy.runner (runner.endpoints: one per runner name), with
-        the target tokenizer's end ids (gate.models.load.eos_token_ids)."""
-        from gate.models.load import eos_token_ids
+        the target tokenizer's end ids (gate.models.loading.eos_token_ids)."""
+        from gate.models.loading import eos_token_ids
 
         spec = plan.policy.runner
         endpoints = {name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)

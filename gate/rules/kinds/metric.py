@@ -26,7 +26,7 @@ from gate.rules.outcome import Outcome
 from gate.rules.samples import Selection, value
 from gate.rules.scope import LOAD_AXES, inapplicable_points, not_applicable_reason, other_axis, point_name, scope_key, scoped_points
 from gate.rules.status import Status
-from gate.rules.units import RESAMPLED, UnitSet
+from gate.rules.resampling import RESAMPLED, UnitSet
 from gate.units import Dimension, format_value, parse_quantity
 
 if TYPE_CHECKING:

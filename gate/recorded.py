@@ -31,7 +31,7 @@ from gate.law import Law, law_logits, law_probs
 from gate.plan import law_of
 from gate.measure.environment import environment
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
-from gate.policy.load import load_policy
+from gate.policy.reader import load_policy
 from gate.policy.model import FieldError, LawSpec
 from gate.records import RECORDED_SAMPLES, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements
 from gate.session import open_target
@@ -127,7 +127,7 @@ def _grammar_engine(loaded: Any, target: Any, formats: list[Any], samples_path: 
     each format the engine cannot compile."""
     if not any(formats):
         return None
-    from gate.models import load as models
+    from gate.models import loading as models
 
     source = models.resolve_source(loaded.policy.target.model, loaded.policy.target.gguf_file, loaded.path.parent, "target.model")
     tokenizer = models.load_tokenizer(source)
