@@ -293,7 +293,7 @@ class Loop:
         the attempt with the fewest contended requests is kept (ties: the least stalled). An
         interrupt keeps what the unit measured so far (its last whole attempt, or the first
         attempt's requests that ended)."""
-        h = self.s.contention
+        h = self.s.contention if self.runner.capabilities.cpu_accounting else Handling()  # no CPU accounting: no rerun
         best = _Attempt()
         extra: list[Failure] = []
         reruns = 0
@@ -372,6 +372,8 @@ class Loop:
     def _scrape(self, name: str, into: _Attempt) -> Any:
         """The runner's counters for `name` now (None: it has none, or the scrape failed: the
         error is kept in `into` and becomes a failure of the window)."""
+        if not self.runner.capabilities.server_counters:
+            return None
         try:
             return self.runner.counters(name)
         except Exception as e:  # noqa: BLE001 - an unreachable metrics URL is a failed measurement, not a crash
@@ -578,7 +580,7 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                 else:
                     u = randomized_pit(law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator)
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
-            n = plan.next_token_samples.get((name, law_name), 0)
+            n = plan.next_token_samples.get((name, law_name), 0) if session.runner.capabilities.first_steps else 0
             if n and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     interrupt.check_budget()

@@ -1,5 +1,5 @@
 """A small fault-injecting streaming server for tests and benchmarks: OpenAI-compatible
-(/v1/completions, /v1/chat/completions, vLLM's token_ids) and llama.cpp native
+(/v1/completions, vLLM's token_ids) and llama.cpp native
 (/completion with tokens, stop_type and timings), plus /metrics (Prometheus text),
 /props, /version, /v1/models and /log (what it received and when it sent each event).
 
@@ -175,7 +175,7 @@ class Stub:
             if path == "/log":
                 return await self._plain(writer, 200, json.dumps(self.requests))
             return await self._plain(writer, 404, '{"error": "not found"}')
-        if path not in ("/v1/completions", "/v1/chat/completions", "/completion"):
+        if path not in ("/v1/completions", "/completion"):
             return await self._plain(writer, 404, '{"error": "not found"}')
         body = json.loads(raw or b"{}")
         record = {"path": path, "body": body, "headers": headers, "t_recv": t_recv, "t_events": []}
@@ -230,7 +230,6 @@ class Stub:
             ids[-1] = EOS_ID
         k = max(1, self.tokens_per_event)
         groups = [ids[i:i + k] for i in range(0, len(ids), k)]
-        chat = path == "/v1/chat/completions"
         for j, group in enumerate(groups):
             target = t_recv + self.ttft_s + j * self.itl_s
             delay = target - time.perf_counter()
@@ -255,7 +254,7 @@ class Stub:
             parts = [[t] for t in group] if self.split_events else [group]
             # one write for the step's events, so the thread running the stub cannot be paused between them
             await self._chunk(writer, "".join(
-                self._event(native, chat, part, last and not native and p == len(parts) - 1 and fault != "no_final",
+                self._event(native, part, last and not native and p == len(parts) - 1 and fault != "no_final",
                             fault, len(ids)) for p, part in enumerate(parts)))
             record["t_events"].append(time.perf_counter())
         if fault == "no_final":
@@ -265,7 +264,7 @@ class Stub:
             await self._chunk(writer, self._native_final(fault, len(ids), len(body.get("prompt") or [])))
         else:
             if not groups:
-                await self._chunk(writer, self._event(native, chat, [], True, fault, 0))
+                await self._chunk(writer, self._event(native, [], True, fault, 0))
             usage = {"prompt_tokens": len(prompt or []), "completion_tokens": len(ids),
                      "total_tokens": len(prompt or []) + len(ids)}
             await self._chunk(writer, "data: " + json.dumps({"id": "cmpl-stub", "choices": [], "usage": usage}) + "\n\n")
@@ -273,17 +272,14 @@ class Stub:
         await self._end(writer)
         return True
 
-    def _event(self, native: bool, chat: bool, group: list[int], last: bool, fault: str | None, n: int) -> str:
+    def _event(self, native: bool, group: list[int], last: bool, fault: str | None, n: int) -> str:
         text = "".join(f" t{t}" for t in group)
         if native:
             obj: dict[str, Any] = {"index": 0, "content": text, "tokens": group, "stop": False, "id_slot": 0,
                                    "tokens_predicted": 0, "tokens_evaluated": 0}
         else:
             choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": None, "stop_reason": None}
-            if chat:
-                choice["delta"] = {"content": text}
-            else:
-                choice["text"] = text
+            choice["text"] = text
             if self.with_ids:
                 choice["token_ids"] = group
             if last:
@@ -293,7 +289,7 @@ class Stub:
                     choice["finish_reason"], choice["stop_reason"] = "stop", "</end>"
                 else:
                     choice["finish_reason"] = "length"
-            obj = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
+            obj = {"id": "cmpl-stub", "object": "text_completion",
                    "model": "stub-model", "choices": [choice]}
         return "data: " + json.dumps(obj) + "\n\n"
 

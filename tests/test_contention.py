@@ -242,7 +242,7 @@ class FakeRunner(Runner):
     before it. Counts first attempts and reruns."""
 
     kind = "fake"
-    capabilities = Capabilities(interleaves=True)
+    capabilities = Capabilities(interleaves=True, cpu_accounting=True)
 
     def __init__(self, busy) -> None:
         self.busy, self.last, self.first, self.reruns = busy, None, 0, 0

@@ -22,17 +22,21 @@ from gate.plan import Request
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a runner can give besides timed streams.
+    """What a runner can do besides timed streams: the measurement loop, the passes and the
+    policy read these, never the runner's kind.
 
     token_ids: its outputs are token ids of the target's tokenizer (not text only).
     step_counters: per-step committed/proposed/accepted counts (spec-decode counters per request).
     seeding: a request's seed (gate.plan.Request.seed) fixes its sampled output.
+    (These three describe the records a runner gives; the records themselves say it per
+    request, and what reads them reads the records.)
     first_steps: it can draw many independent speculative first steps (Runner.first_steps),
-        the next-token exactness test's raw material.
+        the next-token exactness test's raw material (else that test is not drawn).
     cpu_accounting: per-request process CPU time and machine CPU pressure (gate.measure.contention),
-        so contended requests can be found and their cells rerun.
+        so contended requests can be found and their cells rerun (else none is rerun).
     max_concurrency: most requests it can have in flight (LoadStrategy.concurrency above it is refused).
-    server_counters: counters scraped from a server over a window (RunRecord.server, counter deltas).
+    server_counters: counters scraped from a server over a window (Runner.counters, scraped
+        before and after each window: RunRecord.counters; else not scraped).
     in_process: it runs the target and the drafts in this process: gate loads them (the bill
         from the loaded weights, overlap from the loaded drafts) and its outputs are the local
         target's own, so exactness checks each output against the target (else against the
