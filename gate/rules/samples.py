@@ -298,4 +298,5 @@ def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: 
 
 
 __all__ = ["CONTINUATION_SAMPLES", "FALLBACK", "POOLED", "REQUEST_SAMPLES", "SAMPLES", "Selection", "WINDOW_POOLED",
-           "aggregate", "paired_speedups", "pooled", "register_metric", "request_key", "samples", "uses_windows", "value", "window_key", "windows"]
+           "aggregate", "paired_speedups", "pooled", "register_metric", "request_key", "samples", "uses_windows", "value",
+           "window_key", "windows"]
