@@ -163,7 +163,6 @@ METRICS: dict[str, Metric] = {
 }
 
 
-
 def add(metric: Metric) -> Metric:
     """Add `metric` to METRICS, after the built-in ones. Returns `metric`. Raises ValueError
     when another metric has its name. Called by gate.rules.samples.register_metric, which

@@ -4,11 +4,13 @@ kind, workload source, report format, metric and rule kind, and a fresh interpre
 registers them (register_toys, before gate.policy is imported: the policy's unions and
 Literals are built then) and runs `gate check` on a policy that uses all of them.
 
-The toy runner is not in-process (Capabilities.in_process False): gate loads no weights for
-it, and it runs through gate.run's one loop like a served engine (a counter scrape before
-and after each window, its engine's counter names, the law's wire fields and refusals from
-its engine). The tiny model of tests/conftest.py is the target only for its tokenizer and
-config (validation, the bill)."""
+The toy runner is not in-process (Capabilities.in_process False), so gate loads no weights
+for it and it takes gate.run's one loop the way a served engine does: a window per load point
+and repetition, a counter scrape before and after each (read with its engine's counter
+names), the law's wire fields and refusals from its engine. The tiny model of
+tests/conftest.py is the target only for its tokenizer and config (validation, the bill).
+The toy engine also serves the real openai runner: an endpoint of `engine: toy` is refused
+a law the engine cannot apply, at validation."""
 
 from __future__ import annotations
 
