@@ -2,16 +2,21 @@
 the flags every other layer reads (how it is sampled, whether clocks move it, whether more
 repetitions can settle it, whether it is a ratio rather than a share).
 
-A metric is declared once, here; TIMED, REPEATABLE, COMPUTED_ONCE and RATIO_NOT_SHARE are
-derived from the declarations. How its samples are taken from measurement records is
-registered in ``gate.rules.samples.SAMPLES`` (checked at import against METRICS); this module
-imports nothing from the rules (rules never run models, and measurements never know about rules).
+A built-in metric is declared once, here; a new one is one module whose registration line
+is ``gate.rules.samples.register_metric(Metric(...), extract)`` (the declaration with how its
+samples are taken), made before gate.policy is imported (the policy's rules[].metric values
+are METRICS' names then). TIMED, REPEATABLE, COMPUTED_ONCE, RATIO_NOT_SHARE, PER_REQUEST,
+PER_TOKEN and RESAMPLED are derived from the declarations, read when asked (so they include
+a metric registered later). How a metric's samples are taken from measurement records is in
+``gate.rules.samples.SAMPLES`` (checked at import against METRICS); this module imports
+nothing from the rules (rules never run models, and measurements never know about rules).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Set
 from dataclasses import KW_ONLY, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gate.records import FailureStage
 from gate.units import Dimension
@@ -157,15 +162,51 @@ METRICS: dict[str, Metric] = {
     )
 }
 
+
+def add(metric: Metric) -> Metric:
+    """Add `metric` to METRICS, after the built-in ones. Returns `metric`. Raises ValueError
+    when another metric has its name. Called by gate.rules.samples.register_metric, which
+    also says how its samples are taken (a metric without that cannot be decided)."""
+    if metric.name in METRICS:
+        raise ValueError(f"metric {metric.name!r} is already in the catalogue (gate.metrics.METRICS)")
+    METRICS[metric.name] = metric
+    return metric
+
+
+class MetricNames(Set):
+    """The names of METRICS' metrics that `has` holds for, in catalogue order, read from
+    METRICS on every use (a metric added later is in it). A read-only set of str: `in`,
+    iteration, len, and set operators (which return frozensets)."""
+
+    def __init__(self, has: Callable[[Metric], bool]):
+        self._has = has
+
+    def __contains__(self, name: object) -> bool:
+        metric = METRICS.get(name) if isinstance(name, str) else None
+        return metric is not None and self._has(metric)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name, m in METRICS.items() if self._has(m)])
+
+    def __len__(self) -> int:
+        return sum(1 for m in METRICS.values() if self._has(m))
+
+    @classmethod
+    def _from_iterable(cls, it: Any) -> frozenset:
+        return frozenset(it)
+
+
 # Metrics read from clocks: a contended machine (gate.measure.contention) distorts them, so
 # their verdicts leave contended requests out. Overlap, acceptance and bills do not depend on it.
-TIMED = frozenset(name for name, m in METRICS.items() if m.timed)
+TIMED = MetricNames(lambda m: m.timed)
 # Metrics whose verdicts more timed repetitions can settle (overlap is measured once, on repetition 0).
-REPEATABLE = frozenset(name for name, m in METRICS.items() if m.repeatable)
+REPEATABLE = MetricNames(lambda m: m.repeatable)
 # Computed or measured once per draft (bills, process peaks): no interval, no breakdown by `per`.
-COMPUTED_ONCE = tuple(name for name, m in METRICS.items() if m.computed_once)
+COMPUTED_ONCE = MetricNames(lambda m: m.computed_once)
+# Every metric with a sampling distribution: all but those computed or measured once (gate.rules.resampling resamples them).
+RESAMPLED = MetricNames(lambda m: not m.computed_once)
 # Dimensionless metrics that are not shares: a percentage threshold is a mistake there ('5%' would be 0.05x).
-RATIO_NOT_SHARE = tuple(name for name, m in METRICS.items() if m.ratio_not_share)
+RATIO_NOT_SHARE = MetricNames(lambda m: m.ratio_not_share)
 # One sample per request, and one per token or step of a request (gate.rules.power counts them).
-PER_REQUEST = frozenset(name for name, m in METRICS.items() if m.sampling == "request")
-PER_TOKEN = frozenset(name for name, m in METRICS.items() if m.sampling == "token")
+PER_REQUEST = MetricNames(lambda m: m.sampling == "request")
+PER_TOKEN = MetricNames(lambda m: m.sampling == "token")

@@ -16,7 +16,7 @@ from gate.rules.samples import WINDOW_ONLY
 from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
 from gate.rules.kinds import registry as rule_kinds
-from gate.rules.resampling import RESAMPLED
+from gate.metrics import RESAMPLED
 
 if TYPE_CHECKING:
     from gate.policy.model import Policy

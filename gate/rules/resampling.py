@@ -16,14 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gate.metrics import METRICS
 from gate.records import Measurements
 from gate.rules.samples import (CONTINUATION_SAMPLES, DRIFT_SAMPLES, POOLED, REQUEST_SAMPLES, WINDOW_POOLED, Selection, aggregate,
                                 drift_records, has_counts, paired_speedups, request_key, uses_windows, window_key,
                                 windows)
-
-# every metric with a sampling distribution: all but those computed or measured once (bills, process peaks)
-RESAMPLED = {name for name, metric in METRICS.items() if not metric.computed_once}
 
 
 @dataclass

@@ -7,6 +7,10 @@ metric has none), REQUEST_SAMPLES gives a request's own samples and POOLED a req
 counters or totals for pooled aggregations (gate.rules.resampling groups both into resampling
 units). Pooled aggregations pool counters (vLLM) or totals (all tokens / all seconds); they
 never average per-request ratios.
+
+A new metric is one module with one registration line, register_metric(Metric(...), extract):
+its declaration goes into gate.metrics.METRICS and its extractor into the table its sampling
+reads (made before gate.policy is imported, it is a value of the policy's rules[].metric).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from gate.metrics import METRICS
+from gate.metrics import METRICS, Metric, add
 from gate.records import FALLBACK, DriftRecord, Measurements, OverlapRecord, RequestRecord, RunRecord, SpecDecodeCounters
 from gate.rules.selection import Selection, aggregate
 
@@ -208,6 +212,29 @@ def _check_registry() -> None:
 _check_registry()
 
 
+def register_metric(metric: Metric, extract: Callable) -> Metric:
+    """Add `metric` to the catalogue (gate.metrics.METRICS) with how its samples are taken,
+    by its sampling: "request" or "token": `extract(RequestRecord) -> list[float]`, one
+    request's samples (NaNs are dropped), resampled by request; "position":
+    `extract(OverlapRecord) -> list[float | None]`, one continuation's per-position samples
+    (None: a position not measured), resampled by continuation; "once": an Extractor
+    `(Measurements, Selection, bill line) -> list[float]`, decided on the value itself.
+    Returns `metric`. Raises ValueError for a name already in the catalogue, and for a
+    "pooled" metric (pooled counters or window totals need their case in pooled())."""
+    if metric.sampling == "pooled":
+        raise ValueError(f"metric {metric.name!r}: a pooled metric needs its case in gate.rules.samples.pooled()")
+    add(metric)
+    if metric.sampling == "position":
+        CONTINUATION_SAMPLES[metric.name] = extract
+        SAMPLES[metric.name] = _per_position(extract)
+    elif metric.sampling == "once":
+        SAMPLES[metric.name] = extract
+    else:  # "request" or "token": a request's samples
+        REQUEST_SAMPLES[metric.name] = extract
+        SAMPLES[metric.name] = _per_request(extract)
+    return metric
+
+
 def samples(metric: str, m: Measurements, sel: Selection, line: str | None = None) -> list[float]:
     """Raw samples of `metric` (see gate.metrics for what one sample is). NaNs are dropped.
     Raises KeyError for a metric without raw samples (pooled only) or not in the catalogue."""
@@ -271,4 +298,5 @@ def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: 
 
 
 __all__ = ["CONTINUATION_SAMPLES", "FALLBACK", "POOLED", "REQUEST_SAMPLES", "SAMPLES", "Selection", "WINDOW_POOLED",
-           "aggregate", "paired_speedups", "pooled", "request_key", "samples", "uses_windows", "value", "window_key", "windows"]
+           "aggregate", "paired_speedups", "pooled", "register_metric", "request_key", "samples", "uses_windows", "value",
+           "window_key", "windows"]

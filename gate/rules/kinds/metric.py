@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.measure.contention import describe, is_contended, pooled_stall_share
-from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE, TIMED
+from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED
 from gate.records import FALLBACK, Failure, Measurements, RequestRecord
 from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, bootstrap_interval, decide, estimand,
                                    decide_exceedance, exceedance, ratio)
@@ -26,7 +26,7 @@ from gate.rules.outcome import Outcome
 from gate.rules.samples import Selection, value
 from gate.rules.scope import LOAD_AXES, inapplicable_points, not_applicable_reason, other_axis, point_name, scope_key, scoped_points
 from gate.rules.status import Status
-from gate.rules.resampling import RESAMPLED, UnitSet
+from gate.rules.resampling import UnitSet
 from gate.units import Dimension, format_value, parse_quantity
 
 if TYPE_CHECKING:
