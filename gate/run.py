@@ -230,14 +230,18 @@ class Loop:
         blocks = self.blocks(names, laws, reps)
         total = sum(len(b.requests) for b in blocks)
         budget = RerunBudget(sum(len(b.units) for b in blocks), self.s.contention.rerun_budget, STUCK_CELLS)
-        done = 0
+        done = [0]
+
+        def unit_done(n: int) -> None:
+            done[0] += n
+            self.progress("requests", done[0], total)
+
         try:
             with self.runner:
                 for block in blocks:
                     interrupt.check_budget()  # between windows: none starts once the budget ran out
-                    self.progress("requests", done, total)
-                    self._block(block, budget)
-                    done += len(block.requests)
+                    self.progress("requests", done[0], total)
+                    self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
         except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
             self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
@@ -249,9 +253,10 @@ class Loop:
             self.m.servers = _servers(self.runner, names) or self.m.servers
             self.runner.close()
 
-    def _block(self, block: Block, budget: RerunBudget) -> None:
-        """One block: warm-up of its runners, then each unit with its contention reruns, then
-        one RunRecord per runner and law of what was kept (its window)."""
+    def _block(self, block: Block, budget: RerunBudget, unit_done: Callable[[int], None]) -> None:
+        """One block: warm-up of its runners, then each unit with its contention reruns
+        (`unit_done(n)` after each unit of n requests), then one RunRecord per runner and law
+        of what was kept (its window)."""
         at = f"{describe_point(block.load)}, repetition {block.repetition}"
         if self.s.warmup:
             for name in block.runners:
@@ -260,6 +265,7 @@ class Loop:
         try:
             for unit in block.units:
                 self._unit(unit, block.load, at, budget, kept)
+                unit_done(len(unit))
         finally:
             self._record_windows(block, at, kept)
 
