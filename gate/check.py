@@ -29,7 +29,7 @@ from gate.rules.load_points import load_summary
 from gate.rules.summary import summarize
 from gate.run import Progress, Settings, measure, measure_more
 from gate.session import open_session
-from gate.plan import load_points
+from gate.load.points import load_points
 from gate.validate import validate
 
 

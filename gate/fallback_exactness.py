@@ -17,7 +17,8 @@ import torch
 from gate import interrupt
 from gate.errors import describe_error
 from gate.law import law_logits
-from gate.plan import Plan, PlannedPrompt
+from gate.plan import Plan
+from gate.requests import PlannedPrompt
 from gate.records import FALLBACK, UNKNOWN_ID, Divergence, ExactnessRecord, Failure, FailureStage, Measurements, RequestRecord
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)

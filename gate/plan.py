@@ -1,15 +1,17 @@
-"""Policy -> plan: the matrix of (draft x law x max_new_tokens x prompt x repetition) to run.
+"""Policy -> plan: the matrix of (runner x law x load point x max_new_tokens x prompt x
+repetition) to run, and its run order as blocks (plan_blocks).
 
-Requests are interleaved by default (measurement.interleave): for every (repetition, law,
-max_new_tokens, prompt) the fallback runs first, then every draft in policy order, so slow
-drift of the machine hits all alike and each draft request has a paired fallback request
-run moments before it. The fallback runs first because its continuation is the one overlap
-is measured along. Without interleaving each runner's requests form one block.
+gate's own loop interleaves requests by default (measurement.interleave): for every
+(repetition, law, max_new_tokens, prompt) the fallback runs first, then every draft in
+policy order, so slow drift of the machine hits all alike and each draft request has a
+paired fallback request run moments before it. The fallback runs first because its
+continuation is the one overlap is measured along. Without interleaving each runner's
+requests form one block. Runners at load points run one runner's window at a time, per law,
+load point and repetition, in rotated order.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -18,44 +20,9 @@ from gate.errors import PolicyValueError
 from gate.law import Law
 from gate.load.interface import LoadStrategy
 from gate.records import FALLBACK, WorkloadInfo
+from gate.requests import PlannedPrompt, Request, request_seed  # re-exported: what the plan is made of
 from gate.workloads.context import ContextBuilder, ContextError, Encode, check_fits
 from gate.workloads.interface import Prompt, WorkloadSource, choose
-
-
-@dataclass(frozen=True)
-class PlannedPrompt:
-    """A prompt with its token ids (chat template applied when the policy says so).
-    `context_length`: the length (tokens) a context-sweep prompt was built to, else None.
-    `response_format`: the grammar constraint its output runs under (None: unconstrained);
-    `constraint`: the label of the workload.constraints entry it was planned for ('none',
-    'prompt' or the entry's name), None without workload.constraints. Each entry makes its
-    own request of a prompt: its id is '<prompt id>#<label>' (after '@<length>' in a context
-    sweep), so seeds, overlap continuations and records keep the variants apart."""
-
-    id: str
-    category: str
-    token_ids: tuple[int, ...]
-    context_length: int | None = None
-    response_format: ResponseFormat | None = None
-    constraint: str | None = None
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request to run: which runner (a draft name or 'fallback'), law, prompt, length."""
-
-    draft: str
-    law: Law
-    prompt: PlannedPrompt
-    max_new_tokens: int
-    repetition: int
-    seed: int  # shared by the fallback and every draft for the same cell
-
-
-def request_seed(seed: int, prompt_id: str, law: str, max_new_tokens: int, repetition: int) -> int:
-    """A stable 63-bit seed per cell, derived from the policy seed (no global RNG state)."""
-    key = f"{seed}|{prompt_id}|{law}|{max_new_tokens}|{repetition}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1
 
 
 def plan_requests(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
@@ -75,35 +42,6 @@ def plan_requests(drafts: list[str], laws: list[Law], prompts: list[PlannedPromp
         order = {name: i for i, name in enumerate([FALLBACK, *drafts])}
         out.sort(key=lambda r: order[r.draft])  # stable: each runner's block keeps the cell order
     return out
-
-
-def load_points(policy: Any) -> list[LoadStrategy]:
-    """The policy's load points in run order: closed-loop concurrencies, then open-loop
-    rates (default: concurrency 1). Open-loop arrivals are seeded by workload.seed."""
-    from gate.load.closed import ClosedLoop
-    from gate.load.open import OpenLoop
-
-    load = policy.load
-    if load is None or (not load.concurrency and not load.request_rate):
-        return [ClosedLoop(concurrency=1)]
-    points: list[LoadStrategy] = [ClosedLoop(concurrency=c) for c in load.concurrency or []]
-    points += [OpenLoop(request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed,
-                        concurrency=load.max_concurrency) for r in load.request_rate or []]
-    return points
-
-
-def point_of(load: LoadStrategy) -> tuple[int | None, float | None]:
-    """(concurrency, request_rate) labels of a load point, as requests and failures carry them."""
-    if load.request_rate is not None:
-        return None, load.request_rate
-    return load.concurrency, None
-
-
-def describe_point(load: LoadStrategy) -> str:
-    """A load point as notes and failures name it: "concurrency 4" or "request rate 2/s"."""
-    c, r = point_of(load)
-    return f"concurrency {c}" if r is None else f"request rate {r:g}/s"
-
 
 
 @dataclass

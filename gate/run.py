@@ -50,7 +50,9 @@ from gate.constraints import bind
 from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.oracle import TargetOracle
 from gate.phases import Phase, not_measured, run_phases
-from gate.plan import Block, ExactnessPlan, PlannedPrompt, Request, describe_point, plan_blocks, point_of, request_seed
+from gate.load.points import describe_point, point_of
+from gate.plan import Block, ExactnessPlan, plan_blocks
+from gate.requests import PlannedPrompt, Request, request_seed
 from gate.records import (FALLBACK, ExactnessRecord, Failure, FailureStage, Measurements, OverlapRecord,
                           RequestRecord, RunRecord, SpecDecodeCounters)
 from gate.runners.interface import RequestResult, Runner, StreamResult

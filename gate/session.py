@@ -22,7 +22,8 @@ from gate.constraints import grammar_engine
 from gate.constraints.interface import GrammarEngine
 from gate.law import Law
 from gate.models import loading as models
-from gate.plan import Plan, PlannedPrompt
+from gate.plan import Plan
+from gate.requests import PlannedPrompt
 from gate.policy.reader import LoadedPolicy
 from gate.records import DraftInfo, ModelInfo, WorkloadInfo
 

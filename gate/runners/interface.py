@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gate.law import Law
 from gate.load.interface import LoadStrategy
-from gate.plan import Request
+from gate.requests import Request
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Capabilities:
 
     token_ids: its outputs are token ids of the target's tokenizer (not text only).
     step_counters: per-step committed/proposed/accepted counts (spec-decode counters per request).
-    seeding: a request's seed (gate.plan.Request.seed) fixes its sampled output.
+    seeding: a request's seed (gate.requests.Request.seed) fixes its sampled output.
     (These three describe the records a runner gives; the records themselves say it per
     request, and what reads them reads the records.)
     first_steps: it can draw many independent speculative first steps (Runner.first_steps),

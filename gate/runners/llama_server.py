@@ -56,7 +56,7 @@ import httpx
 from pydantic import Field
 
 from gate.load.interface import LoadStrategy
-from gate.plan import Request
+from gate.requests import Request
 from gate.records import FALLBACK
 from gate.runners.client.transport import ServedError
 from gate.runners.engines.interface import Engine
@@ -397,7 +397,7 @@ class LlamaServerRunner(OpenAIRunner):
         from gate.drafts.interface import ServedContext
         from gate.errors import PolicyValueError
         from gate.models.loading import eos_token_ids
-        from gate.plan import load_points
+        from gate.load.points import load_points
 
         policy = plan.policy
         spec = policy.runner

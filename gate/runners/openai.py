@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gate.load.interface import LoadStrategy
 from gate.load.schedule import drive
-from gate.plan import Request
+from gate.requests import Request
 from gate.runners.client.pool import Clients
 from gate.runners.client.protocol import PROTOCOLS, protocol
 from gate.records import UNKNOWN_ID

@@ -32,7 +32,7 @@ from gate.law import AnyLaw, Law, law_probs
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
-from gate.plan import Request
+from gate.requests import Request
 from gate.records import FALLBACK
 from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.registry import register

@@ -1,0 +1,36 @@
+"""The load points of a policy's `load` section, in run order, and how records, failures and
+notes label a load point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.load.interface import LoadStrategy
+
+
+def load_points(policy: Any) -> list[LoadStrategy]:
+    """The policy's load points in run order: closed-loop concurrencies, then open-loop
+    rates (default: concurrency 1). Open-loop arrivals are seeded by workload.seed."""
+    from gate.load.closed import ClosedLoop
+    from gate.load.open import OpenLoop
+
+    load = policy.load
+    if load is None or (not load.concurrency and not load.request_rate):
+        return [ClosedLoop(concurrency=1)]
+    points: list[LoadStrategy] = [ClosedLoop(concurrency=c) for c in load.concurrency or []]
+    points += [OpenLoop(request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed,
+                        concurrency=load.max_concurrency) for r in load.request_rate or []]
+    return points
+
+
+def point_of(load: LoadStrategy) -> tuple[int | None, float | None]:
+    """(concurrency, request_rate) labels of a load point, as requests and failures carry them."""
+    if load.request_rate is not None:
+        return None, load.request_rate
+    return load.concurrency, None
+
+
+def describe_point(load: LoadStrategy) -> str:
+    """A load point as notes and failures name it: "concurrency 4" or "request rate 2/s"."""
+    c, r = point_of(load)
+    return f"concurrency {c}" if r is None else f"request rate {r:g}/s"
