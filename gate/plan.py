@@ -117,6 +117,11 @@ class ExactnessPlan:
     next_token_samples: dict[tuple[str, str], int] = field(default_factory=dict)
     next_token_prompts: int = 1
 
+    def has_greedy(self, laws: Iterable[Law]) -> bool:
+        """Whether a pair names a greedy law of `laws` (greedy exactness is measured)."""
+        names = {law for _, law in self.pairs}
+        return any(law.greedy for law in laws if law.name in names)
+
 
 def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> ExactnessPlan:
     """The exactness measurements every rule decided on exactness raw material (level not off) needs."""

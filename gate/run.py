@@ -53,7 +53,7 @@ from gate.phases import Phase, not_measured, run_phases
 from gate.load.points import describe_point, point_of
 from gate.plan import Block, ExactnessPlan, plan_blocks
 from gate.requests import PlannedPrompt, Request, request_seed
-from gate.records import (FALLBACK, ExactnessRecord, Failure, FailureStage, Measurements, OverlapRecord,
+from gate.records import (FALLBACK, ExactnessRecord, busy_seconds, Failure, FailureStage, Measurements, OverlapRecord,
                           RequestRecord, RunRecord, SpecDecodeCounters)
 from gate.runners.interface import RequestResult, Runner, StreamResult
 from gate.session import Session
@@ -168,8 +168,6 @@ class _Attempt:
     def wall_ms(self, one_at_a_time: bool) -> float:
         """Wall time the attempt's timed requests took (ms): the sum of their E2E latencies
         when they ran one at a time, else the time at least one was in flight."""
-        from gate.records import busy_seconds
-
         if one_at_a_time:
             return sum(r.e2el_ms for r in self.records)
         return busy_seconds((self.starts[id(r)], self.starts[id(r)] + r.e2el_ms / 1e3) for r in self.records) * 1e3
@@ -483,7 +481,7 @@ def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, se
         return [Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))]
     from gate import fallback_exactness
 
-    greedy_pairs = any(law.greedy for law in session.laws if any(x == law.name for _, x in plan.pairs))
+    greedy_pairs = plan.has_greedy(session.laws)
     return [Phase("the served exactness pass", FailureStage.EXACTNESS,
                   lambda: fallback_exactness.greedy_exactness(session, m, plan, progress),
                   unmeasured=None if greedy_pairs else (lambda why, when: []))]

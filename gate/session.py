@@ -141,7 +141,7 @@ def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
                       [], plan.workload.info, None, None, plan)
     session.draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info,
                                            draft_kinds.get(d.kind).modifies_target) for name, d in policy.drafts.items()}
-    if any(law.greedy for law in plan.laws if any(p[1] == law.name for p in plan.exactness.pairs)):
+    if plan.exactness.has_greedy(plan.laws):
         try:
             step("loading the local target (exactness near-ties)", 0, 1)
             session.oracle = open_target(loaded, plan.tokenizer).oracle
