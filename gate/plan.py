@@ -63,27 +63,42 @@ class Block:
 
 
 def plan_blocks(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
-                repetitions: range, seed: int, points: list[LoadStrategy] | None, interleave: bool) -> list[Block]:
+                repetitions: range, seed: int, points: list[LoadStrategy] | None, interleave: bool,
+                slow_switch: bool = False) -> list[Block]:
     """The run order of the requests, as blocks.
 
     At load points (`points`, a runner with load points): for each law, load point and
     repetition, each runner's window in turn, the order rotated by (load point index +
     repetition) so slow drift of the machine does not always favour the same runner; a
-    window is rerun whole. Without (`points` None, gate's own loop: one request at a time):
+    window is rerun whole. With `slow_switch` (a runner whose server takes long to start):
+    for each law and repetition, each runner in turn (rotated by the repetition) runs its
+    windows at every load point (their order rotated by the repetition too), so a server
+    starts once per runner and repetition. Without (`points` None, gate's own loop: one request at a time):
     plan_requests' order; `interleave` gives one block of cells (the fallback and every
     draft on one prompt and length, back to back), else one block per runner, its requests
     one by one."""
     names = [FALLBACK, *drafts]
-    if points is not None:
+
+    def window(name: str, law: Law, rep: int) -> list[Request]:
+        return [Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
+                for mnt in max_new_tokens for p in prompts]
+
+    if points is not None and slow_switch:
         out: list[Block] = []
+        for law in laws:
+            for rep in repetitions:
+                shift, at = rep % len(names), rep % len(points)
+                for name in names[shift:] + names[:shift]:
+                    out.extend(Block([name], load, [window(name, law, rep)], rep) for load in points[at:] + points[:at])
+        return out
+    if points is not None:
+        out = []
         for law in laws:
             for li, load in enumerate(points):
                 for rep in repetitions:
                     shift = (li + rep) % len(names)
                     for name in names[shift:] + names[:shift]:
-                        window = [Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
-                                  for mnt in max_new_tokens for p in prompts]
-                        out.append(Block([name], load, [window], rep))
+                        out.append(Block([name], load, [window(name, law, rep)], rep))
         return out
     from gate.load.sequential import SEQUENTIAL
 

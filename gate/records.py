@@ -27,6 +27,7 @@ class FailureStage(str, Enum):
     RUN = "run"  # the whole run: loading models, measuring, or interrupted
     IDENTITY = "target identity"  # the target's identity against the pinned release (probe, release model)
     DRIFT = "target drift"  # the updated target's law against the release's along the workload
+    VERIFICATION = "verification"  # a draft's server verifies with a method that does not keep the target's law
 
     def __str__(self) -> str:
         return self.value
@@ -546,8 +547,15 @@ class ServerRecord:
     """A served engine as gate saw it, one per runner: `kind` (the runner kind), `endpoint`
     (base URL; for a managed llama-server, the last one it listened on), `command` (the
     command line of a server gate started, else None), `version` (what the server said of
-    itself), `peak_rss_bytes` (a managed server's peak resident set, VmHWM, max over the
-    times it was started; None where gate did not start it)."""
+    itself), `peak_rss_bytes` (a managed server's peak resident set, VmHWM summed over its
+    process tree, max over the times it was started; None where gate did not start it),
+    `verification` (how the server verifies proposals, where gate knows it: vLLM's
+    rejection_sample_method, e.g. "standard"; None: unknown or no speculation) and `lossless`
+    (whether that method keeps the target's law; None: unknown). A draft whose server says
+    lossless False gets a Failure at stage "verification": no exactness or speedup rule on it
+    passes. `kv_pool_tokens` / `kv_pool_bytes`: the KV cache the server preallocated, in
+    tokens (blocks x block size) and in bytes as the server counts them; `served_dtype`: the
+    weights' dtype it serves at ("bfloat16"); None where the server does not say."""
 
     runner: str
     kind: str
@@ -555,6 +563,11 @@ class ServerRecord:
     command: list[str] | None = None
     version: str | None = None
     peak_rss_bytes: int | None = None
+    verification: str | None = None
+    lossless: bool | None = None
+    kv_pool_tokens: int | None = None
+    kv_pool_bytes: int | None = None
+    served_dtype: str | None = None
 
 
 @dataclass

@@ -15,10 +15,10 @@ import torch
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import ConfigContext
 from gate.errors import PolicyValueError
-from gate.measure.bill import DraftBill, bills_for, estimate_weight_bytes, kv_format, meta_model
+from gate.measure.bill import SERVER_POOL_LINE, DraftBill, bills_for, estimate_weight_bytes, kv_format, meta_model
 from gate.measure.kv import CacheModel, ConfigError, KVFormat, cache_model
 from gate.models.loading import load_config, read_config
-from gate.records import FALLBACK, BillRecord
+from gate.records import FALLBACK, BillLine, BillRecord
 
 # DraftBill, bills_for, kv_format, meta_model and estimate_weight_bytes live in gate.measure.bill
 # (gate check's run uses them too); they are imported here for this module's commands.
@@ -53,6 +53,54 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
         drafts.append(DraftBill(name, d.num_draft_tokens, _cache(m.config, kv_format(res, m.cache_dtype), at), own,
                                 draft_kinds.has_distribution(d), m.own_vocab_size))
     return bills_for(res, context, int(config.vocab_size), target_cache, target_bytes, drafts)
+
+
+def add_server_pools(loaded: Any, bills: list[BillRecord], servers: list[Any]) -> None:
+    """The served bill, in place: for each bill whose runner's server says what it
+    preallocated (ServerRecord.kv_pool_tokens, e.g. vLLM's num_gpu_blocks x block_size), its
+    weights at the served dtype (ServerRecord.served_dtype) and the line "server KV cache
+    pool" = pool tokens x gate's per-token KV bytes (gate.measure.kv.cache_model, at the
+    served dtype) of the target, plus those of the draft's own model where it runs one
+    (vLLM keeps a draft model's KV in the same pool). The per-sequence KV lines then no
+    longer coexist at the peak: they live inside the pool. The formula quotes the server's
+    own byte count beside gate's. Raises PolicyValueError for a config gate cannot bill."""
+    from gate.models.loading import resolve_source
+
+    by_runner = {s.runner: s for s in servers if getattr(s, "kv_pool_tokens", None)}
+    if not by_runner:
+        return
+    policy = loaded.policy
+    source = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
+    config = read_config(source, "target.model")
+    ctx = _config_context(loaded, config)
+    for bill in bills:
+        server = by_runner.get(bill.draft)
+        if server is None:
+            continue
+        dtype = server.served_dtype or policy.target.dtype
+        per_token = _cache(config, kv_format(policy.resources, dtype), "target.model").bytes_per_token
+        parts = [f"{per_token:,} B/token (target)"]
+        spec = policy.drafts.get(bill.draft)
+        drafted = draft_kinds.model_config(bill.draft, spec, ctx) if spec is not None else None
+        if drafted is not None:
+            own = _cache(drafted.config, kv_format(policy.resources, dtype), f"drafts.{bill.draft}").bytes_per_token
+            per_token += own
+            parts.append(f"{own:,} B/token (draft model)")
+        for line in bill.lines:
+            if line.name in ("target KV cache", "draft KV cache"):
+                line.coexists_at_peak = False
+                line.formula += " (inside the server's pool)"
+            elif line.name in ("target weights", "draft weights") and dtype != policy.target.dtype:
+                scale = _DTYPE_BYTES.get(dtype, 0) / _DTYPE_BYTES.get(policy.target.dtype, 1)
+                if scale:
+                    line.bytes = int(round(line.bytes * scale))
+                    line.formula += f", at the served dtype {dtype}"
+        said = f"; the server counts {server.kv_pool_bytes:,} B" if server.kv_pool_bytes else ""
+        bill.lines.append(BillLine(SERVER_POOL_LINE, f"{server.kv_pool_tokens:,} tokens preallocated x "
+                                   f"({' + '.join(parts)}) at {dtype}{said}", server.kv_pool_tokens * per_token))
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _config_context(loaded: Any, target_config: Any) -> ConfigContext:

@@ -191,7 +191,8 @@ class Loop:
         """The run order of `names` (the fallback first) x `laws` x load points x `reps`
         (gate.plan.plan_blocks)."""
         return plan_blocks(names[1:], laws, self.session.prompts, self.s.max_new_tokens, reps, self.s.seed,
-                           self.points if self.labelled else None, self.interleaved)
+                           self.points if self.labelled else None, self.interleaved,
+                           self.runner.capabilities.slow_switch)
 
     def phase(self, names: list[str], laws: list[Law], reps: range) -> Phase:
         """The timed requests as a Phase: when stopped, each runner, law and load point with
@@ -251,6 +252,7 @@ class Loop:
             if note:
                 self.m.notes.append(note)
             self.m.servers = _servers(self.runner, names) or self.m.servers
+            _not_lossless(self.m)
             self.runner.close()
 
     def _block(self, block: Block, budget: RerunBudget, unit_done: Callable[[int], None]) -> None:
@@ -443,6 +445,31 @@ def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
     return all(not (values[k] > limit) for k, limit in slo.items())
 
 
+def _not_lossless(m: Measurements) -> None:
+    """A Failure at stage "verification" for each draft whose server says it verifies with a
+    method that does not keep the target's law (ServerRecord.lossless False), once."""
+    for s in m.servers:
+        if s.lossless is False and not any(f.stage == FailureStage.VERIFICATION and f.draft == s.runner
+                                           for f in m.failures):
+            m.failures.append(Failure(FailureStage.VERIFICATION, s.runner, "*", "verification",
+                                      f"the server of {s.runner} verifies with {s.verification}, which does not keep "
+                                      "the target's law (acceptance not decided by p and q): no exactness or speedup "
+                                      "verdict rests on it"))
+
+
+def _server_pools(plan: Any, m: Measurements) -> None:
+    """The served bill where servers say what they preallocated (gate.resources.add_server_pools)."""
+    from gate.measure.bill import SERVER_POOL_LINE
+    from gate.resources import add_server_pools
+
+    if not m.bills or any(x.name == SERVER_POOL_LINE for b in m.bills for x in b.lines):
+        return
+    try:
+        add_server_pools(plan, m.bills, m.servers)
+    except Exception as e:  # noqa: BLE001 - a bill that cannot be computed is a failed measurement
+        m.failures.append(Failure(FailureStage.BILL, "*", "*", "served bill", describe_error(e)))
+
+
 def _servers(runner: Runner, names: list[str]) -> list[Any]:
     """What gate saw of each runner's engine (Runner.describe; none for gate's own loop)."""
     return [d for name in names if (d := runner.describe(name)) is not None]
@@ -497,13 +524,15 @@ def _bill(session: Session, m: Measurements, settings: Settings) -> None:
 
 
 def _config_bills(plan: Any, m: Measurements) -> None:
-    """The bill of every runner from configs, without loading weights (as `gate bill`)."""
+    """The bill of every runner from configs, without loading weights (as `gate bill`), with
+    what each server preallocated where it says (_server_pools)."""
     from gate.resources import policy_bills
 
     try:
         m.bills = policy_bills(plan)
     except Exception as e:  # noqa: BLE001 - a bill that cannot be computed is a failed measurement
         m.failures.append(Failure(FailureStage.BILL, "*", "*", "bill", describe_error(e)))
+    _server_pools(plan, m)
 
 
 def _oracle(session: Session) -> TargetOracle:

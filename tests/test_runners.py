@@ -45,7 +45,7 @@ def test_the_transformers_runner_is_registered_with_its_capabilities() -> None:
     assert caps.token_ids and caps.step_counters and caps.seeding and caps.first_steps and caps.cpu_accounting
     assert caps.max_concurrency == 1 and not caps.server_counters
     with pytest.raises(KeyError, match="known: .*transformers"):
-        runner_class("vllm")
+        runner_class("no_such_runner")
     with pytest.raises(ValueError, match="already registered"):
         register("transformers")(type("Other", (TransformersRunner,), {}))
 
@@ -161,7 +161,7 @@ def test_window_throughput_equals_the_pooled_figure_under_sequential_load_only()
 
 def test_failure_stages_are_an_enum_equal_to_todays_strings() -> None:
     assert [s.value for s in FailureStage] == ["request", "warm-up", "overlap", "exactness", "bill", "run", "target identity",
-                                              "target drift"]
+                                              "target drift", "verification"]
     f = Failure("request", "d", "greedy", "request p", "boom")
     assert f.stage is FailureStage.REQUEST and f.stage == "request" and f"{f.stage}" == "request" and str(f.stage) == "request"
     assert f.stage in ("exactness", "run", "request")

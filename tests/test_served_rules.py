@@ -127,6 +127,22 @@ def test_a_failure_at_one_load_point_errors_only_that_load_points_verdict():
     assert "speculation was off" in by_scope["d/greedy/concurrency=4"].message
 
 
+def test_a_server_whose_verification_is_not_lossless_passes_no_speedup_or_exactness_rule():
+    from gate.records import ServerRecord
+    from gate.run import _not_lossless
+
+    m = run({1: 1.6})
+    m.servers = [ServerRecord("fallback", "vllm"), ServerRecord("d", "vllm", verification="synthetic", lossless=False)]
+    _not_lossless(m)
+    _not_lossless(m)  # once per draft, however often the servers are described
+    assert [f.stage for f in m.failures] == [FailureStage.VERIFICATION]
+    rules = [rule(), rule(id="acc", metric="acceptance_rate", threshold=0.1), RuleSpec(id="ex", kind="exactness")]
+    by_rule = {o.rule_id: o for o in evaluate(rules, m, Settings())}
+    assert by_rule["r"].status == Status.ERROR and "verifies with synthetic" in by_rule["r"].message
+    assert by_rule["ex"].status == Status.ERROR and "does not keep the target's law" in by_rule["ex"].message
+    assert by_rule["acc"].status == Status.PASS  # what the server counted is still what it counted
+
+
 def test_report_shows_load_points_and_crossover():
     m = run({1: 1.5, 4: 0.8})
     rows, crossings = load_summary(m, 0.95, 300, 0)

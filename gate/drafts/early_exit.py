@@ -7,26 +7,17 @@ usually low; that is what the gate is for.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
 
 from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, DraftKind, DraftModelConfig, DraftSpecBase, ServedContext,
-                                   ServedDraft,
+                                   ServedDraft, VLLMContext, VLLMDraft,
                                    model_info)
 from gate.drafts.model import ModelDraft
 from gate.errors import PolicyValueError
-
-
-def truncated_config(config: Any, num_layers: int) -> Any:
-    """A copy of a transformers config with only its first `num_layers` layers."""
-    config = copy.deepcopy(config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types)[:num_layers]
-    return config
+from gate.models.hf_export import truncated_config
 
 
 def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -> torch.nn.Module:
@@ -101,6 +92,18 @@ def _llama_server(name: str, spec: EarlyExitDraftSpec, ctx: ServedContext) -> Se
     return ServedDraft(str(path), "draft-simple")
 
 
+def _vllm(name: str, spec: EarlyExitDraftSpec, ctx: VLLMContext) -> VLLMDraft:
+    """The same early exit for vLLM: a model directory of the target's first num_layers
+    layers with its final norm and head (gate.models.hf_export), run as a draft model."""
+    from gate.models.hf_export import hf_directory
+
+    try:
+        path = hf_directory(ctx.target, num_layers=spec.num_layers, cache_dir=ctx.cache_dir)
+    except (ValueError, OSError) as e:
+        raise PolicyValueError(f"drafts.{name}.num_layers", f"cannot write the early-exit model directory: {e}") from None
+    return VLLMDraft({"method": "draft_model", "model": str(path), "num_speculative_tokens": spec.num_draft_tokens})
+
+
 KIND = DraftKind(
     name="early_exit",
     spec=EarlyExitDraftSpec,
@@ -109,4 +112,5 @@ KIND = DraftKind(
     model_config=_model_config,
     check_target_config=_check_target_config,
     llama_server=_llama_server,
+    vllm=_vllm,
 )

@@ -233,6 +233,25 @@ class ServedDraft:
 
 
 @dataclass(frozen=True)
+class VLLMContext:
+    """What a draft kind needs to say how vLLM runs it: the target's resolved model source
+    (`target`, gate.models.loading.ModelSource), the policy's folder (`policy_dir`, for
+    relative paths) and a folder for model directories gate writes (`cache_dir`)."""
+
+    target: Any
+    policy_dir: Any
+    cache_dir: Any
+
+
+@dataclass(frozen=True)
+class VLLMDraft:
+    """How vLLM runs a draft: its `--speculative-config` (a JSON object: method,
+    num_speculative_tokens, model, prompt_lookup_max, ...)."""
+
+    speculative_config: dict
+
+
+@dataclass(frozen=True)
 class DraftKind:
     """One draft kind, declared once in its own module and listed in gate.drafts.registry.
 
@@ -256,6 +275,8 @@ class DraftKind:
       brings its own tokenizer (cross_tokenizer: it loads); raises PolicyValueError.
     - `llama_server(name, spec, ctx: ServedContext) -> ServedDraft`: how llama.cpp's server runs
       it (runner kind llama_server); None: that runner cannot; raises PolicyValueError.
+    - `vllm(name, spec, ctx: VLLMContext) -> VLLMDraft`: how vLLM runs it (runner kind vllm,
+      its --speculative-config); None: vLLM cannot; raises PolicyValueError.
     - `check_files(name, spec, policy_dir, config)`: validation of files the draft reads (a heads
       checkpoint's header) against the target's config, without loading weights; relative
       paths are relative to `policy_dir`; raises PolicyValueError.
@@ -277,6 +298,7 @@ class DraftKind:
     tokenizer_sources: Callable[[str, Any], list[ModelRef]] = _no_sources
     policy_problems: Callable[[str, Any, Any], list[tuple[str, str]]] = _no_problems
     llama_server: Callable[[str, Any, ServedContext], ServedDraft] | None = None
+    vllm: Callable[[str, Any, VLLMContext], VLLMDraft] | None = None
     check_tokenizer: Callable[[str, Any, Any, Path], None] = _no_tokenizer_check
     check_files: Callable[[str, Any, Path, Any], None] = _no_files
     file_weight_bytes: Callable[[str, Any, Path], int] = _no_file_weights

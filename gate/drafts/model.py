@@ -11,7 +11,7 @@ import torch
 from pydantic import ConfigDict, Field
 
 from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig, ServedContext,
-                                   ServedDraft,
+                                   ServedDraft, VLLMContext, VLLMDraft,
                                    DraftSpecBase, DType, ModelRef, Proposal, model_info)
 from gate.errors import PolicyValueError
 from gate.law import Law, law_probs
@@ -171,6 +171,29 @@ def _llama_server(name: str, spec: ModelDraftSpec, ctx: ServedContext) -> Served
     return ServedDraft(str(Path(source.location) / source.gguf_file), "draft-simple")
 
 
+def _vllm(name: str, spec: ModelDraftSpec, ctx: VLLMContext) -> VLLMDraft:
+    """vLLM's draft_model method on a Hugging Face directory: the draft's own, or one gate
+    writes (gate.models.hf_export) from a GGUF, or from the target's weights at the draft's
+    dtype (model: target). int8 dynamic quantization is gate's in-process scheme: refused."""
+    from gate.models import loading as models
+    from gate.models.hf_export import hf_directory
+
+    path = f"drafts.{name}"
+    if spec.quantization != "none":
+        raise PolicyValueError(f"{path}.quantization", f"vLLM does not run gate's {spec.quantization} scheme; give a "
+                               "quantized checkpoint vLLM loads as the draft model instead")
+    source = ctx.target if spec.model == "target" else \
+        models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
+    if spec.model == "target" and spec.dtype is None:
+        raise PolicyValueError(f"{path}", "this draft is the target itself")
+    try:
+        folder = hf_directory(source, dtype=spec.dtype or "float32", cache_dir=ctx.cache_dir) \
+            if spec.dtype or source.kind != "hf_dir" else Path(source.location)
+    except (ValueError, OSError) as e:
+        raise PolicyValueError(f"{path}.model", f"cannot write the draft's model directory for vLLM: {e}") from None
+    return VLLMDraft({"method": "draft_model", "model": str(folder), "num_speculative_tokens": spec.num_draft_tokens})
+
+
 KIND = DraftKind(
     name="model",
     spec=ModelDraftSpec,
@@ -180,4 +203,5 @@ KIND = DraftKind(
     tokenizer_sources=_tokenizer_sources,
     policy_problems=_policy_problems,
     llama_server=_llama_server,
+    vllm=_vllm,
 )

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, ServedContext, ServedDraft
+from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, ServedContext, ServedDraft, VLLMContext, VLLMDraft
 from gate.law import Law
 
 
@@ -80,6 +80,13 @@ def _llama_server(name: str, spec: PromptLookupDraftSpec, ctx: ServedContext) ->
                                               "--spec-ngram-simple-size-m", str(spec.num_draft_tokens)))
 
 
+def _vllm(name: str, spec: PromptLookupDraftSpec, ctx: VLLMContext) -> VLLMDraft:
+    """vLLM's ngram method: the longest suffix of max_ngram_size down to 1 tokens found
+    earlier in the context, and the num_draft_tokens that followed it (as gate's own)."""
+    return VLLMDraft({"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens,
+                      "prompt_lookup_max": spec.max_ngram_size, "prompt_lookup_min": 1})
+
+
 # No model, no cache, no draft step: the defaults for bill, roofline and checks.
 KIND = DraftKind(name="prompt_lookup", spec=PromptLookupDraftSpec, probability_info="point_mass", build=_build,
-                 llama_server=_llama_server)
+                 llama_server=_llama_server, vllm=_vllm)

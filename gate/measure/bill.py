@@ -20,6 +20,9 @@ from typing import Any
 from gate.measure.kv import CacheModel, ConfigError, KVFormat
 from gate.records import FALLBACK, BillLine, BillRecord, Budget
 
+SERVER_POOL_LINE = "server KV cache pool"
+"""The served bill's line for the KV cache a server preallocated (gate.resources.add_server_pools)."""
+
 SAMPLING_DTYPE_BYTES = 4  # gate (and most samplers) apply the law in float32
 
 

@@ -19,6 +19,7 @@ from gate.drafts.interface import DType  # the weight dtypes a policy may name, 
 from gate.drafts.registry import draft_spec_union
 from gate.measure.contention import (BUSY_CELLS, DEFAULT_CONTENTION_RERUN_BUDGET, DEFAULT_CONTENTION_RERUNS,
                                      DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL)
+from gate.measure.bill import SERVER_POOL_LINE
 from gate.metrics import METRICS
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.kinds.interface import shown_threshold
@@ -366,7 +367,7 @@ class WorkloadSpec(_Strict):
 
 BILL_LINES = ("target weights", "target KV cache", "draft weights", "draft KV cache", "verification positions",
               "target logits", "draft probabilities", "workspace", "graph captures", "communication buffers",
-              "fragmentation allowance", "draft logits")
+              "fragmentation allowance", "draft logits", SERVER_POOL_LINE)
 
 
 class ScopeSpec(_Strict):

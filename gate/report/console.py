@@ -141,11 +141,17 @@ def load_tables(report: Report) -> list[Table]:
     servers = report.measurements.servers
     if servers:
         t = Table(title="Servers", title_justify="left")
-        for col in ("runner", "version", "peak RSS", "command"):
+        for col in ("runner", "version", "peak RSS", "verification", "KV pool", "command"):
             t.add_column(col, overflow="fold")
         for x in servers:
+            verification = "-" if x.verification is None else \
+                x.verification + ("" if x.lossless is None else " (lossless)" if x.lossless else " (NOT lossless)")
+            pool = "-" if x.kv_pool_tokens is None else f"{x.kv_pool_tokens:,} tokens" + (
+                f", {format_value(x.kv_pool_bytes, Dimension.BYTES)}" if x.kv_pool_bytes else "") + (
+                f" at {x.served_dtype}" if x.served_dtype else "")
             t.add_row(escape(x.runner), escape(x.version or "-"),
                       format_value(x.peak_rss_bytes, Dimension.BYTES) if x.peak_rss_bytes is not None else "-",
+                      escape(verification), escape(pool),
                       escape(" ".join(x.command) if x.command else (x.endpoint or "-")))
         out.append(t)
     return out

@@ -55,7 +55,7 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
         scope = f"{d}/{law}"
         # a failed request leaves its tokens untested: the verdict would rest on what is left
         failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*")
-                  and f.stage in ("exactness", "run", "request")]
+                  and f.stage in ("exactness", "run", "request", "verification")]
         rec = records.get(key)
         if rule.level == "off":
             outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.SKIPPED, measured=None, samples=0,

@@ -46,6 +46,10 @@ class Capabilities:
     interleaves: switching between the fallback and the drafts costs nothing, so the
         measurement loop interleaves them request by request, cell by cell (else each runner
         runs its window of requests in turn).
+    slow_switch: switching runners starts another server that takes long to be ready (vLLM:
+        about 30 s on CPU), so at load points each repetition runs one runner's windows at
+        every load point back to back (one start per runner and repetition), the runners'
+        order and the load points' order rotated per repetition (else every window rotates).
     metrics: the metrics only runners with this capability measure (gate.metrics names); the
         policy refuses a rule on a metric that some runner kind lists and its runner does not,
         saying "<metric> <metrics_note>" ({kinds}: the kinds that measure it).
@@ -61,6 +65,7 @@ class Capabilities:
     in_process: bool = False
     load_points: bool = False
     interleaves: bool = False
+    slow_switch: bool = False
     metrics: frozenset[str] = frozenset()
     metrics_note: str = "is measured by runner.kind {kinds}"
 

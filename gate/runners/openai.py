@@ -230,8 +230,23 @@ class OpenAIRunner(Runner):
             except Exception:  # noqa: BLE001 - informative only
                 return None
 
+        method = safe(lambda: self.verification(runner))
+        pool = safe(lambda: self.kv_pool(runner)) or {}
         return ServerRecord(runner, self.kind, safe(lambda: self.endpoint(runner).base_url), safe(lambda: self.command_line(runner)),
-                            safe(lambda: self.server_info(runner)), safe(lambda: self.peak_rss_bytes(runner)))
+                            safe(lambda: self.server_info(runner)), safe(lambda: self.peak_rss_bytes(runner)),
+                            method[0] if method else None, method[1] if method else None,
+                            pool.get("tokens"), pool.get("bytes"), pool.get("dtype"))
+
+    def kv_pool(self, runner: str) -> dict | None:
+        """The KV cache `runner`'s server preallocated, where gate read it: {"tokens": blocks x
+        block size, "bytes": as the server counts them, "dtype": the served weights' dtype};
+        None here."""
+        return None
+
+    def verification(self, runner: str) -> tuple[str, bool] | None:
+        """How `runner`'s server verifies proposals and whether that keeps the target's law
+        (method, lossless), where gate knows it; None here (an endpoint gate did not start)."""
+        return None
 
     def command_line(self, runner: str) -> list[str] | None:
         """The command line of the server gate started for `runner` (None: gate started none)."""

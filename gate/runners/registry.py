@@ -11,7 +11,8 @@ from pydantic import BeforeValidator, Field
 from gate.registry import Registry
 from gate.runners.interface import Runner
 
-BUILTIN = ("gate.runners.transformers", "gate.runners.openai", "gate.runners.llama_server")
+BUILTIN = ("gate.runners.transformers", "gate.runners.openai", "gate.runners.llama_server",
+           "gate.runners.vllm_server")
 
 _RUNNERS: Registry[type[Runner]] = Registry("runner kind", lambda: BUILTIN, name_of=lambda cls: cls.kind,
                                            module_of=lambda cls: cls.__module__)
