@@ -90,11 +90,19 @@ def add_server_pools(loaded: Any, bills: list[BillRecord], servers: list[Any]) -
             if line.name in ("target KV cache", "draft KV cache"):
                 line.coexists_at_peak = False
                 line.formula += " (inside the server's pool)"
-            elif line.name in ("target weights", "draft weights") and dtype != policy.target.dtype:
-                scale = _DTYPE_BYTES.get(dtype, 0) / _DTYPE_BYTES.get(policy.target.dtype, 1)
+            elif line.name in ("target weights", "draft weights"):
+                was = drafted.dtype if line.name == "draft weights" and drafted is not None else policy.target.dtype
+                scale = _DTYPE_BYTES.get(dtype, 0) / _DTYPE_BYTES.get(was, 1) if was != dtype else 0
                 if scale:
                     line.bytes = int(round(line.bytes * scale))
                     line.formula += f", at the served dtype {dtype}"
+        if drafted is not None and drafted.shares_target_weights:  # the server loads it as a model of its own
+            own = _weights(drafted.config, dtype, "none", f"drafts.{bill.draft}")
+            line = next((x for x in bill.lines if x.name == "draft weights"), None)
+            if line is None:
+                line = BillLine("draft weights", "", 0)
+                bill.lines.insert(next(i for i, x in enumerate(bill.lines) if x.name == "target KV cache") + 1, line)
+            line.bytes, line.formula = own, f"a model of its own to the server (its weights are the target's), at {dtype}"
         said = f"; the server counts {server.kv_pool_bytes:,} B" if server.kv_pool_bytes else ""
         bill.lines.append(BillLine(SERVER_POOL_LINE, f"{server.kv_pool_tokens:,} tokens preallocated x "
                                    f"({' + '.join(parts)}) at {dtype}{said}", server.kv_pool_tokens * per_token))

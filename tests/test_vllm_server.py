@@ -212,3 +212,40 @@ def test_a_slow_switching_runner_starts_once_per_runner_and_repetition():
     assert switches(slow) == 3 * 2 and switches(fast) == len(fast)
     # rotated per repetition: runners and load points start elsewhere in the second
     assert slow[0] == ("fallback", 1, 0) and slow[9] == ("a", 2, 1)
+
+
+def test_a_server_that_exits_leaves_no_child_behind(tmp_path, monkeypatch):
+    from gate.runners import managed
+
+    monkeypatch.setattr(managed, "STOP_GRACE_S", 1.0)  # the child ignores SIGTERM: SIGKILL after the grace
+    # vLLM runs its engine core as a child process: when the API server exits, the child is stopped too
+    fake = tmp_path / "vllm"
+    marker = tmp_path / "child-alive"
+    fake.write_text(f"#!/bin/sh\n(trap '' TERM; while true; do touch {marker}; sleep 0.1; done) &\nsleep 0.3\nexit 1\n")
+    fake.chmod(0o755)
+    r = vs.VLLMServerRunner({"fallback": vs.VLLMServerConfig(str(tmp_path))}, str(fake), {2}, startup_timeout_s=30)
+    try:
+        with pytest.raises(vs.ServedError, match="exited before it was ready"):
+            r.start("fallback")
+    finally:
+        r.close()
+    marker.unlink(missing_ok=True)
+    import time
+
+    time.sleep(0.5)
+    assert not marker.exists(), "the server's child process outlived it"
+
+
+def test_extra_args_may_not_override_what_gate_sets():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="--enable-prefix-caching is set by gate"):
+        vs.VLLMRunnerSpec(kind="vllm", extra_args=["--enable-prefix-caching"])
+    with pytest.raises(ValidationError, match="--speculative-config is set by gate"):
+        vs.VLLMRunnerSpec(kind="vllm", extra_args=["--speculative-config={}"])
+    assert vs.VLLMRunnerSpec(kind="vllm", extra_args=["--gpu-memory-utilization", "0.5"]).extra_args
+
+
+def test_synthetic_acceptance_is_not_lossless_however_it_is_asked_for():
+    assert vs.VLLMServerConfig("/m", {"method": "ngram", "synthetic_acceptance_length": 2.0}).verification == "synthetic"
+    assert vs.VLLMServerConfig("/m", {"method": "ngram", "rejection_sample_method": "block"}).verification == "block"

@@ -99,7 +99,7 @@ def _vllm(name: str, spec: EarlyExitDraftSpec, ctx: VLLMContext) -> VLLMDraft:
 
     try:
         path = hf_directory(ctx.target, num_layers=spec.num_layers, cache_dir=ctx.cache_dir)
-    except (ValueError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - transformers' loaders raise many kinds: bad input, named
         raise PolicyValueError(f"drafts.{name}.num_layers", f"cannot write the early-exit model directory: {e}") from None
     return VLLMDraft({"method": "draft_model", "model": str(path), "num_speculative_tokens": spec.num_draft_tokens})
 

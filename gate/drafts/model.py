@@ -173,8 +173,8 @@ def _llama_server(name: str, spec: ModelDraftSpec, ctx: ServedContext) -> Served
 
 def _vllm(name: str, spec: ModelDraftSpec, ctx: VLLMContext) -> VLLMDraft:
     """vLLM's draft_model method on a Hugging Face directory: the draft's own, or one gate
-    writes (gate.models.hf_export) from a GGUF, or from the target's weights at the draft's
-    dtype (model: target). int8 dynamic quantization is gate's in-process scheme: refused."""
+    writes (gate.models.hf_export) from a GGUF. Refused: int8 dynamic quantization (gate's
+    in-process scheme) and model: target (vLLM runs a draft at the target's dtype)."""
     from gate.models import loading as models
     from gate.models.hf_export import hf_directory
 
@@ -182,14 +182,14 @@ def _vllm(name: str, spec: ModelDraftSpec, ctx: VLLMContext) -> VLLMDraft:
     if spec.quantization != "none":
         raise PolicyValueError(f"{path}.quantization", f"vLLM does not run gate's {spec.quantization} scheme; give a "
                                "quantized checkpoint vLLM loads as the draft model instead")
-    source = ctx.target if spec.model == "target" else \
-        models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
-    if spec.model == "target" and spec.dtype is None:
-        raise PolicyValueError(f"{path}", "this draft is the target itself")
+    if spec.model == "target":  # vLLM runs a draft model at the target's dtype: it would be the target itself
+        raise PolicyValueError(f"{path}.model", "vLLM serves a draft model at the target's dtype: a draft of the "
+                               "target's weights at another dtype cannot be run; name a separate model")
+    source = models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
     try:
         folder = hf_directory(source, dtype=spec.dtype or "float32", cache_dir=ctx.cache_dir) \
             if spec.dtype or source.kind != "hf_dir" else Path(source.location)
-    except (ValueError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - transformers' loaders raise many kinds: bad input, named
         raise PolicyValueError(f"{path}.model", f"cannot write the draft's model directory for vLLM: {e}") from None
     return VLLMDraft({"method": "draft_model", "model": str(folder), "num_speculative_tokens": spec.num_draft_tokens})
 

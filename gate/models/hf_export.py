@@ -56,7 +56,8 @@ def hf_directory(source: Any, dtype: str = "float32", num_layers: int | None = N
     folder = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     stem = Path(source.gguf_file or source.location).stem
     out = folder / (f"{stem}.{dtype}" + (f".first{num_layers}" if num_layers else "") + f".{_key(source, dtype, num_layers)}")
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if (out / "config.json").is_file() and any((out / f).is_file() for f in ("model.safetensors",
+                                                                           "model.safetensors.index.json")):
         return out
     config = load_config(source)
     total = int(getattr(config, "num_hidden_layers", 0) or 0)

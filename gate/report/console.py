@@ -102,7 +102,7 @@ class ConsoleReport(ReportFormat):
 
 
 LOAD_COLUMNS = ("runner", "law", "load", "req", "out tok/s", "req/s", "goodput", "TTFT p50", "TTFT p99", "ITL p99",
-                "step p50", "TPOT", "accept rate", "mean acc len", "tok/burst", "speedup (CI)")
+                "step p50", "TPOT", "accept rate", "mean acc len", "accept by pos", "tok/burst", "speedup (CI)")
 
 
 def load_rows(report: Report) -> list[list[str]]:
@@ -116,7 +116,9 @@ def load_rows(report: Report) -> list[list[str]]:
             f" ({p.speedup_low:.2f}-{p.speedup_high:.2f})" if p.speedup_low is not None else " (no CI)")
         rows.append([p.runner, p.law, p.label, str(p.requests), _f(p.output_throughput, ".1f"), _f(p.request_throughput, ".2f"),
                      _f(p.goodput, ".2f"), ms(p.ttft_p50_ms), ms(p.ttft_p99_ms), ms(p.itl_p99_ms, ".1f"), ms(p.step_p50_ms, ".1f"),
-                     ms(p.tpot_mean_ms, ".1f"), _f(p.acceptance_rate, ".3f"), _f(p.mean_acceptance_length, ".2f"), _f(p.tokens_per_burst, ".2f"), speedup])
+                     ms(p.tpot_mean_ms, ".1f"), _f(p.acceptance_rate, ".3f"), _f(p.mean_acceptance_length, ".2f"),
+                     "-" if not p.acceptance_per_pos else " ".join(f"{x:.2f}" for x in p.acceptance_per_pos),
+                     _f(p.tokens_per_burst, ".2f"), speedup])
     return rows
 
 

@@ -52,6 +52,7 @@ class LoadPoint:
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     tokens_per_burst: float | None = None  # client cross-check: mean tokens per streamed burst after the first
+    acceptance_per_pos: list[float] | None = None  # the server's accepted_per_pos / drafts over its windows here
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
@@ -91,6 +92,22 @@ def _points(m: Measurements) -> list[tuple[str, float]]:
         elif r.request_rate is not None:
             out.add(("request_rate", float(r.request_rate)))
     return sorted(out)
+
+
+def _per_position(m: Measurements, runner: str, law: str, kind: str, value: float) -> list[float] | None:
+    """Acceptance at each proposal position (num_accepted_tokens_per_pos / num_drafts, as
+    vLLM's `vllm bench serve` reports it) over the runner's windows at one load point; None
+    where the server gives no per-position counts."""
+    total = None
+    for w in m.runs:
+        at = w.load.concurrency if kind == "concurrency" else w.load.request_rate
+        if w.runner != runner or w.law != law or w.counters is None or at is None or float(at) != value or \
+                (kind == "concurrency" and w.load.request_rate is not None):
+            continue
+        total = w.counters if total is None else total + w.counters
+    if total is None or not total.num_drafts or not total.num_accepted_tokens_per_pos:
+        return None
+    return [round(x, 4) for x in total.acceptance_rate_per_pos]
 
 
 def _selection(runner: str, law: str, kind: str, value: float) -> Selection:
@@ -135,6 +152,7 @@ def load_summary(m: Measurements, confidence: float = 0.95, resamples: int = 200
                 if runner != FALLBACK:
                     row.acceptance_rate = _clean(pooled("acceptance_rate", m, sel)[0])
                     row.mean_acceptance_length = _clean(pooled("mean_acceptance_length", m, sel)[0])
+                    row.acceptance_per_pos = _per_position(m, runner, law, kind, value)
                     est = estimand("speedup", "pooled", m, sel)
                     if est is not None and all(g[0].n for g in est.groups):
                         row.speedup = _clean(est.point())

@@ -62,11 +62,33 @@ def _stop_all_at_exit() -> None:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + 5.0
     for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
+        _wait_group(proc, deadline)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` is left (a zombie counts until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_group(proc: "subprocess.Popen[bytes]", deadline: float) -> None:
+    """Wait for `proc` and every other process of its group (its own: start_new_session) until
+    `deadline` (time.monotonic()), then SIGKILL the group and reap `proc`. A server that runs
+    children (vLLM's engine core) is gone only when the whole group is."""
+    try:
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if proc.poll() is None or _group_alive(proc.pid):
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 atexit.register(_stop_all_at_exit)
@@ -255,9 +277,10 @@ class ManagedServerRunner(OpenAIRunner):
         """Make `runner`'s server the one up: nothing when it already is and alive, else stop
         the current one and start this one, waiting for the health path. Raises KeyError for
         an unknown runner, ServedError when it cannot start (see the class docstring). A
-        runner whose server failed to start once is not started again by this runner object:
-        the same error comes back at once, saying so (a start costs up to startup_timeout_s,
-        and a configuration the server rejects is rejected every time)."""
+        runner whose server exited before it was ready is not started again by this runner
+        object: the same error comes back at once, saying so (a configuration the server
+        rejects is rejected every time, and each try costs a start); a startup timeout or a
+        taken port is tried again at the next start."""
         if runner not in self.servers:
             raise KeyError(f"{self.program} has no server named {runner!r} (known: {', '.join(sorted(self.servers))})")
         current = self._server
@@ -271,7 +294,8 @@ class ManagedServerRunner(OpenAIRunner):
         try:
             self._start(runner)
         except ServedError as e:
-            self._start_failed[runner] = e
+            if e.what.startswith("server exited"):  # deterministic; a timeout or a taken port may pass
+                self._start_failed[runner] = e
             raise
 
     def _start(self, runner: str) -> None:
@@ -432,15 +456,11 @@ class ManagedServerRunner(OpenAIRunner):
         self._reap(server)
 
     def _reap(self, server: _Server) -> None:
-        """SIGTERM the server's process group, SIGKILL after STOP_GRACE_S, wait for it."""
+        """SIGTERM the server's process group, SIGKILL after STOP_GRACE_S, wait for all of it."""
         proc = server.proc
-        if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
+        # the group, even when its first process has exited: its children (vLLM's engine core) may live on
+        _signal_group(proc, signal.SIGTERM)
+        _wait_group(proc, time.monotonic() + STOP_GRACE_S)
         with _LIVE_LOCK:
             _LIVE.discard(proc)
         self.endpoints.pop(server.runner, None)

@@ -38,12 +38,13 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gate.records import FALLBACK
 from gate.runners.client.transport import ServedError  # noqa: F401 - raised by the runner (re-exported)
@@ -59,6 +60,9 @@ keeps the two equal)."""
 
 GATE_CACHE = Path(os.environ.get("GATE_CACHE") or Path.home() / ".cache" / "gate")
 HF_CACHE_DIR = GATE_CACHE / "hf"  # model directories gate writes (a GGUF target, early-exit drafts)
+FIXED_FLAGS = ("--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs", "--dtype", "--seed",
+               "--no-enable-prefix-caching", "--speculative-config", "--enforce-eager")
+"""`vllm serve` flags gate sets itself (runner.extra_args may not repeat them)."""
 LOSSLESS_METHODS = ("standard", "block")
 """vLLM's rejection_sample_method values that keep the target's law (standard rejection
 sampling, Leviathan et al. 2023 Thm 1; block verification, Sun et al. 2024); "synthetic" does not."""
@@ -93,7 +97,10 @@ class VLLMServerConfig:
         it out; None without speculation)."""
         if self.speculative_config is None:
             return None
-        return str(self.speculative_config.get("rejection_sample_method", "standard"))
+        method = str(self.speculative_config.get("rejection_sample_method", "standard"))
+        if any(k.startswith("synthetic_") for k in self.speculative_config):
+            return "synthetic" if method == "standard" else method
+        return method
 
 
 class VLLMRunnerSpec(ServedRunnerSpec):
@@ -114,8 +121,21 @@ class VLLMRunnerSpec(ServedRunnerSpec):
     speculative_config: dict[str, Any] = Field(default_factory=dict, description="Keys merged into every draft's "
                                                "--speculative-config (e.g. draft_sample_method).")
     env: dict[str, str] = Field(default_factory=dict, description="Further environment variables of the server.")
-    extra_args: list[str] = Field(default_factory=list, description="Further `vllm serve` arguments.")
+    extra_args: list[str] = Field(default_factory=list, description="Further `vllm serve` arguments (not the flags gate "
+                                  "sets itself: " + ", ".join(FIXED_FLAGS) + ").")
     startup_timeout_s: float = Field(300.0, gt=0, description="Seconds to wait for /health.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_fixed(cls, args: list[str]) -> list[str]:
+        """gate's own flags stay gate's: a later --enable-prefix-caching, --speculative-config or
+        --served-model-name would make what gate records untrue."""
+        for a in args:
+            flag = a.split("=", 1)[0]
+            if flag in FIXED_FLAGS or flag == "--enable-prefix-caching":
+                raise ValueError(f"{flag} is set by gate (prefix caching off, the draft's --speculative-config, the "
+                                 "served name, the port); use runner.speculative_config, max_model_len or dtype instead")
+        return args
 
 
 @register("vllm")
@@ -175,7 +195,7 @@ class VLLMServerRunner(ManagedServerRunner):
                                        f"{', '.join(k.name for k in draft_kinds.kinds() if k.vllm)})")
         try:
             target_dir = hf_directory(plan.target, cache_dir=HF_CACHE_DIR)
-        except (ValueError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - transformers' GGUF loader raises many kinds: bad input, named
             raise PolicyValueError("target.model", f"cannot write the target as a model directory for vLLM: {e}") from None
         ctx = VLLMContext(plan.target, plan.path.parent, HF_CACHE_DIR)
         servers = {FALLBACK: VLLMServerConfig(str(target_dir), None, tuple(spec.extra_args))}
@@ -237,10 +257,13 @@ class VLLMServerRunner(ManagedServerRunner):
 
     def is_ours(self, runner: str, base_url: str, client: httpx.Client) -> bool:
         """/v1/models lists our served name rooted at the model directory gate started."""
-        try:
-            data = client.get(base_url + "/v1/models").json().get("data") or []
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return False
+        data: list = []
+        for _ in range(3):  # a server that just became healthy may answer slowly: a failed read is not a stranger
+            try:
+                data = client.get(base_url + "/v1/models", timeout=10.0).json().get("data") or []
+                break
+            except (httpx.HTTPError, ValueError, AttributeError):
+                time.sleep(1.0)
         want = self.served_name(runner)
         ours = any(isinstance(m, dict) and m.get("id") == want and
                    Path(str(m.get("root", ""))).resolve() == Path(self.servers[runner].model).resolve() for m in data)
@@ -266,7 +289,8 @@ class VLLMServerRunner(ManagedServerRunner):
         if version:
             info = build_info(self.binary)
             self._info[runner] = f"vLLM {version}" + (f" ({info.get('package')} {info.get('version')}, torch "
-                                                      f"{info.get('torch')})" if info else "")
+                                                      f"{info.get('torch')})" if info else "") + \
+                f", model {self.served_name(runner)} at {self.servers[runner].model} (/v1/models)"
         try:
             text = client.get(base_url + "/metrics").text
         except httpx.HTTPError:
