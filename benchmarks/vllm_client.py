@@ -50,17 +50,11 @@ from gate.runners.interface import StreamResult  # noqa: E402
 from gate.runners.server_metrics import counter_delta  # noqa: E402
 from gate.runners.vllm_server import VLLMServerConfig, VLLMServerRunner, find_binary  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from served_client import machine  # noqa: E402 - how quiet the machine is, said the same way
+
 RUNNER = "lookup"
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-
-
-def machine() -> str:
-    load = Path("/proc/loadavg").read_text().split()[:3]
-    try:
-        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
-    except OSError:
-        some = "cpu pressure n/a"
-    return f"load average {' '.join(load)} ({os.cpu_count()} CPUs); /proc/pressure/cpu: {some}"
 
 
 def mt_bench_prompts(n: int) -> list[str]:

@@ -289,15 +289,10 @@ class LlamaServerRunner(ManagedServerRunner):
         from gate.drafts.interface import ServedContext
         from gate.errors import PolicyValueError
         from gate.models.loading import eos_token_ids
-        from gate.load.points import load_points
-
         policy = plan.policy
         spec = policy.runner
-        binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
-        if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
-            where = spec.binary or "$GATE_LLAMA_SERVER, llama-server on PATH, or scripts/build-llama-server.sh's build"
-            raise PolicyValueError("runner.binary", f"no executable llama-server binary found ({where}); build it with "
-                                   "`make llama-server` or name it in runner.binary")
+        binary = cls.binary_of(plan, find_binary(), "$GATE_LLAMA_SERVER, llama-server on PATH, or "
+                               "scripts/build-llama-server.sh's build", "make llama-server")
         source = plan.target
         if not getattr(source, "gguf_file", None):
             raise PolicyValueError("target.model", f"runner llama_server serves a GGUF file; {source} is not one "
@@ -313,9 +308,7 @@ class LlamaServerRunner(ManagedServerRunner):
             served = kind.llama_server(name, d, ctx)
             servers[name] = ServerConfig(model, served.draft_model, served.spec_type, d.num_draft_tokens,
                                          tuple(served.extra_args) + tuple(spec.extra_args))
-        load = policy.load
-        parallel = max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1])
-        return cls(servers, binary, eos_token_ids(plan.tokenizer), threads=spec.threads, parallel=parallel,
+        return cls(servers, binary, eos_token_ids(plan.tokenizer), threads=spec.threads, parallel=cls.parallel_of(policy),
                    ctx_size=spec.ctx_size, startup_timeout_s=spec.startup_timeout_s,
                    request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
                    max_consecutive_failures=spec.max_consecutive_failures)

@@ -213,6 +213,29 @@ class ManagedServerRunner(OpenAIRunner):
         self._tmp_logs: tempfile.TemporaryDirectory[str] | None = None
         self._spawns = 0
 
+    @classmethod
+    def binary_of(cls, plan: Any, found: str | None, where: str, build: str) -> str:
+        """The executable a plan names (runner.binary, relative to the policy's folder) or else
+        `found`. Raises PolicyValueError at runner.binary when it is not an executable file,
+        saying where gate looked (`where`) and how to build one (`build`)."""
+        from gate.errors import PolicyValueError
+
+        spec = plan.policy.runner
+        binary = str(plan.resolve(spec.binary)) if spec.binary else found
+        if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
+            raise PolicyValueError("runner.binary", f"no executable {cls.program} found ({spec.binary or where}); build "
+                                   f"it with `{build}` or name it in runner.binary")
+        return binary
+
+    @staticmethod
+    def parallel_of(policy: Any) -> int:
+        """Requests in flight the server must take: the highest load point's concurrency, or
+        load.max_concurrency for an open loop (1 without a load section)."""
+        from gate.load.points import load_points
+
+        load = policy.load
+        return max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1])
+
     # ---- what a kind says -------------------------------------------------------------------
 
     def command_line(self, runner: str, port: int | None = None) -> list[str]:

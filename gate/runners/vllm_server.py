@@ -178,17 +178,13 @@ class VLLMServerRunner(ManagedServerRunner):
         from gate.drafts import registry as draft_kinds
         from gate.drafts.interface import VLLMContext
         from gate.errors import PolicyValueError
-        from gate.load.points import load_points
         from gate.models.hf_export import hf_directory
         from gate.models.loading import eos_token_ids
 
         policy = plan.policy
         spec = policy.runner
-        binary = str(plan.resolve(spec.binary)) if spec.binary else find_binary()
-        if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
-            where = spec.binary or "$GATE_VLLM, scripts/build-vllm.sh's build, or vllm on PATH"
-            raise PolicyValueError("runner.binary", f"no executable vllm found ({where}); build it with `make vllm` "
-                                   "or name it in runner.binary")
+        binary = cls.binary_of(plan, find_binary(), "$GATE_VLLM, scripts/build-vllm.sh's build, or vllm on PATH",
+                               "make vllm")
         for name, d in policy.drafts.items():  # refused before any model directory is written
             if draft_kinds.get(d.kind).vllm is None:
                 raise PolicyValueError(f"drafts.{name}.kind", f"runner vllm cannot run a {d.kind} draft (kinds it runs: "
@@ -202,9 +198,7 @@ class VLLMServerRunner(ManagedServerRunner):
         for name, d in policy.drafts.items():
             config = {**draft_kinds.get(d.kind).vllm(name, d, ctx).speculative_config, **spec.speculative_config}
             servers[name] = VLLMServerConfig(str(target_dir), config, tuple(spec.extra_args))
-        load = policy.load
-        parallel = max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1])
-        return cls(servers, binary, eos_token_ids(plan.tokenizer), parallel=parallel, dtype=spec.dtype,
+        return cls(servers, binary, eos_token_ids(plan.tokenizer), parallel=cls.parallel_of(policy), dtype=spec.dtype,
                    max_model_len=spec.max_model_len, enforce_eager=spec.enforce_eager,
                    kv_cache_space_gib=spec.kv_cache_space_gib, env=spec.env, startup_timeout_s=spec.startup_timeout_s,
                    request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
