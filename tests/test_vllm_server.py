@@ -81,7 +81,7 @@ law: {{temperature: 0}}
 runner: {{kind: vllm, max_model_len: 512, kv_cache_space_gib: 1}}
 load: {{concurrency: [1, 2], goodput: {{ttft: 10000 ms}}}}
 workload: {{source: jsonl, path: {prompts}, max_new_tokens: 12, seed: 0, chat_template: true}}
-measurement: {{repetitions: 1, warmup_requests: 1, inconclusive: warn}}
+measurement: {{repetitions: 1, warmup_requests: 0, inconclusive: warn}}
 rules:
   - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.01x, per: concurrency}}
   - {{id: exact, kind: exactness}}
@@ -103,11 +103,16 @@ def test_a_draft_kind_vllm_cannot_run_is_refused_naming_the_draft(monkeypatch):
     assert "prompt_lookup" in e.value.message and "early_exit" in e.value.message
 
 
-def test_validate_names_a_missing_vllm(tmp_path, tiny_gguf, prompts_file, monkeypatch):
+def test_a_missing_vllm_is_named_at_runner_binary(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from gate.errors import PolicyValueError
+
     monkeypatch.setenv("GATE_VLLM", str(tmp_path / "no-vllm"))
-    path = _policy(tmp_path, tiny_gguf, prompts_file, "  lookup: {kind: prompt_lookup}")
-    result = CliRunner().invoke(cli, ["validate", str(path)])
-    assert result.exit_code == 2 and "runner.binary" in result.output and "make vllm" in result.output, result.output
+    plan = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm"), drafts={}))
+    with pytest.raises(PolicyValueError) as e:
+        vs.VLLMServerRunner.from_plan(plan)
+    assert e.value.path == "runner.binary" and "make vllm" in e.value.message and "no-vllm" in e.value.message
 
 
 @pytest.fixture(scope="module")

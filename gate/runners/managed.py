@@ -223,8 +223,9 @@ class ManagedServerRunner(OpenAIRunner):
         spec = plan.policy.runner
         binary = str(plan.resolve(spec.binary)) if spec.binary else found
         if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
-            raise PolicyValueError("runner.binary", f"no executable {cls.program} found ({spec.binary or where}); build "
-                                   f"it with `{build}` or name it in runner.binary")
+            said = f"{binary} is not an executable file" if binary else f"none in {where}"
+            raise PolicyValueError("runner.binary", f"no executable {cls.program} found ({said}); build it with "
+                                   f"`{build}` or name it in runner.binary")
         return binary
 
     @staticmethod
