@@ -210,7 +210,7 @@ class Loop:
                 for load in self.points:
                     c, r = self._labels(load)
                     for name in names:
-                        k = per - self.ended.get((name, law.name, c, r), 0)
+                        k = per - self._kept(name, law.name, c, r)
                         if k > 0:
                             what = f"{k} of {per} requests at {describe_point(load)}" if self.labelled else \
                                 f"{k} of {per} requests not measured"
@@ -219,6 +219,21 @@ class Loop:
 
         return Phase("the requests", FailureStage.REQUEST, lambda: self.requests(names, laws, reps), unmeasured,
                      detail=lambda: f"{ended()} of {total} requests measured")
+
+    def _kept(self, name: str, law: str, c: int | None, r: float | None) -> int:
+        """Requests of one runner, law and load point the measurements hold: records, and
+        failures of one request ("request <id> ...") or of several ("<n> requests ..."). Counted
+        from what was kept, not from what ended: a request that ends in the client's thread
+        while an interrupt unwinds this one is in neither, and is named as not measured."""
+        n = sum(1 for q in self.m.requests if q.draft == name and q.law == law and q.concurrency == c
+                and q.request_rate == r)
+        for f in self.m.failures:
+            if f.stage != FailureStage.REQUEST or f.draft != name or f.law != law or (f.concurrency, f.request_rate) != (c, r) \
+                    or "not measured" in f.message:  # what an earlier stop already named
+                continue
+            head = f.what.split(" ", 1)[0]
+            n += 1 if head == "request" else int(head) if head.isdigit() and " requests" in f.what else 0
+        return n
 
     def _labels(self, load: LoadStrategy) -> tuple[int | None, float | None]:
         return point_of(load) if self.labelled else (None, None)
