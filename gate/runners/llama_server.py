@@ -43,8 +43,7 @@ from gate.records import FALLBACK
 from gate.runners.client.transport import ServedError
 from gate.runners.engines.interface import Engine
 from gate.runners.engines.registry import engine
-from gate.runners.managed import (HOST, ManagedServerRunner, free_port, vm_hwm_bytes,  # noqa: F401 - re-exported
-                                  STOP_GRACE_S)
+from gate.runners.managed import HOST, ManagedServerRunner
 from gate.runners.openai import Endpoint, ServedRunnerSpec
 from gate.runners.registry import register
 
