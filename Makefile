@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example example-served example-vllm test clean llama-server vllm heads example-heads example-gemma example-constrained
+.PHONY: setup example example-served example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -78,6 +78,15 @@ example-vllm: setup vllm
 	  examples/vllm/policy.yaml --junit out/vllm-junit.xml --json out/vllm-report.json \
 	  --html out/vllm-report.html --markdown out/vllm-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
+
+# Sampled-law exactness of the served drafts (README, "Exactness of what the server samples"):
+# llama-server and vLLM, about 10-20 min each on 2 cores.
+example-sampled: setup llama-server vllm
+	@GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/gate check examples/sampled/llama-server.yaml \
+	  --junit out/sampled-llama-junit.xml --json out/sampled-llama-report.json --markdown out/sampled-summary.md; \
+	a=$$?; GATE_VLLM="$$($(VLLM))" $(BIN)/gate check examples/sampled/vllm.yaml \
+	  --junit out/sampled-vllm-junit.xml --json out/sampled-vllm-report.json --markdown out/sampled-summary.md; \
+	b=$$?; echo "gate exit codes: llama-server $$a, vllm $$b"; test $$a -eq 0 && test $$b -eq 0
 
 # The vLLM tests skip, saying so, only where scripts/build-vllm.sh cannot build its environment.
 test: setup llama-server

@@ -57,6 +57,10 @@ def validate(policy: Path) -> None:
         _err.print(f"gate: warning: {w}", markup=False, soft_wrap=True)
     click.echo(f"{policy}: valid (version {p.version}; {len(p.drafts)} drafts, {len(p.laws)} laws, {len(p.rules)} rules)"
                + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else ""))
+    from gate.sampled_exactness import planned_cost
+
+    for line in planned_cost(loaded):
+        click.echo(line)
 
 
 @cli.command()
@@ -252,14 +256,18 @@ def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], ban
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-exactness.json"),
               show_default=True, help="Where to write the JSON report.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the PIT randomisation.")
-def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, seed: int) -> None:
+@click.option("--served", "reference", metavar="SOURCE",
+              help="The samples come from a served engine (its first output token is the prefill's): SOURCE names "
+                   "the lines drawn with speculation off, the reference; every other source is tested at the "
+                   "speculative positions, one-sample against the target and two-sample against SOURCE.")
+def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, seed: int, reference: str | None) -> None:
     """Test recorded SAMPLES (JSONL of prompt_ids, output_ids, law) against the target law of
     POLICY, with the policy's exactness rules (or the defaults: significance 0.01, power 0.9,
     detect_tv 0.1). Exit 0 pass, 1 fail, 2 bad input, 3 inconclusive or not measured."""
     from gate.recorded import check_samples
 
     try:
-        result = check_samples(policy, samples, seed)
+        result = check_samples(policy, samples, seed, served_reference=reference)
     except GateError as e:
         _fail(e)
     _write_and_exit(result, json_path, junit_path)

@@ -131,6 +131,9 @@ class ExactnessPlan:
     pairs: set[tuple[str, str]] = field(default_factory=set)
     next_token_samples: dict[tuple[str, str], int] = field(default_factory=dict)
     next_token_prompts: int = 1
+    # (draft, law) -> (detect_tv, power, significance) of the most demanding rule: what a served
+    # sampling plan chosen by gate (next_token_samples 0) is sized for
+    demands: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
 
     def has_greedy(self, laws: Iterable[Law]) -> bool:
         """Whether a pair names a greedy law of `laws` (greedy exactness is measured)."""
@@ -151,6 +154,8 @@ def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> 
                 plan.pairs.add((d, law))
                 n = plan.next_token_samples.get((d, law), 0)
                 plan.next_token_samples[(d, law)] = max(n, rule.next_token_samples)
+                tv, power, alpha = plan.demands.get((d, law), (1.0, 0.0, 1.0))
+                plan.demands[(d, law)] = (min(tv, rule.detect_tv), max(power, rule.power), min(alpha, rule.significance))
         plan.next_token_prompts = max(plan.next_token_prompts, rule.next_token_prompts)
     return plan
 

@@ -11,6 +11,9 @@ target's law, as in gate check). The law's penalties count each line's own promp
 Lines with the same source, prompt_ids, law and response_format (at least MIN_NEXT_TOKEN_GROUP of them) also
 feed the next-token test at their first output position (a claim test: what a pass rests
 on) and, where many of them share an output prefix, next-token tests after it (evidence).
+Samples of a served engine (`gate exactness --served SOURCE`) are tested as gate check tests
+a served run: the first output position is the prefill's, claims rest on later positions,
+and SOURCE's lines (speculation off) are the reference.
 """
 
 from __future__ import annotations
@@ -147,12 +150,17 @@ def _grammar_engine(loaded: Any, target: Any, formats: list[Any], samples_path: 
 
 
 @torch.inference_mode()
-def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int = 0) -> CheckResult:
+def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int = 0,
+                  served_reference: str | None = None) -> CheckResult:
     """Evaluate the policy's exactness rules (or a default one) on recorded samples.
 
     Greedy samples: every output token must be the target's argmax given the prefix; a
     divergence within the rule's tie tolerance is a near-tie. Sampling: PIT over every token
-    and next-token tests over repeated prompts, Holm-corrected, with stated power."""
+    and next-token tests over repeated prompts, Holm-corrected, with stated power. With
+    `served_reference` (a source name) the sampled lines come from a served engine whose
+    first output token is the prefill's: they are tested as gate check tests a served run
+    (gate.sampled_exactness.runner_record), the reference source's lines being the fallback
+    runner's. Raises InputError when that source has no sampled line."""
     loaded = load_policy(policy_path)  # only the target and the exactness rules are used: no draft, workload or tokenizer
     try:
         target = open_target(loaded, tokenizer=False)
@@ -161,6 +169,8 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     lines = read_samples(Path(samples_path), target.oracle.vocab_size)
     formats = [None if line.response_format is None else parse_response_format(line.response_format) for line in lines]
     engine = _grammar_engine(loaded, target, formats, str(samples_path))
+    if served_reference is not None:
+        return _served_samples(loaded, target, lines, formats, engine, served_reference, str(samples_path), seed)
     m = Measurements(environment=environment(target.device, seed))
     m.environment.models = [target.info]
     laws: dict[str, Law] = {}
@@ -216,6 +226,44 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     m.exactness = list(records.values())
     m.laws = list(laws)
     m.drafts = {src: DraftInfo(RECORDED_SAMPLES) for src, _ in records}
+    return _finish_samples(loaded, m)
+
+
+@torch.inference_mode()
+def _served_samples(loaded: Any, target: Any, lines: list[SampleLine], formats: list[Any], engine: Any, reference: str,
+                    samples_path: str, seed: int) -> CheckResult:
+    """check_samples for samples of a served engine: every sampled line grouped by source, law
+    and prompt (ids and format), the `reference` source standing for the fallback runner."""
+    from gate.records import FALLBACK
+    from gate.sampled_exactness import runner_record
+
+    sampled = [i for i, line in enumerate(lines) if not law_of(line.law).greedy]
+    if not any(lines[i].source == reference for i in sampled):
+        raise InputError([Problem(samples_path, "source", None, f"no sampled line has source {reference!r}, the reference "
+                                  f"named by --served (sources: {', '.join(sorted({x.source for x in lines}))})")])
+    m = Measurements(environment=environment(target.device, seed))
+    m.environment.models = [target.info]
+    laws = {law_of(lines[i].law).name: law_of(lines[i].law) for i in sampled}
+    prompts: dict[tuple, str] = {}
+    outputs: dict[tuple[str, str], dict[str, list[list[int]]]] = defaultdict(lambda: defaultdict(list))
+    for i in sampled:
+        line = lines[i]
+        key = (tuple(line.prompt_ids), formats[i])
+        pid = prompts.setdefault(key, f"prompt-{len(prompts) + 1}")
+        outputs[(line.source, law_of(line.law).name)][pid].append(line.output_ids)
+    by_id = {pid: key for key, pid in prompts.items()}
+    for (source, law_name), outs in sorted(outputs.items()):
+        law = laws[law_name]
+
+        def target_law(pid: str, prefix: tuple[int, ...], law: Law = law) -> torch.Tensor:
+            ids, fmt = list(by_id[pid][0]), by_id[pid][1]
+            return target.oracle.target_probs(ids + list(prefix) + [0], len(ids), bind(law, len(ids), fmt, engine))[-1].cpu()
+
+        ref = dict(outputs.get((reference, law_name), {}))
+        name = FALLBACK if source == reference else source
+        m.exactness.append(runner_record(name, law_name, dict(outs), None if source == reference else ref, target_law))
+    m.laws = list(laws)
+    m.drafts = {src: DraftInfo(RECORDED_SAMPLES) for src, _ in outputs if src != reference}
     return _finish_samples(loaded, m)
 
 

@@ -301,6 +301,36 @@ class NextTokenCounts:
 
 
 @dataclass
+class TwoSampleCounts:
+    """Next-token counts of a draft runner and of the fallback runner (the reference) at one
+    context: the same prompt and output prefix, under one law. `token_ids` are the tokens
+    either runner drew there; `counts[i]` and `reference_counts[i]` how often each drew
+    token_ids[i]."""
+
+    prompt_id: str
+    prefix: list[int]
+    token_ids: list[int]
+    counts: list[int]
+    reference_counts: list[int]
+
+
+@dataclass
+class SampleRecord:
+    """One short request of the served exactness plan (gate.fallback_exactness.plan_samples):
+    runner `runner` under law `law` on prompt `prompt_id` with its own `seed` (distinct per
+    sample, so a verdict can be replayed), at load point (`concurrency`, `request_rate`);
+    `output_ids` the token ids it returned, in order."""
+
+    runner: str
+    law: str
+    prompt_id: str
+    seed: int
+    output_ids: list[int]
+    concurrency: int | None = None
+    request_rate: float | None = None
+
+
+@dataclass
 class ExactnessRecord:
     """Raw material of the exactness tests for one draft under one law.
 
@@ -319,6 +349,15 @@ class ExactnessRecord:
     # below the local target's top logit of any token the fallback runner emitted (None: not measured, in-process)
     numerical_tolerance: float | None = None
     note: str | None = None  # why fewer requests were compared than ran (e.g. no token ids came back)
+    # Output positions before this one come from the target's prefill, not from speculation (served engines: 1),
+    # so a next-token test there tests the server's law, not the speculative sampler's
+    speculative_from: int = 0
+    # Served sampling laws: the draft runner's next-token counts against the fallback runner's (two-sample)
+    two_sample: list[TwoSampleCounts] = field(default_factory=list)
+    # Served sampling laws: the cost of this runner's samples (SampleRecord): requests, output tokens, wall seconds
+    sample_requests: int = 0
+    sample_tokens: int = 0
+    sample_wall_s: float = 0.0
 
 
 @dataclass
@@ -702,6 +741,8 @@ class Measurements:
     requests: list[RequestRecord] = field(default_factory=list)
     overlaps: list[OverlapRecord] = field(default_factory=list)
     exactness: list[ExactnessRecord] = field(default_factory=list)
+    samples: list[SampleRecord] = field(default_factory=list)  # served exactness: the short sampled requests
+    sample_wall_s: dict[str, float] = field(default_factory=dict)  # "<runner>/<law>" -> wall seconds its samples took
     bills: list[BillRecord] = field(default_factory=list)
     process_peak_rss_bytes: int | None = None
     cuda_max_memory_allocated_bytes: int | None = None

@@ -106,7 +106,7 @@ def measure(session: Session, settings: Settings, progress: Progress | None = No
             m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
 
-    loop = Loop(session, m, settings, progress)
+    loop = Loop(session, m, settings, progress, exactness or ExactnessPlan())
     phases = [loop.phase([FALLBACK, *m.drafts], session.laws, range(settings.repetitions))]
     if session.drafts:  # the drafts are loaded here: overlap along the fallback's outputs
         phases.append(Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)))
@@ -178,8 +178,10 @@ class Loop:
     docstring). `ended` counts the requests that ended (measured or failed) per (runner,
     law, concurrency, request_rate)."""
 
-    def __init__(self, session: Session, m: Measurements, settings: Settings, progress: Progress):
+    def __init__(self, session: Session, m: Measurements, settings: Settings, progress: Progress,
+                 exactness: ExactnessPlan | None = None):
         self.session, self.m, self.s, self.progress = session, m, settings, progress
+        self.exactness = exactness or ExactnessPlan()
         self.runner: Runner = session.runner
         caps = self.runner.capabilities
         self.labelled = caps.load_points  # records and failures carry their load point
@@ -259,6 +261,8 @@ class Loop:
                     self.progress("requests", done[0], total)
                     self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
+                if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1:
+                    self._samples()
         except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
             self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
         finally:
@@ -269,6 +273,28 @@ class Loop:
             self.m.servers = _servers(self.runner, names) or self.m.servers
             _not_lossless(self.m)
             self.runner.close()
+
+    def _samples(self) -> None:
+        """The served exactness plan's sample requests (gate.sampled_exactness), drawn while
+        the runner is open, after the timed windows: planned, its cost predicted from the
+        timed requests (m.notes), drawn. A plan that cannot be made is a failure."""
+        from gate import sampled_exactness
+
+        if not self.exactness.pairs:
+            return
+        try:
+            plans = sampled_exactness.plan_samples(self.session, self.exactness, list(self.points))
+        except Exception as e:  # noqa: BLE001 - e.g. the local target's forward failed: no samples, the rule errs
+            self.m.failures.append(Failure(FailureStage.EXACTNESS, "*", "*", "served exactness plan", describe_error(e)))
+            return
+        if not plans:
+            return
+        predicted = sampled_exactness.predicted_wall_s(plans, self.m)
+        for plan in plans:
+            self.m.notes.append("served exactness plan, " + plan.describe())
+        if predicted is not None:
+            self.m.notes.append(f"served exactness samples: predicted {predicted:.0f} s wall from the timed requests")
+        sampled_exactness.draw_samples(self.runner, plans, self.m, self.s.seed, self.progress)
 
     def _block(self, block: Block, budget: RerunBudget, unit_done: Callable[[int], None]) -> None:
         """One block: warm-up of its runners, then each unit with its contention reruns
@@ -516,17 +542,24 @@ def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, se
     (Capabilities.in_process): each output against the target's own law (greedy argmax,
     PIT, next-token laws; _exactness). A served runner: greedy token equality with the
     fallback runner, divergences weighed by the local target's logit gap where it is loaded
-    (gate.fallback_exactness.greedy_exactness)."""
+    (gate.fallback_exactness.greedy_exactness), and for sampling laws the one- and
+    two-sample counts of the samples the requests phase drew (gate.sampled_exactness)."""
     if session.runner.capabilities.in_process:
         if not plan.pairs:
             return []
         return [Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))]
-    from gate import fallback_exactness
+    from gate import fallback_exactness, sampled_exactness
 
     greedy_pairs = plan.has_greedy(session.laws)
-    return [Phase("the served exactness pass", FailureStage.EXACTNESS,
-                  lambda: fallback_exactness.greedy_exactness(session, m, plan, progress),
-                  unmeasured=None if greedy_pairs else (lambda why, when: []))]
+    sampled_pairs = any(not law.greedy for law in session.laws if law.name in {x for _, x in plan.pairs})
+
+    def served() -> None:
+        fallback_exactness.greedy_exactness(session, m, plan, progress)
+        if sampled_pairs:
+            sampled_exactness.sampled_exactness(session, m, plan, progress)
+
+    return [Phase("the served exactness pass", FailureStage.EXACTNESS, served,
+                  unmeasured=None if greedy_pairs or sampled_pairs else (lambda why, when: []))]
 
 
 def _bill(session: Session, m: Measurements, settings: Settings) -> None:

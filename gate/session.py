@@ -100,9 +100,10 @@ def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
 def open_session(plan: Plan, step: Any = None) -> Session:
     """Open what a validated plan runs: its runner (gate.runners.registry, by runner.kind)
     and, for a runner of the models in this process, the target and every draft (each
-    loaded once); for any other runner the local target only where an exactness rule on a
-    greedy law needs its logits to tell a numerical near-tie from a fault (if it cannot be
-    loaded, session.notes says so and every divergence counts as a fault). The prompts are
+    loaded once); for any other runner the local target only where an exactness rule needs
+    it (greedy: its logits tell a numerical near-tie from a fault; sampling: its law is the
+    one-sample reference). If it cannot be loaded, session.notes says so: every greedy
+    divergence then counts as a fault and sampled laws are tested two-sample only. The prompts are
     the plan's (built once, by gate.validate). `step(what, done, total)` reports progress.
     Raises PolicyValueError (a runner or draft that cannot be built); anything else a model
     load raises propagates (a failed measurement)."""
@@ -141,14 +142,15 @@ def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
                       [], plan.workload.info, None, None, plan)
     session.draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info,
                                            draft_kinds.get(d.kind).modifies_target) for name, d in policy.drafts.items()}
-    if plan.exactness.has_greedy(plan.laws):
+    if plan.exactness.pairs:
         try:
-            step("loading the local target (exactness near-ties)", 0, 1)
+            step("loading the local target (exactness)", 0, 1)
             session.oracle = open_target(loaded, plan.tokenizer).oracle
         except KeyboardInterrupt:
             runner.close()
             raise
         except Exception as e:  # noqa: BLE001 - exactness then counts every divergence as a fault, and says so
             session.notes.append(f"the local target could not be loaded ({type(e).__name__}: {e}): greedy divergences "
-                                 "between served runners cannot be told apart from numerical near-ties and count as faults")
+                                 "between served runners cannot be told apart from numerical near-ties and count as faults, "
+                                 "and sampled laws are tested against the fallback runner only (two-sample)")
     return session

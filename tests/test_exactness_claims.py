@@ -70,7 +70,7 @@ def test_a_powered_first_position_test_passes_and_evidence_can_only_fail():
     rec = ExactnessRecord("spec", "t", False, next_token=[good, broken])
     (out,) = evaluate_exactness(RULE, measurements(rec), ["spec"], ["t"])
     assert out.status == "fail", out.message
-    assert "after 1 output tokens" in out.message
+    assert "after output [7]" in out.message
     # a later-position test too small to detect anything does not stop the pass
     small = counts_record("spec", "a", p, [20, 15, 10, 5], prefix=[7])
     rec = ExactnessRecord("spec", "t", False, next_token=[good, small])

@@ -70,3 +70,44 @@ rules:
     # no server is left running
     left = subprocess.run(["pgrep", "-f", str(tiny_gguf)], capture_output=True, text=True).stdout.strip()
     assert left == ""
+
+
+@needs_binary
+def test_sampled_exactness_on_llama_server_decides_at_the_speculative_positions(tmp_path, tiny_gguf, prompts_file,
+                                                                                monkeypatch):
+    # llama.cpp samples each position with the target's own sampler and keeps a draft token only when it equals it:
+    # lossless by construction, so the early-exit draft under a sampled law must not fail. The tiny model's logits
+    # are nearly flat, so llama.cpp's kernels can move a token across the top-k boundary and fail the fallback's
+    # one-sample check: 800 samples per runner are enough for either reference (the two-sample one needs about 2x)
+    import gate.runners.llama_server
+
+    monkeypatch.setattr(gate.runners.llama_server, "GGUF_CACHE_DIR", tmp_path / "gguf")
+    monkeypatch.setenv("GATE_LLAMA_SERVER", BINARY)
+    path = write_policy(tmp_path, f"""\
+version: 1
+target: {{model: {tiny_gguf}, device: cpu}}
+drafts:
+  exit1: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
+law: {{temperature: 1.0, top_k: 3}}
+runner: {{kind: llama_server, threads: 1, ctx_size: 512}}
+load: {{concurrency: [1, 2]}}
+workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 4, seed: 0, chat_template: true}}
+measurement: {{repetitions: 1, warmup_requests: 0, inconclusive: warn}}
+rules:
+  - {{id: exact, kind: exactness, detect_tv: 0.2, next_token_samples: 800}}
+""")
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-progress"])
+    assert out.is_file(), result.output
+    report = json.loads(out.read_text())
+    m = report["measurements"]
+    assert not m["failures"], m["failures"]
+    (o,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
+    assert o["status"] == "pass", o["message"]
+    assert "reference: " in o["message"] and "cost: " in o["message"]
+    (claim,) = [t for t in o["details"] if t["role"] == "claim"]
+    assert "after output [" in claim["name"] and claim["detectable"] <= 0.2
+    samples = m["samples"]
+    assert {s["runner"] for s in samples} == {"fallback", "exit1"} and {s["concurrency"] for s in samples} == {1, 2}
+    assert len({s["seed"] for s in samples}) == len(samples)

@@ -192,6 +192,9 @@ def test_runner_and_load_sections_are_checked_at_their_yaml_path(tmp_path, tiny_
     ([0.3], 0.5, Status.INCONCLUSIVE),     # within the fallback runner's own deviation from the local target
     ([0.3, 2.0], 0.5, Status.FAIL),        # beyond it: a fault of speculation
     ([0.3], None, Status.FAIL),            # no control measured: the rule's tolerance alone
+    # the fallback runner lies 13.25 logits from the local target (a stub emitting fixed tokens did): another
+    # model, so no control and no verdict against the declared law, even with no divergence at all
+    ([], 13.25, Status.ERROR),
 ])
 def test_served_greedy_exactness_uses_the_fallback_runner_as_numerical_control(gaps, control, expected):
     from gate.records import Divergence, ExactnessRecord
@@ -202,6 +205,8 @@ def test_served_greedy_exactness_uses_the_fallback_runner_as_numerical_control(g
     m.exactness.append(rec)
     (o,) = evaluate([RuleSpec(id="x", kind="exactness", tie_tolerance=0.01)], m, Settings())
     assert o.status == expected, o.message
+    if expected == Status.ERROR:
+        assert "does not serve the declared target" in o.message and "13.250 logits" in o.message
 
 
 def test_served_requests_that_did_not_get_their_cpu_make_timing_verdicts_inconclusive():

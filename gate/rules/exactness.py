@@ -10,18 +10,23 @@ rule covers (gate.rules.exactness_tests). Any rejection fails. A sampling verdic
 when there is a claim test and every claim test could detect the rule's detect_tv (the TV
 distance of the next-token law at that context) with the rule's power at its Holm level;
 otherwise it is inconclusive and says how many samples it needs.
+
+Served engines (records with speculative_from 1, gate.sampled_exactness): the first output
+position is the prefill's, so claims rest on later positions, given the engine's own prefix;
+the reference is checked first on the fallback runner's samples (served_tests): the declared
+target (one-sample) while they pass it, else the fallback runner itself (two-sample).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate.records import RECORDED_SAMPLES, ExactnessRecord, Measurements, NextTokenCounts
-from gate.rules.exactness_tests import (CLAIM, EVIDENCE, ExactnessTest, decide, gtest_samples_needed, next_token_test,
-                                        overall, pit_test)
+from gate.records import FALLBACK, RECORDED_SAMPLES, ExactnessRecord, Measurements, NextTokenCounts, TwoSampleCounts
+from gate.rules.exactness_tests import (CLAIM, EVIDENCE, FAIL, ExactnessTest, decide, gtest_samples_needed,
+                                        next_token_test, overall, pit_test, two_sample_test)
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
 
@@ -29,14 +34,80 @@ if TYPE_CHECKING:
     from gate.policy.model import RuleSpec
 
 
-def context_test(nt: NextTokenCounts, rule: RuleSpec) -> ExactnessTest:
+def context_test(nt: NextTokenCounts, rule: RuleSpec, role: Any = None) -> ExactnessTest:
     """The G-test at one context (`rule`: significance, power, detect_tv): a claim at a
-    prompt's first output position, evidence after a prefix."""
+    prompt's first output position, evidence after a prefix (`role`, when given, instead)."""
     counts = np.asarray(nt.counts + [nt.rest_count, nt.zero_count], dtype=float)
     p = np.asarray(nt.support_probs + [nt.rest_prob, 0.0], dtype=float)
-    where = f"{nt.prompt_id} after {len(nt.prefix)} output tokens" if nt.prefix else nt.prompt_id
+    where = f"{nt.prompt_id} after output {list(nt.prefix)}" if nt.prefix else nt.prompt_id
     test = next_token_test(counts, p, rule.significance, rule.power, rule.detect_tv, name=f"next-token[{where}]")
-    test.role = EVIDENCE if nt.prefix else CLAIM
+    test.role = role if role is not None else EVIDENCE if nt.prefix else CLAIM
+    return test
+
+
+@dataclass
+class ServedReference:
+    """Which reference decides a served draft runner's sampling verdict: "target" (one-sample
+    against the local target's declared law, valid because the fallback runner's own samples
+    pass it) or "fallback" (two-sample against the fallback runner: the fallback fails the
+    one-sample test, or there is no local target); `text` says so in the verdict."""
+
+    reference: str
+    text: str
+
+
+def served_tests(rule: RuleSpec, rec: ExactnessRecord, ref: ExactnessRecord) -> tuple[list[ExactnessTest], ServedReference]:
+    """The tests of a served draft runner's samples `rec` and the reference they rest on,
+    checked first on the fallback runner's `ref`: its one-sample tests against the local
+    target, Holm-corrected on their own at the rule's significance. Where none rejects, the
+    reference is the declared target: per prompt the most powerful test after a prefix of one
+    or more output tokens (a speculative position) is the claim, every other one-sample test and
+    every two-sample test evidence (the prefill's position tests the server, not speculation).
+    Otherwise the draft's one-sample tests are left out (they would blame speculation for
+    the server's numerics) and per prompt the best two-sample test is the claim."""
+    checks = [context_test(nt, rule, role=EVIDENCE) for nt in ref.next_token]
+    decide(checks, rule.significance)
+    rejected = [t for t in checks if t.verdict == FAIL]
+    one = [context_test(nt, rule, role=EVIDENCE) for nt in rec.next_token]
+    two = [_two_sample(ts, rule) for ts in rec.two_sample]
+    detail = "; ".join(f"{t.name} p {t.pvalue:.3g} over {t.n}" for t in checks[:4])
+    if checks and not rejected:
+        _claim_per_prompt(one, [nt.prompt_id for nt in rec.next_token], [bool(nt.prefix) for nt in rec.next_token])
+        text = (f"reference: the declared target (one-sample), valid since the fallback runner's own samples pass it "
+                f"({len(checks)} tests, none rejected at family-wise {rule.significance:g}: {detail}); the two-sample "
+                "tests against the fallback runner are evidence")
+        return one + two, ServedReference("target", text)
+    why = ("the fallback runner itself fails the one-sample test against the declared target ("
+           + "; ".join(f"{t.name} Holm p {t.adjusted_pvalue:.3g}" for t in rejected[:3])
+           + "): the server's numerics are not the local target's, so the draft runner's one-sample tests are not used"
+           if rejected else "no local target to test the fallback runner against")
+    _claim_per_prompt(two, [ts.prompt_id for ts in rec.two_sample], [True] * len(two))
+    return two, ServedReference("fallback", f"reference: the fallback runner, same server with speculation off "
+                                            f"(two-sample), since {why}")
+
+
+def _claim_per_prompt(tests: list[ExactnessTest], prompts: list[str], eligible: list[bool]) -> None:
+    """Make the eligible test of each prompt that detects the smallest TV (its power stated at
+    the rule's significance; ties: more samples) its claim; every other test stays evidence.
+    The choice rests on sample counts and the target's law at each prefix (one-sample), or on
+    the two runners' pooled counts there (two-sample: the margins the homogeneity test is
+    conditional on), never on how the tokens split between hypotheses, so the level holds."""
+    best: dict[str, ExactnessTest] = {}
+
+    def rank(t: ExactnessTest) -> tuple[float, float]:
+        return (t.detectable, -(t.effective_n if t.effective_n is not None else t.n))
+
+    for t, pid, ok in zip(tests, prompts, eligible):
+        if ok and (pid not in best or rank(t) < rank(best[pid])):
+            best[pid] = t
+    for t in best.values():
+        t.role = CLAIM
+
+
+def _two_sample(ts: TwoSampleCounts, rule: RuleSpec) -> ExactnessTest:
+    test = two_sample_test(ts.counts, ts.reference_counts, rule.significance, rule.power, rule.detect_tv,
+                           name=f"two-sample[{ts.prompt_id} after output {list(ts.prefix)}, vs fallback]")
+    test.role = EVIDENCE
     return test
 
 
@@ -46,6 +117,7 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
                 relative_to=None, level=rule.level, fallback_value=None)
     records = {(r.draft, r.law): r for r in m.exactness}
     sampling: dict[tuple[str, str], list[ExactnessTest]] = {}
+    served: dict[tuple[str, str], ServedReference] = {}
     outcomes: dict[tuple[str, str], Outcome] = {}
     # Recorded samples (gate exactness) name their own sources: only the laws they were sampled under.
     pairs = [(d, law) for d in drafts for law in laws
@@ -66,6 +138,15 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
                                     message=f"exactness: measurement missing ({why})")
         elif rec.greedy:
             outcomes[key] = _greedy(rule, rec, base, scope)
+        elif rec.speculative_from:  # served: the reference first (the fallback runner's own samples)
+            ref = records.get((FALLBACK, law))
+            if ref is None:
+                outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None,
+                                        samples=0, message="exactness (sampling, served): the fallback runner's samples, "
+                                        "the reference, are missing")
+                continue
+            tests, served[key] = served_tests(rule, rec, ref)
+            sampling[key] = tests
         else:
             tests = []
             if rec.pit:
@@ -79,13 +160,22 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
                                 f"recorded: {', '.join(sorted(f'{d}/{law}' for d, law in records)) or 'none'})")]
     decide([t for tests in sampling.values() for t in tests], rule.significance)
     for key, tests in sampling.items():
-        outcomes[key] = _sampling(rule, key, tests, base)
+        outcomes[key] = _sampling(rule, key, tests, base, served.get(key), records.get(key))
     return [outcomes[key] for key in pairs]
 
 
 def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: str) -> Outcome:
     # Served runs: a divergence no further below the local top than the fallback runner's own tokens ever were is
     # within the server's numerical noise (its kernels against the local computation), not a fault of speculation.
+    if rec.numerical_tolerance is not None and rec.numerical_tolerance > rule.reference_tolerance:
+        # A control is valid only when the fallback serves the declared target: beyond the bound it is another model
+        return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=Status.ERROR, measured=None,
+                       samples=rec.compared, details=[asdict(d) for d in rec.divergences],
+                       message=f"exactness (greedy): the fallback runner does not serve the declared target: a token "
+                               f"it emitted lies {rec.numerical_tolerance:.3f} logits below the local target's top, beyond "
+                               f"the {rule.reference_tolerance:g}-logit reference tolerance (what the server's dtype and "
+                               "kernels may explain), so no verdict against the declared law can be given: serve the "
+                               "declared target (or declare the one served)")
     tolerance = max(rule.tie_tolerance, rec.numerical_tolerance or 0.0)
     faults = [d for d in rec.divergences if d.gap_logits > tolerance]
     ties = len(rec.divergences) - len(faults)
@@ -123,7 +213,8 @@ def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: s
                    message=f"{text}: {status}", details=details)
 
 
-def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any]) -> Outcome:
+def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any],
+              served: ServedReference | None = None, rec: ExactnessRecord | None = None) -> Outcome:
     d, law = key
     scope = f"{d}/{law}"
     details = [asdict(t) for t in tests]
@@ -142,17 +233,26 @@ def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], 
             part += f" ({t.note})"
         parts.append(part)
     if not any(t.role == CLAIM for t in tests) and verdict != Status.FAIL:
-        parts.append(_no_claim(rule, tests))
+        parts.append(_no_claim(rule, tests, served is not None))
+    if served is not None and rec is not None:
+        parts.append(served.text)
+        parts.append(f"cost: {rec.sample_requests} sample requests of this runner, {rec.sample_tokens} output tokens, "
+                     f"{rec.sample_wall_s:.1f} s")
     worst = min(t.adjusted_pvalue for t in tests if t.adjusted_pvalue is not None)
     return Outcome(**base, scope=scope, draft=d, law=law, status=status, measured=worst, samples=sum(t.n for t in tests),
                    message=f"exactness (sampling, required TV {rule.detect_tv:g}, significance {rule.significance:g}): "
                            + "; ".join(parts) + f": {status}", details=details)
 
 
-def _no_claim(rule: RuleSpec, tests: list[ExactnessTest]) -> str:
+def _no_claim(rule: RuleSpec, tests: list[ExactnessTest], served: bool = False) -> str:
     """Why a sampling verdict without a first-position next-token test cannot pass."""
     m = len(tests) + 1
     needed = gtest_samples_needed(rule.detect_tv, 20, rule.significance / m, rule.power)
+    if served:
+        return (f"no output prefix was shared by enough samples for a next-token test at a speculative position (a "
+                f"served engine's first token is the prefill's): a pass needs about {needed} samples after one "
+                f"prefix, more sample requests per prompt than that (next_token_samples; about 20 degrees of freedom "
+                "assumed)")
     return (f"no prompt was sampled often enough for a next-token test, and no other test bounds the TV of the law "
             f"at any context (the PIT over all tokens pools prompts and positions): a pass needs a prompt sampled "
             f"about {needed} times (next_token_samples: {needed} in gate check; {needed} samples of one prompt in "

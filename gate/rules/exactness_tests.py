@@ -75,6 +75,8 @@ class ExactnessTest:
     note: str = ""
     pooled_mass: float = 0.0  # G-test: probability mass of the pooled rare categories
     role: Role = CLAIM
+    # Two-sample G-test: n_a n_b / (n_a + n_b), the sample size its power is stated at (None: one-sample, n)
+    effective_n: float | None = None
 
     def state_power(self, alpha: float) -> None:
         """Fill `detectable` and `samples_needed` at significance `alpha`.
@@ -87,9 +89,12 @@ class ExactnessTest:
             self.samples_needed = ks_samples_needed(self.target_effect, alpha, self.power)
         else:
             df = max(self.df, 1)
-            self.detectable = gtest_detectable(self.n, df, alpha, self.power) + self.pooled_mass
+            n = int(self.effective_n) if self.effective_n is not None else self.n
+            self.detectable = gtest_detectable(n, df, alpha, self.power) + self.pooled_mass
             reachable = self.target_effect - self.pooled_mass
-            self.samples_needed = gtest_samples_needed(reachable, df, alpha, self.power) if reachable > 0 else 10**9
+            needed = gtest_samples_needed(reachable, df, alpha, self.power) if reachable > 0 else 10**9
+            # two-sample: n_eff = n/4 at equal sizes, so the samples needed (both runners together) are 4 n_eff
+            self.samples_needed = needed if self.effective_n is None or needed >= 10**9 else 4 * needed
 
 
 def ks_detectable(n: int, alpha: float, power: float) -> float:
@@ -208,6 +213,54 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
     test.state_power(alpha)
     if df == 0:
         test.detectable = math.inf if n == 0 else 0.0  # a one-token law: any other token is caught by `outside`
+    return test
+
+
+def two_sample_test(counts: np.ndarray | list[int], reference: np.ndarray | list[int], alpha: float, power: float,
+                    effect: float, name: str = "two-sample-g", min_expected: float = 5.0) -> ExactnessTest:
+    """G-test of homogeneity (scipy.stats.chi2_contingency, lambda_="log-likelihood") of two
+    runners' token counts over the same categories [K]: `counts` of the draft runner,
+    `reference` of the fallback runner at the same context. Categories whose expected count
+    is below `min_expected` in either row are pooled into one.
+
+    Power: with q_a, q_b the two laws and p-bar their sample-weighted mixture, the
+    noncentrality is n_eff sum (q_a - q_b)^2 / p-bar with n_eff = n_a n_b / (n_a + n_b), at
+    least 4 n_eff TV^2 (Cauchy-Schwarz, as for the one-sample test), so the detectable TV is
+    gtest_detectable at n_eff (asymptotic), plus the pooled categories' share of both samples."""
+    a = np.asarray(counts, dtype=float)
+    b = np.asarray(reference, dtype=float)
+    na, nb = float(a.sum()), float(b.sum())
+    n = int(na + nb)
+    neff = na * nb / (na + nb) if na and nb else 0.0
+    if na == 0 or nb == 0:
+        test = ExactnessTest(name, "g", 0, 0.0, 1.0, n, effect, power, note="one of the samples is empty")
+        test.effective_n = neff
+        test.state_power(alpha)
+        return test
+    total = a + b
+    expected_min = np.minimum(total * na / n, total * nb / n)
+    big = expected_min >= min_expected
+    rows_a, rows_b, pooled = list(a[big]), list(b[big]), 0.0
+    if (~big).any():
+        rows_a.append(float(a[~big].sum()))
+        rows_b.append(float(b[~big].sum()))
+        if (~big).sum() >= 2:
+            pooled = float(total[~big].sum() / n)
+    table = np.asarray([rows_a, rows_b])
+    table = table[:, table.sum(axis=0) > 0]
+    df = max(table.shape[1] - 1, 0)
+    if df == 0:
+        test = ExactnessTest(name, "g", 0, 0.0, 1.0, n, effect, power, note="both runners drew one token only")
+    else:
+        result = stats.chi2_contingency(table, correction=False, lambda_="log-likelihood")
+        statistic = max(float(result.statistic), 0.0)
+        test = ExactnessTest(name, "g", df, statistic, float(stats.chi2.sf(statistic, df)), n, effect, power)
+        test.pooled_mass = pooled
+    test.effective_n = neff
+    _guard(test)
+    test.state_power(alpha)
+    if df == 0:
+        test.detectable = math.inf
     return test
 
 

@@ -16,8 +16,8 @@ class ExactnessRules(RuleKind):
     """An exactness rule takes the tests' settings and a scope of drafts and laws, no metric."""
 
     name = "exactness"
-    keys = ("kind", "significance", "power", "detect_tv", "tie_tolerance", "next_token_samples", "next_token_prompts",
-            "scope", "level")
+    keys = ("kind", "significance", "power", "detect_tv", "tie_tolerance", "reference_tolerance", "next_token_samples",
+            "next_token_prompts", "scope", "level")
     needs_exactness = True
 
     def spec_problem(self, rule: Any) -> tuple[str, str] | None:
