@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -63,10 +63,10 @@ class SamplePlan:
     points: list[LoadStrategy]
     tokens: int = SAMPLE_TOKENS
     why: str = ""
-    requests_per_runner: int = field(init=False, default=0)
 
-    def __post_init__(self) -> None:
-        self.requests_per_runner = sum(self.samples.values())
+    @property
+    def requests_per_runner(self) -> int:
+        return sum(self.samples.values())
 
     def describe(self) -> str:
         """One line: requests, tokens, load points and why this many."""
@@ -158,14 +158,17 @@ def planned_samples(session: Any, law: Any, prompt: PlannedPrompt, tv: float, po
     rare categories added), at most MAX_PLANNED_SAMPLES. Sized for the one-sample reference:
     where the verdict must rest on the two-sample one (a fallback runner that fails the
     one-sample test) about twice as many are needed, and the verdict says so."""
+    from gate.fallback_exactness import _Grammars
+
     ids = list(prompt.token_ids)
-    first = session.oracle.target_probs(ids + [0], len(ids), _bind(session, law, prompt))[-1].float()
+    grammars = _Grammars(session.plan, session.oracle) if prompt.response_format is not None else None
+    first = session.oracle.target_probs(ids + [0], len(ids), _bind(session, law, prompt, grammars))[-1].float()
     best = MAX_PLANNED_SAMPLES
     for x in torch.topk(first, min(PLANNED_FIRST_TOKENS, first.numel())).indices.tolist():
         share = float(first[x])
         if share <= 0:
             continue
-        nxt = session.oracle.target_probs(ids + [x, 0], len(ids), _bind(session, law, prompt))[-1].float()
+        nxt = session.oracle.target_probs(ids + [x, 0], len(ids), _bind(session, law, prompt, grammars))[-1].float()
         best = min(best, _samples_for(nxt, share, tv, power, alpha))
     return best
 
@@ -401,7 +404,10 @@ def predicted_wall_s(plans: list[SamplePlan], m: Measurements) -> float | None:
                 mine = [r for r in m.requests if r.draft == name and (r.concurrency in (c, None))]
                 if not mine:
                     return None
-                ttft = statistics.median(r.ttft_ms for r in mine if r.ttft_ms == r.ttft_ms) if mine else math.nan
+                ttfts = [r.ttft_ms for r in mine if r.ttft_ms == r.ttft_ms]
+                if not ttfts:
+                    return None
+                ttft = statistics.median(ttfts)
                 tpots = [r.tpot_ms for r in mine if r.tpot_ms == r.tpot_ms]
                 tpot = statistics.median(tpots) if tpots else 0.0
                 per = (ttft + (plan.tokens - 1) * tpot) / 1e3

@@ -23,6 +23,15 @@ def tiny_gguf(tmp_path_factory):
     return write_tiny_llama_gguf(folder / "target.gguf", seed=0, layers=2)
 
 
+def check(tmp_path, path):
+    """`gate check` on the policy at `path`: the click result and the JSON report (which must exist)."""
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-progress"])
+    assert out.is_file(), result.output
+    return result, json.loads(out.read_text())
+
+
 @needs_binary
 def test_gate_check_on_llama_server_measures_every_load_point(tmp_path, tiny_gguf, prompts_file, monkeypatch):
     import gate.runners.llama_server
@@ -44,11 +53,7 @@ rules:
   - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.01x, per: concurrency}}
   - {{id: accept, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.0, scope: {{drafts: [exit1]}}}}
 """)
-    out = tmp_path / "r.json"
-    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
-                                      "--no-progress"])
-    assert out.is_file(), result.output
-    report = json.loads(out.read_text())
+    result, report = check(tmp_path, path)
     m = report["measurements"]
     assert not m["failures"], m["failures"]
     assert result.exit_code == 0, result.output
@@ -96,11 +101,7 @@ measurement: {{repetitions: 1, warmup_requests: 0, inconclusive: warn}}
 rules:
   - {{id: exact, kind: exactness, detect_tv: 0.2, next_token_samples: 800}}
 """)
-    out = tmp_path / "r.json"
-    result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
-                                      "--no-progress"])
-    assert out.is_file(), result.output
-    report = json.loads(out.read_text())
+    result, report = check(tmp_path, path)
     m = report["measurements"]
     assert not m["failures"], m["failures"]
     (o,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
