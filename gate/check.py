@@ -16,6 +16,7 @@ import torch
 from gate import interrupt
 from gate.baseline import Baseline
 from gate.errors import InputError, PolicyValueError
+from gate.measure.client_check import client_checks
 from gate.measure.contention import Handling, is_contended
 from gate.measure.environment import environment
 from gate.models.loading import resolve_device
@@ -305,5 +306,13 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code,
                          points, crossings)
+    report.client = client_checks(m.runs, m.requests, settings.max_client_lag_ms,
+                                  {s.runner: s.slots for s in m.servers if s.slots is not None},
+                                  getattr(loaded.policy.runner, "burst_gap_ms", None))
+    delayed = sum(c.delayed for c in report.client)
+    if delayed:
+        notes = [*notes, f"client delayed: {delayed} of {sum(c.requests for c in report.client)} served requests were "
+                 f"begun or read more than {settings.max_client_lag_ms:g} ms late by gate's own client (schedule or "
+                 "event-loop lag) and left out of timing verdicts; see the client self-check"]
     report.notes.extend([f"warning: {w}" for w in loaded.warnings] + notes)
     return CheckResult(report, code)

@@ -170,6 +170,18 @@ class RequestRecord:
     queue_ms: float | None = None  # client queue time: scheduled arrival -> send (open loop with a cap)
     server_draft_tokens: int | None = None  # proposals the server made for it (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
+    # The served client's own timing of the request (gate.runners.result.ClientTiming; None in-process).
+    # token_times_ms and e2el_ms run from when the request left (its headers began to go out); these say what came before.
+    schedule_lag_ms: float | None = None  # how late the client began it against when it was due
+    send_ms: float | None = None  # began -> left (connection set-up included)
+    connect_ms: float | None = None  # TCP/TLS set-up when it opened its connection (None: kept-alive, or in-process)
+    loop_lag_ms: float | None = None  # the client worker's largest event-loop lag while it was in flight
+    client_worker: int | None = None  # the client worker process that sent it (0-based)
+    server_output_tokens: int | None = None  # output tokens the server counted (usage / tokens_predicted)
+    server_prefill_ms: float | None = None  # the server's own prefill time (llama.cpp timings.prompt_ms)
+    server_tpot_ms: float | None = None  # the server's own time per output token (llama.cpp predicted_per_token_ms)
+    server_cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache (llama.cpp cache_n)
+    started_s: float | None = None  # served: wall clock (s since the epoch) when the request left the client
     # Cross-tokenizer drafts (gate.drafts.cross_tokenizer), per step like step_proposed (0 / None elsewhere):
     step_mapping_ms: list[float] | None = None  # time spent translating between the tokenizers in the step's proposal (ms)
     step_draft_tokens: list[int] | None = None  # tokens the draft proposed in its own vocabulary before translation
@@ -513,6 +525,29 @@ def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
 
 
 @dataclass
+class ClientWorkerRecord:
+    """What one served-client worker process measured of itself over one window
+    (gate.runners.client.worker): `wall_s` and `cpu_s` (its process's user + system time;
+    cpu_s / wall_s near 1: it was saturated), the requests it began, and its event-loop lag
+    in ms (a timer due every 2 ms, how late it ran: median, 99th percentile, max over
+    `ticks` timers)."""
+
+    worker: int
+    wall_s: float
+    cpu_s: float
+    requests: int
+    lag_p50_ms: float
+    lag_p99_ms: float
+    lag_max_ms: float
+    ticks: int
+
+    @property
+    def cpu_share(self) -> float | None:
+        """CPU time over wall time (1.0: one CPU busy throughout); None for an empty window."""
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else None
+
+
+@dataclass
 class RunRecord:
     """One measured window: the timed requests of one runner (a draft name or "fallback")
     under one law, sent by one run of the plan under one offered load.
@@ -539,6 +574,9 @@ class RunRecord:
     good_requests: int | None = None  # requests meeting every load.goodput SLO (None: no SLO declared)
     slo_ms: dict[str, float] = field(default_factory=dict)  # the SLOs good_requests was counted against
     cpu_stall_share: float | None = None  # served: share of the window's wall time some task waited for a CPU (PSI)
+    client_workers: list[ClientWorkerRecord] = field(default_factory=list)  # served: the client's worker processes
+    server_ttft_mean_ms: float | None = None  # the server's own mean TTFT over the window (vLLM's histogram), where kept
+    server_itl_mean_ms: float | None = None  # the server's own mean inter-token latency over the window, where kept
 
     @property
     def duration_s(self) -> float:
@@ -607,6 +645,7 @@ class ServerRecord:
     kv_pool_tokens: int | None = None
     kv_pool_bytes: int | None = None
     served_dtype: str | None = None
+    slots: int | None = None  # requests the server admits at once (llama.cpp slots, vLLM max-num-seqs), where known
 
 
 @dataclass

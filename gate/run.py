@@ -164,6 +164,8 @@ class _Attempt:
     scrape_errors: dict[str, str] = field(default_factory=dict)
     scraped: set[str] = field(default_factory=set)  # runners whose counters were read before the requests
     stall_share: float | None = None  # share of the attempt's wall time some task waited for a CPU
+    client_workers: list[Any] = field(default_factory=list)  # served: the client's workers (ClientWorkerRecord)
+    latency: dict[str, Any] = field(default_factory=dict)  # runner -> the server's own mean TTFT/ITL (None: none kept)
 
     def wall_ms(self, one_at_a_time: bool) -> float:
         """Wall time the attempt's timed requests took (ms): the sum of their E2E latencies
@@ -411,12 +413,14 @@ class Loop:
                                              f"{len(left)} requests{where}", describe_error(e), c, r))
         finally:
             self.m.notes += self.runner.notes()  # what the runner saw beside the results (listen-queue overflows)
+            into.client_workers = self.runner.client_stats()
             reading = probe.stop(started)
             if reading.cpu_stall_ms is not None and reading.wall_ms > 0:
                 into.stall_share = min(1.0, reading.cpu_stall_ms / reading.wall_ms)
             for name in names:
                 after = self._scrape(name, into)
                 into.counters[name] = _delta(before[name], after)
+                into.latency[name] = _latency(before[name], after)
 
     def _scrape(self, name: str, into: _Attempt) -> Any:
         """The runner's counters for `name` now (None: it has none, or the scrape failed: the
@@ -442,6 +446,10 @@ class Loop:
             w.repetition = block.repetition
             if len(block.units) == 1 and kept and kept[0].stall_share is not None:  # the probe spans the window
                 w.cpu_stall_share = kept[0].stall_share
+            if len(mine) == 1:  # the workers' own figures and the server's histograms span the window
+                w.client_workers = list(mine[0].client_workers)
+                latency = mine[0].latency.get(name) or {}
+                w.server_ttft_mean_ms, w.server_itl_mean_ms = latency.get("ttft_ms"), latency.get("itl_ms")
             deltas = [a.counters.get(name) for a in mine]
             w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
             if self.s.slo_ms:
@@ -477,6 +485,18 @@ def _delta(before: Any, after: Any) -> SpecDecodeCounters | None:
     from gate.runners.server_metrics import counter_delta
 
     return counter_delta(before, after)
+
+
+def _latency(before: Any, after: Any) -> dict[str, float] | None:
+    """The server's own mean TTFT/ITL between two scrapes (None: not scraped, or no histograms)."""
+    if before is None or after is None:
+        return None
+    from gate.runners.server_metrics import latency_delta
+
+    try:
+        return latency_delta(before, after)
+    except (ValueError, KeyError):  # a restarted server or an odd exposition: the cross-check is left out
+        return None
 
 
 def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
@@ -531,8 +551,19 @@ def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurr
         cpu_time_ms=g.cpu_time_ms, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m, threads=g.threads,
         concurrency=concurrency, request_rate=request_rate, queue_ms=g.queue_ms,
         server_draft_tokens=g.server_draft_tokens, server_accepted_tokens=g.server_accepted_tokens,
-        step_mapping_ms=g.step_mapping_ms, step_draft_tokens=g.step_draft_tokens,
+        step_mapping_ms=g.step_mapping_ms, step_draft_tokens=g.step_draft_tokens, **client_fields(g),
     )
+
+
+def client_fields(g: StreamResult) -> dict[str, Any]:
+    """RequestRecord's fields of a served client's own timing (none in-process)."""
+    c = g.client
+    if c is None:
+        return {}
+    return dict(schedule_lag_ms=c.schedule_lag_ms, send_ms=c.send_ms, connect_ms=c.connect_ms, loop_lag_ms=c.loop_lag_ms,
+                client_worker=c.worker, server_output_tokens=c.server_output_tokens,
+                server_prefill_ms=c.server_prefill_ms, server_tpot_ms=c.server_tpot_ms,
+                server_cached_tokens=c.server_cached_tokens, started_s=g.started_s)
 
 
 

@@ -25,7 +25,7 @@ llama-server streams a speculative step); Stub.replay (first prompt id -> SSE te
 recorded stream verbatim, one event per itl_s (tests/data/served/<engine>_stream.txt).
 
 Run in a thread (Stub().start(); .url; .stop()) or as a process:
-    python tests/served_stub.py --port 0 [--ttft-ms 20 --itl-ms 5 --tokens-per-event 1]
+    python tests/served_stub.py --port 0 [--ttft-ms 20 --itl-ms 5 --tokens-per-event 1 --split-events]
 (prints "PORT <n>" once listening).
 """
 
@@ -142,6 +142,7 @@ class Stub:
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 n = int(headers.get("content-length", "0"))
                 raw = await reader.readexactly(n) if n else b""
+                self._t_body = time.perf_counter()
                 keep = await self._route(method, path, headers, raw, t_recv, writer)
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
@@ -178,7 +179,7 @@ class Stub:
         if path not in ("/v1/completions", "/completion"):
             return await self._plain(writer, 404, '{"error": "not found"}')
         body = json.loads(raw or b"{}")
-        record = {"path": path, "body": body, "headers": headers, "t_recv": t_recv, "t_events": []}
+        record = {"path": path, "body": body, "headers": headers, "t_recv": t_recv, "t_body": self._t_body, "t_events": []}
         with self._lock:
             self.requests.append(record)
             self.in_flight += 1
@@ -320,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
-    ap.add_argument("--tokens-per-event", type=int, default=1)
+    ap.add_argument("--tokens-per-event", type=int, default=1, help="tokens per step")
+    ap.add_argument("--split-events", action="store_true", help="each step's tokens as one event per token")
     args = ap.parse_args(argv)
     stub = Stub(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, tokens_per_event=args.tokens_per_event,
-                port=args.port)
+                port=args.port, split_events=args.split_events)
     try:
         asyncio.run(stub.serve())
     except KeyboardInterrupt:

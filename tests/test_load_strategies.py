@@ -4,20 +4,19 @@ scheduler that drives a send function under them, without any server."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import threading
-import time
-
 import numpy as np
 import pytest
 from scipy import stats
 
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
-from gate.load.schedule import drive
+from gate.law import Law
+from gate.load.schedule import split
+from gate.plan import PlannedPrompt, Request
 from gate.records import OfferedLoad
+from gate.runners.interface import StreamResult
+from gate.runners.openai import Endpoint, OpenAIRunner
+from served_stub import Stub
 
 
 def test_strategies_validate_and_state_their_offered_load() -> None:
@@ -59,78 +58,61 @@ def test_burstiness_one_is_poisson_and_lower_is_burstier() -> None:
     assert bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.1)
 
 
-class Recorder:
-    """A fake send: sleeps `duration_s`, tracks how many are in flight, raises for some indices."""
-
-    def __init__(self, duration_s: float = 0.01, fail: set[int] = frozenset()):
-        self.duration_s, self.fail = duration_s, fail
-        self.in_flight = self.max_in_flight = 0
-        self.sent: dict[int, tuple[float, float]] = {}  # index -> (scheduled, sent) perf_counter s
-
-    async def __call__(self, i: int, scheduled_s: float):
-        self.sent[i] = (scheduled_s, time.perf_counter())
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(self.duration_s)
-            if i in self.fail:
-                raise RuntimeError(f"boom {i}")
-            return f"ok {i}"
-        finally:
-            self.in_flight -= 1
+def test_a_closed_loop_splits_its_slots_over_the_workers_and_an_open_loop_deals_its_arrivals() -> None:
+    assert [x.slots for x in split(20, ClosedLoop(concurrency=4), 3, 0.0)] == [2, 1, 1]
+    assert [x.slots for x in split(3, ClosedLoop(concurrency=8), 2, 0.0)] == [2, 1]  # no more slots than requests
+    assert [x.slots for x in split(5, ClosedLoop(concurrency=5), 8, 0.0)] == [1] * 5  # no worker without a slot
+    load = OpenLoop(request_rate=10.0, seed=1, concurrency=2)
+    shares = split(5, load, 2, 100.0)
+    offsets = load.arrival_offsets(5)
+    assert [i for i, _ in shares[0].arrivals] == [0, 2, 4] and [i for i, _ in shares[1].arrivals] == [1, 3]
+    assert all(x.capped and not x.slots for x in shares)
+    assert dict(a for x in shares for a in x.arrivals) == pytest.approx({i: 100.0 + o for i, o in enumerate(offsets)})
+    with pytest.raises(ValueError, match="need at least one request and one worker"):
+        split(0, ClosedLoop(concurrency=2), 1, 0.0)
 
 
-def test_closed_loop_keeps_concurrency_in_flight_and_results_in_order() -> None:
-    send = Recorder(0.01, fail={3})
-    ended: list[int] = []
-    out = asyncio.run(drive(20, ClosedLoop(concurrency=4), send, lambda i, r: ended.append(i)))
-    assert send.max_in_flight == 4
-    assert [r if isinstance(r, str) else "err" for r in out] == [f"ok {i}" if i != 3 else "err" for i in range(20)]
-    assert isinstance(out[3], RuntimeError) and "boom 3" in str(out[3])
-    assert sorted(ended) == list(range(20))
-    # sent in plan order; nothing waits client-side
-    order = sorted(send.sent, key=lambda i: send.sent[i][1])
-    assert order[:4] == sorted(order[:4]) and set(order[:4]) == {0, 1, 2, 3}
-    assert max(s - sch for sch, s in send.sent.values()) < 0.02
-    assert asyncio.run(drive(0, ClosedLoop(concurrency=2), send)) == []
+def runner_on(stub: Stub, workers: int | None = None) -> OpenAIRunner:
+    return OpenAIRunner({"fallback": Endpoint(stub.url, api="llama_cpp")}, set(), request_timeout_s=10,
+                        client_workers=workers)
+
+
+def reqs(n: int) -> list[Request]:
+    return [Request("fallback", Law("greedy", 0.0), PlannedPrompt(f"p{i}", "c", (500 + i, 1)), 1, 0, i) for i in range(n)]
+
+
+def test_closed_loop_keeps_concurrency_in_flight_over_two_workers_in_order() -> None:
+    with Stub(ttft_s=0.05, itl_s=0.01) as stub:
+        out = runner_on(stub, workers=2).run(reqs(12), ClosedLoop(concurrency=4))
+        log = list(stub.requests)
+        assert stub.max_in_flight == 4
+    assert all(isinstance(r, StreamResult) for r in out)
+    assert {r.client.worker for r in out} == {0, 1}
+    first = sorted(log, key=lambda r: r["t_recv"])[:4]
+    assert {r["body"]["prompt"][0] for r in first} == {500, 501, 502, 503}  # the first wave is the first 4 in plan order
+    assert max(r.client.schedule_lag_ms for r in out) < 50  # a slot sends its next request as the last one ends
 
 
 def test_open_loop_sends_at_the_arrival_times() -> None:
-    load = OpenLoop(request_rate=100.0, seed=3)
-    send = Recorder(0.001)
-    t0 = time.perf_counter()
-    asyncio.run(drive(10, load, send))
+    load = OpenLoop(request_rate=50.0, seed=3)
+    with Stub(ttft_s=0.005, itl_s=0.001) as stub:
+        out = runner_on(stub).run(reqs(10), load)
+        recv = {r["body"]["prompt"][0] - 500: r["t_recv"] for r in stub.requests}
     offsets = load.arrival_offsets(10)
     for i, off in enumerate(offsets):
-        scheduled, sent = send.sent[i]
-        assert scheduled - t0 == pytest.approx(off, abs=0.01)
-        assert 0 <= sent - scheduled < 0.03  # uncapped: sent on arrival
+        assert recv[i] - recv[0] == pytest.approx(off - offsets[0], abs=0.02)
+    assert all(r.queue_ms < 30 for r in out)  # uncapped: sent on arrival
 
 
 def test_open_loop_cap_makes_late_arrivals_queue() -> None:
-    # 6 arrivals within ~6 ms, 50 ms each, at most 2 in flight: pairs wait ~0, ~50, ~100 ms
+    # 6 arrivals within ~6 ms, ~50 ms each, at most 2 in flight: pairs wait ~0, ~50, ~100 ms
     load = OpenLoop(request_rate=1000.0, burstiness=1e6, concurrency=2)  # near-constant 1 ms gaps
-    send = Recorder(0.05)
-    asyncio.run(drive(6, load, send))
-    queue_ms = [(send.sent[i][1] - send.sent[i][0]) * 1e3 for i in range(6)]
-    assert send.max_in_flight == 2
-    # lower bounds are exact (a sleep never ends early); upper bounds leave room for a busy machine
+    with Stub(ttft_s=0.05, itl_s=0.01) as stub:
+        out = runner_on(stub).run(reqs(6), load)
+        assert stub.max_in_flight == 2
+    queue_ms = [r.queue_ms for r in out]
+    # lower bounds are exact (a stream never ends early); upper bounds leave room for a busy machine
     assert max(queue_ms[:2]) < 25
     assert 35 < min(queue_ms[2:4]) and max(queue_ms[2:4]) < 200
     assert 85 < min(queue_ms[4:]) and max(queue_ms[4:]) < 300
-
-
-def test_ctrl_c_propagates_keeps_what_ended_and_cancels_the_rest() -> None:
-    send = Recorder(5.0)  # would take 5 s each
-    ended: list[int] = []
-
-    async def quick(i, s):
-        return "first" if i == 0 else await send(i, s)
-
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # Ctrl-C while three are in flight
-    timer.start()
-    t = time.perf_counter()
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(drive(4, ClosedLoop(concurrency=4), quick, lambda i, r: ended.append(i)))
-    timer.join()
-    assert ended == [0] and time.perf_counter() - t < 2.0
+    assert all(r.client.schedule_lag_ms < 30 for r in out)  # waiting for a slot is queueing, not the client's lag

@@ -277,3 +277,28 @@ def test_gate_check_reports_the_kernels_listen_queue_overflows(tmp_path, tiny_mo
     messages = [f["message"] for f in report["measurements"]["failures"]]
     assert any("timed out before the first byte after 1 s (the request's time limit of 1 s; connecting, no response "
                "byte)" in m for m in messages), messages
+
+
+def test_a_client_worker_killed_mid_run_fails_what_had_not_ended_at_once_and_the_next_run_starts_afresh() -> None:
+    import os
+    import signal
+    import threading
+
+    from gate.runners.client.workers import shared_pool
+
+    pool = shared_pool()
+    pool.ensure(1)
+    with Stub(fault_all="stall") as stub:  # every request would wait out its 30 s time limit
+        victim = pool.workers[0].proc.pid
+        threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
+        t = time.perf_counter()
+        out = errors(runner(stub.url, request_timeout_s=30.0).run(reqs(4), ClosedLoop(concurrency=2)))
+        wall = time.perf_counter() - t
+    assert wall < 10, wall  # not the requests' 30 s time limit
+    assert len(out) == 4
+    for e in out:
+        assert "client worker 0 ended (exit code -9)" in e.what and "the requests that had not ended are errors" in e.what
+    assert victim not in [w.proc.pid for w in pool.workers]
+    with Stub() as stub:
+        fresh = runner(stub.url).run(reqs(2), ClosedLoop(concurrency=2))
+    assert all(isinstance(r, StreamResult) for r in fresh)

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import DType  # the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
+from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS
 from gate.measure.contention import (BUSY_CELLS, DEFAULT_CONTENTION_RERUN_BUDGET, DEFAULT_CONTENTION_RERUNS,
                                      DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL)
 from gate.measure.bill import SERVER_POOL_LINE
@@ -574,6 +575,12 @@ class MeasurementSpec(_Strict):
         "plus its last attempt's stays within this share of the first attempts' time over the whole run (the cells not "
         "yet run estimated at the mean so far), so the timed requests of a busy run take at most 1 + this times their "
         "time without reruns (1.5x at the default 0.5; 0: never rerun).")
+    max_client_lag_ms: float | None = Field(
+        DEFAULT_MAX_CLIENT_LAG_MS, ge=0.0, description="A served request is client delayed when the client began it "
+        "more than this many ms late against when it was due (schedule lag), or its client worker's event loop ran more "
+        "than this late while it was in flight (loop lag): its times then measure the client, not the server. Client "
+        "delayed requests are left out of timing verdicts as contended ones are (max_contended bounds both together), "
+        "and the report's client self-check counts them; null: never.")
     max_contended: float = Field(
         DEFAULT_MAX_CONTENDED, ge=0.0, lt=1.0, description="Largest share of a timing rule's requests (paired requests) "
         "that may be left out as contended; beyond it, or with fewer than 5 clean ones, the verdict is inconclusive and "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
@@ -106,7 +108,12 @@ LOAD_COLUMNS = ("runner", "law", "load", "req", "out tok/s", "req/s", "goodput",
 
 
 def load_rows(report: Report) -> list[list[str]]:
-    """One row per runner, law and load point of a served run (gate.rules.load_points.LoadPoint)."""
+    """One row per runner, law and load point of a served run (gate.rules.load_points.LoadPoint);
+    tok/burst says when the client's timing could not separate bursts there (gate.measure.client_check)."""
+    def unseparated(p: Any) -> str:
+        blind = any(not c.bursts_separable for c in report.client if (c.runner, c.law, c.load) == (p.runner, p.law, p.label))
+        return " (client cannot separate bursts)" if blind and p.tokens_per_burst is not None else ""
+
     def ms(x: float | None, fmt: str = ".0f") -> str:
         return "-" if x is None else f"{format(x, fmt)} ms"
 
@@ -118,11 +125,38 @@ def load_rows(report: Report) -> list[list[str]]:
                      _f(p.goodput, ".2f"), ms(p.ttft_p50_ms), ms(p.ttft_p99_ms), ms(p.itl_p99_ms, ".1f"), ms(p.step_p50_ms, ".1f"),
                      ms(p.tpot_mean_ms, ".1f"), _f(p.acceptance_rate, ".3f"), _f(p.mean_acceptance_length, ".2f"),
                      "-" if not p.acceptance_per_pos else " ".join(f"{x:.2f}" for x in p.acceptance_per_pos),
-                     _f(p.tokens_per_burst, ".2f"), speedup])
+                     _f(p.tokens_per_burst, ".2f") + unseparated(p), speedup])
     return rows
 
 
-def load_tables(report: Report) -> list[Table]:
+CLIENT_COLUMNS = ("runner", "law", "load", "rep", "req", "workers", "schedule lag p50/p99/max", "loop lag p99/max",
+                  "send p50", "worker CPU", "delayed", "tokens != server", "TTFT - server")
+
+
+def client_rows(report: Report) -> list[list[str]]:
+    """One row per served window: the client's check of itself (gate.measure.client_check)."""
+    def ms(*xs: float | None) -> str:
+        return "-" if all(x is None for x in xs) else "/".join("-" if x is None else f"{x:.1f}" for x in xs) + " ms"
+
+    def server(c: Any) -> str:  # gate's TTFT minus the server's: its prefill per request, its histogram's mean
+        parts = [f"{label} {x:+.1f} ms" for label, x in (("prefill", c.ttft_minus_server_prefill_ms),
+                                                          ("mean", c.ttft_minus_server_ms)) if x is not None]
+        return ", ".join(parts) or "-"
+
+    bound = lambda c: f" (>{c.max_client_lag_ms:g} ms)" if c.max_client_lag_ms is not None else ""  # noqa: E731
+    return [[c.runner, c.law, c.load, "-" if c.repetition is None else str(c.repetition), str(c.requests), str(c.workers),
+             ms(c.schedule_lag_p50_ms, c.schedule_lag_p99_ms, c.schedule_lag_max_ms), ms(c.loop_lag_p99_ms, c.loop_lag_max_ms),
+             ms(c.send_p50_ms), "-" if c.worker_cpu_max is None else f"{c.worker_cpu_max:.0%}", f"{c.delayed}{bound(c)}",
+             str(c.token_mismatches), server(c)] for c in report.client]
+
+
+def client_warnings(report: Report) -> list[str]:
+    """The client self-check's warnings, each with its window."""
+    return [f"{c.runner} {c.law} {c.load}" + (f" rep {c.repetition}" if c.repetition is not None else "") + f": {w}"
+            for c in report.client for w in c.warnings]
+
+
+def load_tables(report: Report) -> list[Table | Text]:
     """The served run's tables: every load point, the crossovers and the servers (none in-process)."""
     if not report.load:
         return []
@@ -140,6 +174,16 @@ def load_tables(report: Report) -> list[Table]:
         for c in report.crossovers:
             cross.add_row(escape(c.message))
         out.append(cross)
+    if report.client:
+        client = Table(title="Client self-check (how late the client sent and read; delayed requests are left out of "
+                             "timing verdicts)", title_justify="left")
+        for col in CLIENT_COLUMNS:
+            client.add_column(col, justify="left" if col in ("runner", "law", "load") else "right")
+        for row in client_rows(report):
+            client.add_row(*(escape(x) for x in row))
+        out.append(client)
+        for w in client_warnings(report):
+            out.append(Text(f"client: {w}"))
     servers = report.measurements.servers
     if servers:
         t = Table(title="Servers", title_justify="left")

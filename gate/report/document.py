@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from gate.measure.client_check import ClientCheck
 from gate.records import Measurements
 from gate.rules.load_points import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
@@ -36,6 +37,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     load: list[LoadPoint] = field(default_factory=list)  # served runs: every runner at every load point
     crossovers: list[Crossover] = field(default_factory=list)  # served runs: where each draft stops paying
+    client: list[ClientCheck] = field(default_factory=list)  # served runs: the client's check of itself, per window
 
 
 ADAPTER = TypeAdapter(Report)

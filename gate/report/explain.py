@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS, client_delay_ms, is_client_delayed
 from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, stall_share
 from gate.metrics import METRICS, TIMED
 from gate.report.document import Report
@@ -77,15 +78,23 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
 
 
 def _contended(report: Report, where: Any) -> list[str]:
-    """Which of a runner's requests were contended (timing verdicts leave them out)."""
+    """Which of a runner's requests were contended or client delayed (timing verdicts leave them out)."""
     limit = (report.policy.get("measurement") or {}).get("max_cpu_stall", DEFAULT_MAX_CPU_STALL)
     cpus = report.measurements.environment.cpu_count
     reqs = [r for r in report.measurements.requests if where.takes(r)]
     busy = [r for r in reqs if is_contended(r, limit, cpus)]
-    if not busy:
-        return []
-    ids = ", ".join(f"{r.prompt_id} ({stall_share(r, cpus):.0%})" for r in busy[:8]) + (" ..." if len(busy) > 8 else "")
-    return [f"  {where.runner}: {len(busy)} of {len(reqs)} requests contended (over {limit:.0%} of wall time without CPU): {ids}"]
+    out = []
+    if busy:
+        ids = ", ".join(f"{r.prompt_id} ({stall_share(r, cpus):.0%})" for r in busy[:8]) + (" ..." if len(busy) > 8 else "")
+        out.append(f"  {where.runner}: {len(busy)} of {len(reqs)} requests contended (over {limit:.0%} of wall time without "
+                   f"CPU): {ids}")
+    bound = (report.policy.get("measurement") or {}).get("max_client_lag_ms", DEFAULT_MAX_CLIENT_LAG_MS)
+    delayed = [r for r in reqs if is_client_delayed(r, bound)]
+    if delayed:
+        ids = ", ".join(f"{r.prompt_id} ({client_delay_ms(r):.1f} ms)" for r in delayed[:8]) + (" ..." if len(delayed) > 8 else "")
+        out.append(f"  {where.runner}: {len(delayed)} of {len(reqs)} requests client delayed (schedule or event-loop lag "
+                   f"over {bound:g} ms): {ids}")
+    return out
 
 
 def _number(x: object) -> object:

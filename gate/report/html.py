@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterable
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
-from gate.report.console import CONSTRAINT_FIGURES, constraint_labels, constraint_rows
+from gate.report.console import (CLIENT_COLUMNS, CONSTRAINT_FIGURES, client_rows, client_warnings, constraint_labels,
+                                 constraint_rows)
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
@@ -225,6 +226,7 @@ class HtmlReport(ReportFormat):
             out += [f'<li data-skipped="{esc(s.name)}"><strong>{esc(s.title)}</strong>: {esc(s.reason)}</li>' for s in skipped]
             out.append("</ul>")
         out.append("</section>")
+        out += self._client(report)
         out += self._tail(report)
         out += ["</body>", "</html>"]
         return "\n".join(out) + "\n"
@@ -327,6 +329,22 @@ class HtmlReport(ReportFormat):
                + "".join(f"<th>{esc(x)}</th>" for _ in labels for x in figures) + "</tr></thead><tbody>"]
         out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
         out += ["</tbody></table>", "</section>"]
+        return out
+
+    def _client(self, report: Report) -> list[str]:
+        """The client's check of itself, per served window (gate.measure.client_check)."""
+        if not report.client:
+            return []
+        out = ['<section id="client"><h2>Client self-check</h2>',
+               "<p>How late the client sent and read each window's requests (schedule lag: begun after it was due; loop "
+               "lag: its worker's event loop ran late while it was in flight). Requests it delayed beyond the bound are "
+               "left out of timing verdicts.</p>",
+               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in CLIENT_COLUMNS) + "</tr></thead><tbody>"]
+        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in client_rows(report)]
+        out.append("</tbody></table>")
+        if warnings := client_warnings(report):
+            out += ['<ul class="client-warnings">'] + [f"<li>{esc(w)}</li>" for w in warnings] + ["</ul>"]
+        out.append("</section>")
         return out
 
     def _tail(self, report: Report) -> list[str]:

@@ -34,7 +34,7 @@ def settings_for(policy: Policy, baseline: Measurements | None = None, baseline_
     return Settings(ms.confidence, ms.bootstrap_resamples, policy.workload.seed, ms.inconclusive, baseline,
                     dict(policy.baseline.drafts) if policy.baseline else {}, baseline_mismatch,
                     list(policy.waivers) if waivers else [], today or dt.date.today(), ms.max_cpu_stall, ms.max_contended,
-                    points)
+                    ms.max_client_lag_ms, points)
 
 
 def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | None = None) -> list[Outcome]:

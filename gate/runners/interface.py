@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from gate.law import Law
 from gate.load.interface import LoadStrategy
 from gate.requests import Request
+from gate.runners.result import StreamResult
 
 
 @dataclass(frozen=True)
@@ -92,39 +93,6 @@ class RunnerSpecBase(BaseModel):
         return []
 
 
-@dataclass
-class StreamResult:
-    """What one request produced, before it is labelled with draft, law and prompt.
-
-    Times are ms from the request's start (see gate.records.RequestRecord); `started_s` is
-    the wall clock (s since the epoch) at that start, for the run's windows. stop_reason:
-    "eos", "stop" (a stop string, gate.runners.stop) or "length". The optional fields are
-    None where the runner cannot give them: per-step counts (step_counters), measured cache
-    sizes (in-process), CPU accounting (cpu_accounting)."""
-
-    output_ids: list[int]
-    token_times_ms: list[float]
-    stop_reason: str
-    e2el_ms: float
-    started_s: float = 0.0
-    stop_string: str | None = None  # the stop string that ended the output (stop_reason "stop")
-    step_committed: list[int] | None = None
-    step_proposed: list[int] | None = None
-    step_accepted: list[int] | None = None
-    kv_cache_tokens: int | None = None
-    kv_cache_bytes: int | None = None
-    draft_kv_cache_bytes: int | None = None
-    cpu_time_ms: float | None = None
-    cpu_stall_ms: float | None = None
-    load_avg_1m: float | None = None
-    threads: int | None = None
-    queue_ms: float | None = None  # client-side wait between the scheduled arrival and the send (served runners)
-    server_draft_tokens: int | None = None  # proposals the server made for this request (llama.cpp timings.draft_n)
-    server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
-    step_mapping_ms: list[float] | None = None  # per step: ms the draft spent translating between tokenizers (in-process)
-    step_draft_tokens: list[int] | None = None  # per step: tokens the draft proposed in its own vocabulary (in-process)
-
-
 RequestResult = Union[StreamResult, Exception]
 """A request's StreamResult, or the exception it raised."""
 
@@ -184,6 +152,12 @@ class Runner(ABC):
         """What the runner saw beside the requests' results that a report should say (e.g.
         the kernel's listen-queue overflows while a served runner ran), in the order seen,
         since the last call: returned once, then cleared. Default: none."""
+        return []
+
+    def client_stats(self) -> list[Any]:
+        """What a served client's worker processes measured of themselves over the last
+        run() call (gate.records.ClientWorkerRecord per worker), then cleared. Default: none
+        (gate's own process runs the requests)."""
         return []
 
     def counters(self, runner: str) -> Any:

@@ -228,6 +228,10 @@ class ManagedServerRunner(OpenAIRunner):
                                    f"`{build}` or name it in runner.binary")
         return binary
 
+    def server_slots(self, runner: str) -> int | None:
+        """Requests the server gate started admits at once: its `parallel` (-np / --max-num-seqs)."""
+        return self.parallel
+
     @staticmethod
     def parallel_of(policy: Any) -> int:
         """Requests in flight the server must take: the highest load point's concurrency, or

@@ -4,9 +4,10 @@
 An Endpoint names where a runner name is served, the protocol it speaks (Endpoint.api:
 gate.runners.client.protocol: "completions", or llama.cpp's native "llama_cpp") and the
 engine behind it (gate.runners.engines: whose counter names /metrics has, how the law and
-the constraint go on the wire, what it cannot apply as gate does). The streaming client,
-its connection pool, the stream parsers and how a transport failure is named are
-gate.runners.client; this module sends a load point's requests through them and asks the
+the constraint go on the wire, what it cannot apply as gate does). The streaming client
+(its worker processes, connections, stream parsers and how a transport failure is named)
+is gate.runners.client; this module splits a load point over its workers
+(gate.load.schedule), reads each response as it ends, keeps the breaker, and asks the
 endpoint's engine for everything that depends on it.
 
 Every failure of a request is a ServedError naming the runner, the URL and what failed; it
@@ -26,10 +27,10 @@ What a server cannot apply as gate's law defines it is refused before anything i
 
 from __future__ import annotations
 
-import asyncio
+import json
 import math
 import os
-import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
@@ -37,10 +38,13 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from gate.load.interface import LoadStrategy
-from gate.load.schedule import drive
+from gate.load.schedule import split
 from gate.requests import Request
-from gate.runners.client.pool import Clients
 from gate.runners.client.protocol import PROTOCOLS, protocol
+from gate.runners.client.transfer import RawStream
+from gate.records import ClientWorkerRecord
+from gate.runners.client.worker import NOT_SENT, Job
+from gate.runners.client.workers import START_LEAD_S, PoolError, client_workers, shared_pool
 from gate.records import UNKNOWN_ID
 from gate.runners.client.stream import StreamClient
 from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
@@ -137,6 +141,9 @@ class ServedRunnerSpec(RunnerSpecBase):
                              "where it allows.")
     burst_gap_ms: float = Field(1.0, ge=0, description="Streamed tokens closer than this (ms) are one burst: one "
                                 "verification step as the client sees it (llama-server sends one event per token).")
+    client_workers: int | None = Field(None, ge=1, description="Client worker processes sending the requests, each "
+                                       "with its own event loop and connections (unset: one per "
+                                       "2 streams in flight, at most one per CPU gate may use).")
 
 
 class OpenAIRunnerSpec(ServedRunnerSpec):
@@ -204,7 +211,7 @@ class OpenAIRunner(Runner):
                      for name, e in spec.endpoints.items()}
         return cls(endpoints, eos_token_ids(plan.tokenizer), request_timeout_s=spec.request_timeout_s,
                    ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
-                   max_consecutive_failures=spec.max_consecutive_failures)
+                   max_consecutive_failures=spec.max_consecutive_failures, client_workers=spec.client_workers)
 
     @classmethod
     def check_plan(cls, plan: Any) -> None:
@@ -235,7 +242,23 @@ class OpenAIRunner(Runner):
         return ServerRecord(runner, self.kind, safe(lambda: self.endpoint(runner).base_url), safe(lambda: self.command_line(runner)),
                             safe(lambda: self.server_info(runner)), safe(lambda: self.peak_rss_bytes(runner)),
                             method[0] if method else None, method[1] if method else None,
-                            pool.get("tokens"), pool.get("bytes"), pool.get("dtype"))
+                            pool.get("tokens"), pool.get("bytes"), pool.get("dtype"), safe(lambda: self.server_slots(runner)))
+
+    def server_slots(self, runner: str) -> int | None:
+        """Requests `runner`'s server admits at once, where it says: llama.cpp's /props
+        total_slots, for a protocol that reads /props (waits min(5 s, request_timeout_s));
+        None otherwise."""
+        ep = self.endpoint(runner)
+        if "/props" not in PROTOCOLS[ep.api].info_paths:
+            return None
+        self.open()
+        try:
+            resp = httpx.get(ep.base_url.rstrip("/") + "/props", headers=self._headers(runner),
+                             timeout=min(5.0, self.request_timeout_s), trust_env=False)
+            slots = resp.json().get("total_slots") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return slots if isinstance(slots, int) and slots > 0 else None
 
     def kv_pool(self, runner: str) -> dict | None:
         """The KV cache `runner`'s server preallocated, where gate read it: {"tokens": blocks x
@@ -258,12 +281,16 @@ class OpenAIRunner(Runner):
 
     def __init__(self, endpoints: dict[str, Endpoint], eos_token_ids: set[int], request_timeout_s: float = 120.0,
                  ignore_eos: bool = True, burst_gap_ms: float = 1.0, count_tokens: Callable[[str], int] | None = None,
-                 max_consecutive_failures: int = 3):
+                 max_consecutive_failures: int = 3, client_workers: int | None = None):
         if request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
         if int(max_consecutive_failures) != max_consecutive_failures or max_consecutive_failures < 1:
             raise ValueError(f"max_consecutive_failures must be an integer >= 1, got {max_consecutive_failures}")
         self.max_consecutive_failures = int(max_consecutive_failures)
+        if client_workers is not None and client_workers < 1:
+            raise ValueError(f"client_workers must be >= 1, got {client_workers}")
+        self.client_workers = client_workers
+        self._workers: list[ClientWorkerRecord] = []
         self._notes: list[str] = []
         self.endpoints = dict(endpoints)
         self.eos_token_ids = set(eos_token_ids)
@@ -337,7 +364,7 @@ class OpenAIRunner(Runner):
         self._refuse(runner, ep.url, requests)
         before = listen_counters()
         try:
-            return self._watched(runner, ep, list(requests), load, done)
+            return self._run(runner, ep, list(requests), load, done)
         finally:
             note = listen_note(before, listen_counters(), runner, f"{describe_load(load)} ({len(requests)} requests)")
             if note:
@@ -363,99 +390,88 @@ class OpenAIRunner(Runner):
             for name, why in self.law_refusals(runner, *key):
                 raise ServedError(runner, url, f"law {r.law.name!r}, {name}: {why}")
 
-    def _watched(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
-                 done: Done | None) -> list[RequestResult]:
-        """The requests' event loop in a worker thread, watched from this one: a client that
-        stops yielding to its event loop (the per-request timeouts cannot fire then) never
-        hangs gate. Past the run's time limit (request_timeout_s per request that may have to
-        wait for a slot, plus the open loop's arrival span, plus 60 s) the requests that have
-        not ended are errors and the thread is left behind (a daemon)."""
-        ended: dict[int, RequestResult] = {}
-        box: dict[str, Any] = {}
+    def workers_for(self, load: LoadStrategy, n: int) -> int:
+        """Client worker processes for `n` requests under `load`: runner.client_workers when
+        set, else gate.runners.client.workers.client_workers of the most requests in flight
+        (the concurrency, or n for an uncapped open loop), never more than n."""
+        if self.client_workers is not None:
+            return max(1, min(self.client_workers, n))
+        return max(1, min(client_workers(load.concurrency or n), n))
 
-        def record(i: int, result: RequestResult) -> None:
-            ended[i] = result
-            if done is not None:
-                done(i, result)
-
-        def work() -> None:
-            try:
-                box["results"] = asyncio.run(self._run(runner, ep, requests, load, record))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                box["error"] = e
-
-        waves = math.ceil(len(requests) / (load.concurrency or len(requests)))
-        span_s = max(getattr(load, "arrival_offsets", lambda n: [0.0])(len(requests)) or [0.0]) if load.request_rate else 0.0
-        limit_s = waves * self.request_timeout_s + span_s + 60.0
-        thread = threading.Thread(target=work, name=f"gate-client-{runner}", daemon=True)
-        thread.start()
-        thread.join(limit_s)
-        if thread.is_alive():
-            stuck = ServedError(runner, ep.url, f"the client did not finish within {limit_s:.0f} s (it stopped making "
-                                                "progress); the requests that had not ended are errors")
-            return [ended.get(i, stuck) for i in range(len(requests))]
-        if "error" in box:
-            raise box["error"]
-        return box["results"]
-
-    async def _run(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
-                   done: Done | None) -> list[RequestResult]:
-        clients = Clients(httpx.Timeout(self.request_timeout_s), ep.base_url.startswith("https://"))
-        # Made before the window (the first costs ~20 ms of imports): creating them inside send
-        # would count as the request's queue time. More are made on demand (unbounded open loop).
-        clients.prepare(min(len(requests), load.concurrency or len(requests), 512))
-        streams = StreamClient(runner, ep.url, PROTOCOLS[ep.api], self._headers(runner), self.request_timeout_s,
-                               self.burst_gap_ms, frozenset(self.eos_token_ids), self.count_tokens)
+    def _run(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
+             done: Done | None) -> list[RequestResult]:
+        """The requests sent by the client's worker processes (gate.runners.client.workers),
+        each response read here as it ends. Past the run's time limit (request_timeout_s per
+        request that may have to wait for a slot, plus the open loop's arrival span, plus
+        60 s) the requests that have not ended are errors and the workers are ended."""
+        n = len(requests)
+        streams = StreamClient(runner, ep.url, PROTOCOLS[ep.api], {}, self.request_timeout_s, self.burst_gap_ms,
+                               frozenset(self.eos_token_ids), self.count_tokens)
         breaker = Breaker(self.max_consecutive_failures, runner, ep.url, describe_load(load))
-        in_flight = 0
-        drained = asyncio.Event()  # the breaker is open and nothing is in flight
-        ended: dict[int, RequestResult] = {}
+        bodies = {i: json.dumps(self.body(ep, r)).encode() for i, r in enumerate(requests)}
+        pool = shared_pool()
+        with pool.lock:
+            workers = self.workers_for(load, n)
+            job_id = pool.next_job_id()
+            pool.ensure(workers)
+            start = time.perf_counter() + START_LEAD_S
+            common = dict(job_id=job_id, start_s=start, runner=runner, url=ep.url, api=ep.api,
+                          headers=self._headers(runner), timeout_s=self.request_timeout_s,
+                          tls=ep.base_url.startswith("https://"), bodies=bodies)
+            shares = split(n, load, workers, start)
+            jobs = [Job(worker=k, slots=x.slots, arrivals=x.arrivals, capped=x.capped, **common)
+                    for k, x in enumerate(shares)]
+            if load.request_rate is None:
+                pool.put_indices(range(n))
+            elif load.concurrency is not None:
+                pool.put_slots(load.concurrency, start)
+            ended: dict[int, RequestResult] = {}
+            stopped = False
 
-        def record(i: int, result: RequestResult) -> None:
-            ended[i] = result
-            if done is not None:
-                done(i, result)
+            def on_result(i: int, raw: Any) -> None:
+                nonlocal stopped
+                if raw == NOT_SENT:
+                    result: RequestResult = breaker.refusal()
+                elif isinstance(raw, RawStream):
+                    try:
+                        result = streams.read(raw)
+                    except ServedError as e:
+                        result = e
+                else:
+                    result = raw
+                breaker.ended(result)
+                if breaker.open and not stopped:
+                    stopped = True
+                    pool.stop(job_id)
+                ended[i] = result
+                if done is not None:
+                    done(i, result)
 
-        async def send(i: int, scheduled_s: float) -> RequestResult:
-            nonlocal in_flight
-            if breaker.open:
-                raise breaker.refusal()
-            in_flight += 1
-            client = clients.take()
+            waves = math.ceil(n / (load.concurrency or n))
+            span_s = max((at for x in shares for _, at in x.arrivals), default=start) - start
+            limit_s = waves * self.request_timeout_s + span_s + 60.0
+            self._workers = []
             try:
-                result: RequestResult = await streams.request(client, self.body(ep, requests[i]), scheduled_s)
-            except Exception as e:  # noqa: BLE001 - counted, then the request's result (drive)
-                breaker.ended(e)
-                raise
+                self._workers = pool.run(jobs, on_result, limit_s)
+            except PoolError as e:
+                stuck = ServedError(runner, ep.url, f"{e}; the requests that had not ended are errors")
+                for i in range(n):
+                    if i not in ended:
+                        on_result(i, stuck)
+                return [ended[i] for i in range(n)]
             finally:
-                clients.give(client)
-                in_flight -= 1
-            breaker.ended(result)
-            return result
+                pool.drain_indices()
+                pool.drain_slots()
+            for i in range(n):
+                if i not in ended:  # a closed loop's index no slot took once the breaker opened
+                    on_result(i, NOT_SENT)
+            return [ended[i] for i in range(n)]
 
-        def settle(i: int, result: RequestResult) -> None:
-            record(i, result)
-            if breaker.open and in_flight == 0:
-                drained.set()
-
-        driving = asyncio.ensure_future(drive(len(requests), load, send, settle))
-        waiting = asyncio.ensure_future(drained.wait())
-        try:
-            await asyncio.wait({driving, waiting}, return_when=asyncio.FIRST_COMPLETED)
-            if driving.done():
-                return driving.result()
-            # Stopped with nothing in flight: an open loop's later arrivals fail now, not at their arrival times.
-            driving.cancel()
-            await asyncio.wait({driving})
-            for i in range(len(requests)):
-                if i not in ended:
-                    record(i, breaker.refusal())
-            return [ended[i] for i in range(len(requests))]
-        finally:
-            for task in (driving, waiting):
-                if not task.done():
-                    task.cancel()
-            await clients.aclose()
+    def client_stats(self) -> list[ClientWorkerRecord]:
+        """What the client's workers measured of themselves over the last run() call (one
+        ClientWorkerRecord per worker: CPU time, event-loop lag), then cleared."""
+        out, self._workers = self._workers, []
+        return out
 
     def body(self, ep: Endpoint, req: Request) -> dict[str, Any]:
         """The JSON body of `req` for `ep`: the whole declared law and the prompt's constraint

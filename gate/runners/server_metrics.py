@@ -16,7 +16,7 @@ from gate.records import SpecDecodeCounters
 from gate.runners.engines.interface import ServerSnapshot
 from gate.runners.engines.registry import detect_engine, engine, engine_names
 
-__all__ = ["ServerSnapshot", "counter_delta", "detect_engine", "parse_metrics"]
+__all__ = ["ServerSnapshot", "counter_delta", "detect_engine", "latency_delta", "parse_metrics"]
 
 
 def _fold(name: str, labels: dict[str, str]) -> str:
@@ -49,3 +49,10 @@ def counter_delta(before: ServerSnapshot, after: ServerSnapshot) -> SpecDecodeCo
     `after.engine` ("generic": detected from the names in `after`). Counters missing from
     `before` count from 0. Raises ValueError when a counter went down (a restarted server)."""
     return engine(after.engine).spec_counters(before, after)
+
+
+def latency_delta(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+    """The server's own mean TTFT and ITL (ms) over the requests between two scrapes, from
+    its latency histograms ({"ttft_ms", "ttft_n", "itl_ms", "itl_n"}; Engine.server_latency),
+    or None when the engine keeps none."""
+    return engine(after.engine).server_latency(before, after)

@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS
 from gate.measure.contention import DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL
 from gate.records import Measurements
 from gate.rules.outcome import Outcome
@@ -40,6 +41,7 @@ class Settings:
     today: dt.date = field(default_factory=dt.date.today)
     max_cpu_stall: float | None = DEFAULT_MAX_CPU_STALL  # a request is contended above this stalled share (None: never)
     max_contended: float = DEFAULT_MAX_CONTENDED  # largest share of a timing rule's units that may be left out as contended
+    max_client_lag_ms: float | None = DEFAULT_MAX_CLIENT_LAG_MS  # a served request is client delayed above this (None: never)
     # served runs: the declared load points ("concurrency"/"request_rate" -> values), so `per:` gives one outcome per
     # declared point (stable names; a point without measurements is an error), not per point that happened to be measured
     load_points: dict[str, tuple[float, ...]] = field(default_factory=dict)

@@ -16,6 +16,7 @@ import operator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
 from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED
 from gate.records import FALLBACK, Failure, Measurements, RequestRecord
@@ -181,11 +182,12 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     if rule.metric not in RESAMPLED:
         return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
     est, reference = _estimands(rule, m, s.baseline, where, other)
-    busy = _contention(rule, m, where, s, other, est) if rule.metric in TIMED and s.max_cpu_stall is not None else None
+    checked = s.max_cpu_stall is not None or s.max_client_lag_ms is not None
+    busy = _contention(rule, m, where, s, other, est) if rule.metric in TIMED and checked else None
     if busy is not None and _only_slower_fails(rule):
         # Contention only slows: a latency ceiling (or throughput floor) met with the contended
         # requests in is met without them. Anything else is decided on the clean requests.
-        everything = _one(rule, m, where, replace(s, max_cpu_stall=None))
+        everything = _one(rule, m, where, replace(s, max_cpu_stall=None, max_client_lag_ms=None))
         if everything.status == Status.PASS:
             everything.message += f" ({busy.describe(_unit_word(busy.all, rule))}: slowed, and passed nonetheless)"
             return everything
@@ -269,9 +271,18 @@ class _Busy:
     kept: int
     share: float | None
     too_many: bool
+    contended: int = 0  # requests left out as contended
+    delayed: int = 0  # requests left out as client delayed (not contended)
+    max_client_lag_ms: float | None = None
 
     def describe(self, unit: str) -> str:
-        return describe(self.share, self.total - self.kept, self.total, unit)
+        if self.delayed and not self.contended and self.max_client_lag_ms is not None:
+            return describe_delayed(self.total - self.kept, self.total, unit, self.max_client_lag_ms)
+        text = describe(self.share, self.total - self.kept, self.total, unit)
+        if self.delayed and self.max_client_lag_ms is not None:
+            text += (f" (of the requests left out, {self.delayed} client delayed: schedule or event-loop lag over "
+                     f"{self.max_client_lag_ms:g} ms)")
+        return text
 
 
 def _only_slower_fails(rule: RuleSpec) -> bool:
@@ -287,14 +298,17 @@ def _units(est: Estimand | None) -> int:
 
 
 def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
-    """The rule decided without contended requests (a paired unit goes when either side of it
-    is contended); None when none of its requests was contended."""
+    """The rule decided without contended or client-delayed requests (a paired unit goes when
+    either side of it is); None when none of its requests was."""
+    def out(r: RequestRecord, cpus: int | None) -> bool:
+        return is_contended(r, s.max_cpu_stall, cpus) or is_client_delayed(r, s.max_client_lag_ms)
+
     def clean(x: Measurements | None) -> tuple[Measurements | None, list[RequestRecord]]:
         if x is None:
             return None, []
         cpus = x.environment.cpu_count
-        busy = [r for r in x.requests if is_contended(r, s.max_cpu_stall, cpus)]
-        return (replace(x, requests=[r for r in x.requests if not is_contended(r, s.max_cpu_stall, cpus)]) if busy else x), busy
+        busy = [r for r in x.requests if out(r, cpus)]
+        return (replace(x, requests=[r for r in x.requests if not out(r, cpus)]) if busy else x), busy
 
     here, busy = clean(m)
     base, busy_base = clean(s.baseline if rule.relative_to == "baseline" else None)
@@ -309,8 +323,10 @@ def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, 
     if kept == total:
         return None
     cpus = m.environment.cpu_count
-    return _Busy(est_clean, ref_clean, est, total, kept, pooled_stall_share(mine, cpus),
-                 kept < MIN_UNITS or (total - kept) / total > s.max_contended)
+    contended = [r for r in mine if is_contended(r, s.max_cpu_stall, cpus)]
+    return _Busy(est_clean, ref_clean, est, total, kept, pooled_stall_share(contended, cpus),
+                 kept < MIN_UNITS or (total - kept) / total > s.max_contended, len(contended),
+                 len(mine) - len(contended), s.max_client_lag_ms)
 
 
 def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Failure]:

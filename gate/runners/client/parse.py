@@ -24,6 +24,9 @@ class Event:
     usage_tokens: int | None = None    # usage.completion_tokens / tokens_predicted
     draft_n: int | None = None
     draft_n_accepted: int | None = None
+    prefill_ms: float | None = None    # llama.cpp timings.prompt_ms: the server's own prefill time
+    tpot_ms: float | None = None       # llama.cpp timings.predicted_per_token_ms
+    cached_tokens: int | None = None   # llama.cpp timings.cache_n: prompt tokens taken from the prefix cache
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -35,7 +38,14 @@ def _ids(value: Any) -> list[int] | None:
 
 
 def _drafts(ev: Event, timings: dict[str, Any]) -> None:
-    """llama.cpp's timings.draft_n / draft_n_accepted, where present, into `ev`."""
+    """llama.cpp's timings (draft_n / draft_n_accepted, prompt_ms, predicted_per_token_ms,
+    cache_n), where present, into `ev`."""
+    for key, name in (("prompt_ms", "prefill_ms"), ("predicted_per_token_ms", "tpot_ms")):
+        value = timings.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(ev, name, float(value))
+    if isinstance(timings.get("cache_n"), int) and not isinstance(timings.get("cache_n"), bool):
+        ev.cached_tokens = timings["cache_n"]
     if isinstance(timings.get("draft_n"), int):
         ev.draft_n = timings["draft_n"]
         ev.draft_n_accepted = int(timings.get("draft_n_accepted") or 0)

@@ -1,8 +1,11 @@
-"""One served request's stream read into a StreamResult.
+"""One served request's stream read into a StreamResult, in gate's own process, from the raw
+chunks a client worker moved (gate.runners.client.transfer).
 
-Timing: t0 = time.perf_counter() just before the request is sent; each SSE event's arrival
-time (ms from t0) is given to every token it carries (vLLM's serving benchmark times chunks
-the same way). Token counts never come from the number of events: ids come from the stream
+Timing: t0 = time.perf_counter() when the request's headers began to go onto the connection
+(httpcore's trace: the clock starts where the request leaves; connection set-up is timed
+apart, ClientTiming.send_ms and connect_ms); each chunk was stamped as the worker read it, and each
+SSE event's time (ms from t0) is its completing chunk's, given to every token it carries
+(vLLM's serving benchmark times chunks the same way). Token counts never come from the number of events: ids come from the stream
 ("token_ids" / "tokens"); else counts come from usage.completion_tokens (or llama.cpp's
 tokens_predicted) spread over the events by the text each carried (count_tokens), and the
 ids are then unknown (UNKNOWN_ID placeholders). Bursts: consecutive tokens closer than
@@ -15,22 +18,18 @@ failure: classify_transport).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-import httpx
-
-from gate.measure.contention import load_average, read_pressure
 from gate.records import UNKNOWN_ID
 from gate.runners.client.parse import Event
 from gate.runners.client.protocol import Protocol
 from gate.runners.client.sse import SSEReader
-from gate.runners.client.transport import RequestProgress, ServedError, classify_transport
-from gate.runners.interface import StreamResult
+from gate.runners.client.transfer import RawStream
+from gate.runners.client.transport import RequestProgress, ServedError
+from gate.runners.result import ClientTiming, StreamResult
 
 
 
@@ -51,7 +50,7 @@ def bursts(times_ms: Sequence[float], gap_ms: float) -> list[int]:
 
 @dataclass(frozen=True)
 class StreamClient:
-    """Streams one runner's requests to one URL and reads each into a StreamResult.
+    """Reads one runner's responses (RawStream) into StreamResults.
 
     `runner`: the runner name errors carry; `url`: the generation URL; `protocol`: what the
     stream's events are; `headers`: sent with each request; `timeout_s`: per request, from
@@ -68,71 +67,45 @@ class StreamClient:
     eos_token_ids: frozenset[int]
     count_tokens: Callable[[str], int] | None = None
 
-    async def request(self, client: httpx.AsyncClient, body: dict[str, Any], scheduled_s: float) -> StreamResult:
-        """POST `body` on `client` and read its stream; `scheduled_s`: perf_counter seconds
-        the request was due (its queue time runs from there to the send). A kept-alive
-        connection the server closed as the request went out is retried once on a new one.
-        Raises ServedError for every failure (kind set for a transport failure)."""
-        progress = RequestProgress()
-        try:
-            try:
-                return await asyncio.wait_for(self._stream(client, body, scheduled_s, progress), self.timeout_s)
-            except httpx.RemoteProtocolError as e:
-                if "without sending a response" not in str(e) or progress.fresh:
-                    raise
-                # A kept-alive connection the server closed as the request went out (cpp-httplib closes
-                # idle ones): nothing was received, so the request is sent once more on a new connection,
-                # timed from its own send (the queue time includes the lost attempt).
-                progress.restart()
-                return await asyncio.wait_for(self._stream(client, body, scheduled_s, progress), self.timeout_s)
-        except ServedError:
-            raise
-        except (asyncio.TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
-            kind, what = classify_transport(e, progress, time.perf_counter(), self.timeout_s)
-            raise ServedError(self.runner, self.url, what, kind=kind) from None
-        except httpx.HTTPError as e:
-            raise ServedError(self.runner, self.url, f"{type(e).__name__}: {e}") from None
-
-    async def _stream(self, client: httpx.AsyncClient, body: dict[str, Any], scheduled_s: float,
-                      progress: RequestProgress) -> StreamResult:
-        events: list[Event] = []
-        reader = SSEReader()
-        started_s = time.time()
-        pressure0 = read_pressure()  # the machine's CPU pressure over the request's wall time (contention)
-        t0 = time.perf_counter()
-        queue_ms = max(0.0, (t0 - scheduled_s) * 1e3)
-        progress.t0 = t0
-        async with client.stream("POST", self.url, json=body, headers=self.headers,
-                                 extensions={"trace": progress.trace}) as resp:
-            progress.headers_s = time.perf_counter()
-            if resp.status_code >= 400:
-                text = (await resp.aread()).decode("utf-8", errors="replace")
-                raise ServedError(self.runner, self.url, f"HTTP {resp.status_code}: {text[:200]}")
-            try:
-                async for chunk in resp.aiter_bytes():
-                    progress.last_s = time.perf_counter()
-                    for data in reader.feed(chunk):
-                        n = len(events)
-                        self._dispatch(data, t0, events)
-                        if len(events) > n:
-                            progress.events += 1
-                            progress.tokens += len(events[-1].ids or ())
-                data = reader.end()
-            except ValueError as e:  # the SSE framing is broken
-                raise ServedError(self.runner, self.url, str(e)) from None
-            if data is not None:
-                self._dispatch(data, t0, events)
-        e2el_ms = (time.perf_counter() - t0) * 1e3
-        result = self._result(events, started_s, e2el_ms, queue_ms)
-        pressure1 = read_pressure()
-        if pressure0 is not None and pressure1 is not None:
-            result.cpu_stall_ms = (pressure1.total_us - pressure0.total_us) / 1e3
-        result.load_avg_1m = load_average()
+    def read(self, raw: RawStream) -> StreamResult:
+        """The StreamResult of a response a worker moved (gate.runners.client.transfer): its
+        events parsed, each stamped with its completing chunk's arrival, times in ms from when
+        the request left (RawStream.sent_s); ClientTiming from the milestones. Raises ServedError for
+        broken SSE framing, a malformed or error event, or a stream without its final event."""
+        events = self._events(raw.chunks, raw.sent_s, final=True)
+        result = self._result(events, raw.started_s, (raw.end_s - raw.sent_s) * 1e3,
+                              max(0.0, (raw.begin_s - raw.scheduled_s) * 1e3))
+        result.client = ClientTiming(
+            schedule_lag_ms=max(0.0, (raw.begin_s - raw.due_s) * 1e3), send_ms=(raw.sent_s - raw.begin_s) * 1e3,
+            connect_ms=raw.connect_ms, loop_lag_ms=raw.loop_lag_ms, worker=raw.worker,
+            server_output_tokens=next((e.usage_tokens for e in reversed(events) if e.usage_tokens is not None), None),
+            server_prefill_ms=next((e.prefill_ms for e in events if e.prefill_ms is not None), None),
+            server_tpot_ms=next((e.tpot_ms for e in events if e.tpot_ms is not None), None),
+            server_cached_tokens=next((e.cached_tokens for e in events if e.cached_tokens is not None), None),
+            events=len(events))
+        result.cpu_stall_ms = raw.cpu_stall_ms
+        result.load_avg_1m = raw.load_avg_1m
         return result
 
-    def _dispatch(self, data: str, t0: float, events: list[Event]) -> None:
-        """Parse one SSE data payload (arrived now) into `events`; OpenAI's "[DONE]" carries nothing."""
-        t_ms = (time.perf_counter() - t0) * 1e3
+    def _events(self, chunks: list[tuple[float, bytes]], t0: float, final: bool) -> list[Event]:
+        """The stream's events, each stamped with the arrival (ms from `t0`) of the chunk that
+        completed it. Raises ServedError for broken SSE framing (`final`: the stream ended, so
+        a payload left without its blank line counts), a malformed event or an error event."""
+        reader = SSEReader()
+        events: list[Event] = []
+        try:
+            for t, chunk in chunks:
+                for data in reader.feed(chunk):
+                    self._dispatch(data, (t - t0) * 1e3, events)
+            data = reader.end() if final else None
+        except ValueError as e:  # the SSE framing is broken
+            raise ServedError(self.runner, self.url, str(e)) from None
+        if data is not None:
+            self._dispatch(data, (chunks[-1][0] - t0) * 1e3, events)
+        return events
+
+    def _dispatch(self, data: str, t_ms: float, events: list[Event]) -> None:
+        """Parse one SSE data payload (arrived at `t_ms`) into `events`; OpenAI's "[DONE]" carries nothing."""
         if data.strip() == "[DONE]":
             return
         try:
@@ -210,3 +183,52 @@ class StreamClient:
         if finish in ("eos", "stop"):
             return "eos", None
         return (("eos", None) if ids and ids[-1] in self.eos_token_ids else ("length", None))
+
+
+def events_of(runner: str, url: str, protocol: Protocol, chunks: list[tuple[float, bytes]], t0: float,
+              final: bool) -> list[Event]:
+    """The events of a stream's `chunks` ((perf_counter s read, bytes)), each stamped with
+    the arrival (ms from `t0`) of the chunk that completed it. Raises ServedError naming
+    `runner` and `url` for broken SSE framing (`final`: the stream ended, so a payload left
+    without its blank line counts), a malformed event or an error event."""
+    reader = SSEReader()
+    events: list[Event] = []
+    try:
+        for t, chunk in chunks:
+            for data in reader.feed(chunk):
+                _dispatch(runner, url, protocol, data, (t - t0) * 1e3, events)
+        data = reader.end() if final else None
+    except ValueError as e:  # the SSE framing is broken
+        raise ServedError(runner, url, str(e)) from None
+    if data is not None:
+        _dispatch(runner, url, protocol, data, (chunks[-1][0] - t0) * 1e3, events)
+    return events
+
+
+def arrived(runner: str, url: str, protocol: Protocol, chunks: list[tuple[float, bytes]],
+            progress: RequestProgress) -> None:
+    """Count what arrived before a transport failure into `progress` (events, tokens).
+    Raises the ServedError of a malformed or error event among them (it came first)."""
+    events = events_of(runner, url, protocol, chunks, progress.t0 or 0.0, final=False)
+    progress.events = len(events)
+    progress.tokens = sum(len(e.ids or ()) for e in events)
+
+
+def _dispatch(runner: str, url: str, protocol: Protocol, data: str, t_ms: float, events: list[Event]) -> None:
+    """Parse one SSE data payload (arrived at `t_ms`) into `events`; OpenAI's "[DONE]" carries nothing."""
+    if data.strip() == "[DONE]":
+        return
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError:
+        raise ServedError(runner, url, f"malformed SSE event: {data[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise ServedError(runner, url, f"malformed SSE event (not a JSON object): {data[:200]!r}")
+    if "error" in obj:
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise ServedError(runner, url, f"server error mid-stream: {str(msg)[:200]}")
+    try:
+        events.append(protocol.parse(obj, t_ms))
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ServedError(runner, url, f"malformed SSE event ({e}): {data[:200]!r}") from None

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from gate.runners.interface import RequestResult
+if TYPE_CHECKING:
+    from gate.runners.interface import RequestResult
 
 
 class ServedError(RuntimeError):
@@ -34,6 +36,10 @@ class ServedError(RuntimeError):
         self.what = what
         self.kind = kind
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled whole (a client worker process hands it back to gate's)."""
+        return (ServedError, (self.runner, self.url, self.what, self.kind))
+
 
 TRANSPORT_KINDS = ("refused", "connect_failed", "reset_before_response", "reset_mid_stream",
                    "timeout_before_first_byte", "timeout_mid_stream")
@@ -46,35 +52,53 @@ OpenAIRunner.max_consecutive_failures."""
 
 @dataclass
 class RequestProgress:
-    """How far one request got, for naming a transport failure (classify_transport): the
-    phase httpcore last reported (its trace extension: "connecting", "connected",
-    "sending", "sent", "headers"; None before anything), perf_counter seconds at send, at
-    the response headers and at the last body byte, and the SSE events and tokens (ids)
-    parsed."""
+    """How far one request got, for naming a transport failure (classify_transport) and for
+    the client's own timing (gate.runners.result.ClientTiming): the phase httpcore last
+    reported (its trace extension: "connecting", "connected", "sending", "sent", "headers";
+    None before anything) and perf_counter seconds at its milestones: the client began the
+    request (`begin_s`), began and completed the TCP/TLS set-up (`connect_s`,
+    `connected_s`), began writing the request (`sending_s`), wrote its last byte
+    (`sent_s`), read the response headers and the last body byte; and the SSE events and tokens (ids) parsed."""
 
     phase: str | None = None
     fresh: bool = False  # this attempt opened its connection (else it reused a kept-alive one)
-    t0: float | None = None
+    begin_s: float | None = None
+    connect_s: float | None = None
+    connected_s: float | None = None
+    sending_s: float | None = None
+    sent_s: float | None = None
     headers_s: float | None = None
     last_s: float | None = None
     events: int = 0
     tokens: int = 0
 
+    @property
+    def t0(self) -> float | None:
+        """When the request left: its one write handed to the transport (`sending_s`, set
+        from the connection, gate.runners.client.pool.CoalescingStream), else when its
+        headers began to go out (httpcore's trace, where guidellm's clock starts), else when
+        its body was written, else when the client began it."""
+        for t in (self.sending_s, self.sent_s, self.begin_s):
+            if t is not None:
+                return t
+        return None
+
     def restart(self) -> None:
         """Forget a lost attempt (nothing was received): the request is sent again."""
-        self.phase, self.fresh, self.t0, self.headers_s, self.last_s = None, False, None, None, None
+        self.phase, self.fresh, self.headers_s, self.last_s = None, False, None, None
+        self.connect_s = self.connected_s = self.sent_s = None
         self.events = self.tokens = 0
 
     async def trace(self, name: str, info: dict[str, Any]) -> None:
         """httpcore's trace callback ("connection.connect_tcp.started", "http11.send_request_headers.started", ...)."""
         if name.endswith("connect_tcp.started"):
-            self.phase, self.fresh = "connecting", True
-        elif name.endswith("connect_tcp.complete"):
-            self.phase = "connected"
+            self.phase, self.fresh, self.connect_s = "connecting", True, time.perf_counter()
+        elif name.endswith(("connect_tcp.complete", "start_tls.complete")):
+            self.phase, self.connected_s = "connected", time.perf_counter()
         elif name.endswith("send_request_headers.started"):
-            self.phase = "sending"
+            self.phase, self.sending_s = "sending", time.perf_counter()
         elif name.endswith("send_request_body.complete"):
-            self.phase = "sent"
+            self.phase, self.sent_s = "sent", time.perf_counter()
         elif name.endswith("receive_response_headers.complete"):
             self.phase = "headers"
 
@@ -162,6 +186,7 @@ class Breaker:
         self.streak = 0
         self.last: str | None = None
         self.open = False
+        self.opened: tuple[int, str | None] = (0, None)
 
     def ended(self, result: RequestResult) -> None:
         """Count a request that ended: a transport failure lengthens the streak, any answer
@@ -169,16 +194,18 @@ class Breaker:
         if isinstance(result, ServedError) and result.kind in TRANSPORT_KINDS:
             self.streak += 1
             self.last = result.what
-            if self.streak >= self.limit:
+            if self.streak >= self.limit and not self.open:
                 self.open = True
+                self.opened = (self.streak, self.last)  # what the refusals say: the streak that opened it
         elif not (isinstance(result, ServedError) and result.kind == "not_sent"):
             self.streak = 0  # an answer (even HTTP 500 or a malformed stream): the server is there
 
     def refusal(self) -> ServedError:
         """The ServedError (kind "not_sent") of a request not sent once the breaker is open."""
+        streak, last = self.opened if self.open else (self.streak, self.last)
         return ServedError(self.runner, self.url,
-                           f"not sent: {self.streak} request{'s' if self.streak != 1 else ''} in a row failed at this "
+                           f"not sent: {streak} request{'s' if streak != 1 else ''} in a row failed at this "
                            f"load point ({self.at}; last: "
-                           f"{self.last}); the rest are errors at once (runner.max_consecutive_failures: {self.limit})",
+                           f"{last}); the rest are errors at once (runner.max_consecutive_failures: {self.limit})",
                            kind="not_sent")
 

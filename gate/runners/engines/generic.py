@@ -71,3 +71,8 @@ class Generic(UnverifiedEngine):
         """The detected engine's counters (detect_engine on `after`); None when none is detected."""
         found = detect_engine(after)
         return engine(found).spec_counters(before, after) if found is not None else None
+
+    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+        """The detected engine's latency histograms (detect_engine on `after`)."""
+        found = detect_engine(after)
+        return engine(found).server_latency(before, after) if found is not None else None

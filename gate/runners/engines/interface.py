@@ -16,6 +16,26 @@ from gate.records import SpecDecodeCounters
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
+def histogram_means(before: "ServerSnapshot", after: "ServerSnapshot",
+                    names: dict[str, tuple[str, ...]]) -> dict[str, float] | None:
+    """Means (ms) of Prometheus histograms over the time between two scrapes: for each key
+    of `names` ("ttft", "itl"), the first histogram (base name, seconds) of its candidates
+    whose _count grew: {key + "_ms": delta(_sum) / delta(_count) x 1000, key + "_n":
+    delta(_count)}; None when none grew."""
+    out: dict[str, float] = {}
+    for key, candidates in names.items():
+        for base in candidates:
+            n1, s1 = after.total(base + "_count"), after.total(base + "_sum")
+            if n1 is None or s1 is None:
+                continue
+            dn = n1 - (before.total(base + "_count") or 0.0)
+            ds = s1 - (before.total(base + "_sum") or 0.0)
+            if dn > 0:
+                out[key + "_ms"], out[key + "_n"] = 1e3 * ds / dn, dn
+                break
+    return out or None
+
+
 @dataclass
 class ServerSnapshot:
     """One scrape of a server's /metrics. `engine`: whose counter names to read (an
@@ -79,6 +99,13 @@ class Engine:
         """The spec-decode counters accrued between two scrapes of one server (tokens and
         steps, ints), or None when the engine exposes none. Raises ValueError when a counter
         went down (a restarted server)."""
+        return None
+
+    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+        """The server's own timing of the requests between two scrapes, from its latency
+        histograms: {"ttft_ms", "ttft_n", "itl_ms", "itl_n"} (means in ms and the counts
+        they are over; a key is absent where the server keeps no such histogram), or None
+        when it keeps none."""
         return None
 
     def sampling_fields(self, law: Any, penalty_window: int | None = None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gate.records import SpecDecodeCounters
-from gate.runners.engines.interface import Engine, ServerSnapshot, openai_logit_bias, value_or
+from gate.runners.engines.interface import Engine, ServerSnapshot, histogram_means, openai_logit_bias, value_or
 from gate.runners.engines.registry import register
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias; vLLM before 0.7 clamped to it
@@ -64,6 +64,14 @@ class VLLM(Engine):
 
     def spec_counters(self, before: ServerSnapshot, after: ServerSnapshot) -> SpecDecodeCounters | None:
         return spec_decode_counters(before, after, "vllm:")
+
+    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+        """vLLM's request histograms (docs/design/metrics.md): vllm:time_to_first_token_seconds
+        (arrival to first token, the server's queue included) and vllm:inter_token_latency_seconds
+        (vllm:time_per_output_token_seconds before v0.11)."""
+        return histogram_means(before, after, {"ttft": ("vllm:time_to_first_token_seconds",),
+                                               "itl": ("vllm:inter_token_latency_seconds",
+                                                       "vllm:time_per_output_token_seconds")})
 
     def sampling_fields(self, law: Any, penalty_window: int | None = None) -> dict[str, Any]:
         """Every field explicit (greedy: temperature 0, top_k 1); logit_bias only when set.

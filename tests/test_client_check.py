@@ -1,0 +1,226 @@
+"""The served client checks its own timing (gate.measure.client_check): a client slowed on
+purpose (its worker processes stopped with SIGSTOP for 40 ms out of every 50 while the
+requests stream) makes the timing verdicts inconclusive, naming the client's delay, and
+the self-check appears in the JSON, Markdown and HTML reports. Unslowed, the same rule is
+decided."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import stub_policy, write_policy
+from gate.cli import cli
+from gate.runners.client.workers import shared_pool
+from served_stub import Stub
+
+# A TTFT ceiling the stub's 20 ms first token cannot meet: decided as a fail on honest
+# requests, inconclusive when the requests the client delayed must be left out.
+TTFT_RULE = "  - {id: ttft, metric: ttft_ms, aggregation: median, comparison: '<=', threshold: 5 ms}\n"
+
+
+class Stopper:
+    """Stops every client worker process for `stop_s` out of every `period_s` (SIGSTOP /
+    SIGCONT), from a thread, until stopped: a client that does not get its CPU."""
+
+    def __init__(self, stop_s: float = 0.04, period_s: float = 0.05):
+        self.stop_s, self.period_s = stop_s, period_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            pids = [w.proc.pid for w in list(shared_pool().workers)]
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+            time.sleep(self.stop_s)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            time.sleep(self.period_s - self.stop_s)
+
+    def __enter__(self) -> "Stopper":
+        shared_pool().ensure(1)  # the workers exist before the run, so they are stopped from its first request
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join(5)
+        for w in shared_pool().workers:
+            try:
+                os.kill(w.proc.pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+
+def check(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, slowed: bool) -> tuple[int, dict[str, Any], Path]:
+    with Stub(ttft_s=0.02, itl_s=0.005) as fallback, Stub(ttft_s=0.02, itl_s=0.005) as draft:
+        text = stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url, load="{concurrency: [1]}",
+                           max_new_tokens=8, rules=TTFT_RULE,
+                           measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: 10")
+        path = write_policy(tmp_path, text)
+        args = ["check", str(path), "--json", str(tmp_path / "out.json"), "--markdown", str(tmp_path / "out.md"),
+                "--html", str(tmp_path / "out.html"), "--no-progress"]
+        if slowed:
+            with Stopper():
+                result = CliRunner().invoke(cli, args)
+        else:
+            result = CliRunner().invoke(cli, args)
+    assert "Traceback" not in result.output, result.output
+    assert (tmp_path / "out.json").exists(), (result.output, result.exception)
+    return result.exit_code, json.loads((tmp_path / "out.json").read_text()), tmp_path
+
+
+def test_a_slowed_client_makes_its_timing_verdicts_inconclusive_and_says_so_in_every_report(
+        tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
+    code, report, folder = check(tmp_path, tiny_model_dir, prompts_file, slowed=True)
+    ttft = [o for o in report["outcomes"] if o["rule_id"] == "ttft"]
+    assert ttft and all(o["status"] == "inconclusive" for o in ttft), [(o["status"], o["message"]) for o in ttft]
+    assert all("client delayed: schedule or event-loop lag over 10 ms on" in o["message"] for o in ttft), ttft
+    assert code == 3  # inconclusive at error level: the gate could not decide
+    checks = report["client"]
+    assert checks and {c["runner"] for c in checks} == {"fallback", "fast"}
+    for c in checks:
+        assert c["workers"] >= 1 and c["max_client_lag_ms"] == 10
+        assert c["delayed"] > c["requests"] / 2, c
+        assert c["loop_lag_max_ms"] > 10, c
+        assert any("client delayed" in w for w in c["warnings"]), c
+    requests = report["measurements"]["requests"]
+    assert requests and all(r["loop_lag_ms"] is not None and r["schedule_lag_ms"] is not None for r in requests)
+    assert all(r["send_ms"] >= 0 and r["client_worker"] is not None for r in requests)
+    md = (folder / "out.md").read_text()
+    assert "### Client self-check" in md and "client: fallback greedy c=1" in md
+    html = (folder / "out.html").read_text()
+    assert '<section id="client">' in html and "client delayed" in html
+
+
+def test_the_same_rule_on_a_client_that_gets_its_cpu_is_decided(tmp_path: Path, tiny_model_dir: Path,
+                                                                 prompts_file: Path) -> None:
+    code, report, _ = check(tmp_path, tiny_model_dir, prompts_file, slowed=False)
+    ttft = [o for o in report["outcomes"] if o["rule_id"] == "ttft"]
+    assert ttft and all(o["status"] == "fail" for o in ttft), [(o["status"], o["message"]) for o in ttft]
+    assert code == 1
+    for c in report["client"]:
+        assert c["delayed"] <= c["requests"] / 2, c  # a busy test machine may delay a few, never most
+        assert c["token_mismatches"] == 0  # the stub's tokens_predicted is the count it streamed
+
+
+@pytest.fixture(autouse=True)
+def _resume_workers():
+    yield
+    for w in shared_pool().workers:  # never leave a stopped worker behind for the next test
+        try:
+            os.kill(w.proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
+
+
+# -- the checks on synthetic records (gate.measure.client_check) -----------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from gate.measure.client_check import check_window, client_checks, disagreement, is_client_delayed  # noqa: E402
+from gate.records import ClientWorkerRecord, OfferedLoad, RequestRecord, RunRecord  # noqa: E402
+from gate.runners.client.workers import client_workers  # noqa: E402
+from gate.runners.engines.interface import ServerSnapshot, histogram_means  # noqa: E402
+
+
+def rec(i: int, ttft_ms: float = 40.0, lag_ms: float = 0.5, start_s: float | None = None, c: int | None = 4,
+        rate: float | None = None, n: int = 8, **kw: Any) -> RequestRecord:
+    times = [ttft_ms + 5.0 * k for k in range(n)]
+    base = RequestRecord("fast", "greedy", f"p{i}", "qa", n, 0, 10, list(range(n)), times, [1] * n, None, None,
+                         "length", times[-1], 3, None, None, None, concurrency=c, request_rate=rate,
+                         schedule_lag_ms=lag_ms, send_ms=0.2, connect_ms=None, loop_lag_ms=lag_ms, client_worker=i % 2,
+                         server_output_tokens=n, started_s=start_s if start_s is not None else 1000.0 + 0.05 * i)
+    return replace(base, **kw)
+
+
+def window(records: list[RequestRecord], c: int | None = 4, rate: float | None = None, duration_s: float = 2.0,
+           **kw: Any) -> RunRecord:
+    w = RunRecord("fast", "greedy", 1000.0, 1000.0 + duration_s, OfferedLoad("closed" if rate is None else "open", c, rate),
+                  len(records), duration_s, sum(r.output_tokens for r in records), repetition=0,
+                  client_workers=[ClientWorkerRecord(0, duration_s, 0.2 * duration_s, len(records), 0.1, 0.5, 1.0, 100)])
+    return replace(w, **kw)
+
+
+def test_a_clean_window_has_its_figures_and_no_warning() -> None:
+    reqs = [rec(i) for i in range(16)]
+    c = check_window(window(reqs), reqs, 10.0, server_slots=4, burst_gap_ms=1.0)
+    assert c is not None and c.requests == 16 and c.workers == 2 and c.delayed == 0 and c.token_mismatches == 0
+    assert c.schedule_lag_p50_ms == pytest.approx(0.5) and c.worker_cpu_max == pytest.approx(0.2)
+    assert c.warnings == [] and c.bursts_separable
+    assert check_window(window(reqs), [replace(r, schedule_lag_ms=None) for r in reqs], 10.0) is None  # in-process
+
+
+def test_each_validity_problem_is_a_warning_that_names_its_evidence() -> None:
+    reqs = [rec(i, lag_ms=12.0 if i < 3 else 0.5, server_cached_tokens=5 if i == 0 else None,
+                server_output_tokens=7 if i == 1 else 8, server_prefill_ms=45.0 if i == 2 else None) for i in range(16)]
+    reqs[4] = replace(reqs[4], loop_lag_ms=2.0)
+    c = check_window(window(reqs), reqs, 10.0, server_slots=2, burst_gap_ms=1.0)
+    text = " | ".join(c.warnings)
+    assert c.delayed == 3 and "client delayed: schedule or event-loop lag over 10 ms on 3 of 16 requests" in text
+    assert "token counts differ on 1 of 16 requests (e.g. p1: gate read 8, the server counted 7)" in text
+    assert "below the server's own prefill time on 1 of 1 requests (by up to 5.0 ms)" in text
+    assert "4 requests in flight, the server admits 2 at once" in text
+    assert "prefix-cache hits on 1 of 16 requests (5 prompt tokens" in text
+    assert "cannot separate bursts on 4 of 16 requests" in text and not c.bursts_separable
+    assert is_client_delayed(reqs[0], 10.0) and not is_client_delayed(reqs[5], 10.0) and not is_client_delayed(reqs[0], None)
+
+
+def test_a_short_window_lockstep_arrivals_and_an_open_loop_below_its_rate_are_named() -> None:
+    short = [rec(i, start_s=1000.0) for i in range(4)]  # 4 requests of 75 ms at concurrency 4, all begun together
+    c = check_window(window(short, duration_s=0.075), short, 10.0)
+    text = " | ".join(c.warnings)
+    assert "window too short for steady state: 4 requests with 4.0 in flight" in text
+    assert "lockstep arrivals: 4 of 4 requests began within 1 ms of another" in text
+    spread = [rec(i, c=None, rate=10.0, start_s=1000.0 + 0.1 * i) for i in range(10)]
+    slow = check_window(window(spread, c=None, rate=10.0, duration_s=2.0), spread, 10.0)
+    assert slow.achieved_rate == pytest.approx(5.0) and slow.offered_rate == 10.0
+    assert any("achieved 5.00 requests/s of the 10/s offered (50%)" in w for w in slow.warnings)
+    assert not any("lockstep" in w for w in slow.warnings)
+
+
+def test_repetitions_that_disagree_warn_once_and_agreeing_ones_do_not() -> None:
+    a = [rec(i, ttft_ms=40.0 + 0.1 * i, repetition=0) for i in range(12)]
+    b = [rec(i, ttft_ms=80.0 + 0.1 * i, repetition=1) for i in range(12)]
+    same = [rec(i, ttft_ms=40.05 + 0.1 * i, repetition=1) for i in range(12)]
+    w0, w1 = window(a), window(b, repetition=1)
+    text = disagreement([(w0, a), (w1, b)])
+    assert text is not None and text.startswith("repetitions disagree: TTFT medians 40.5, 80.5 ms over 2 repetitions")
+    assert disagreement([(w0, a), (w1, same)]) is None
+    checks = client_checks([w0, w1], a + b, 10.0)
+    assert [sum("repetitions disagree" in w for w in c.warnings) for c in checks] == [0, 1]
+
+
+def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -> None:
+    before = ServerSnapshot("vllm", {"vllm:time_to_first_token_seconds_sum": 1.0, "vllm:time_to_first_token_seconds_count": 10,
+                                     "vllm:inter_token_latency_seconds_sum": 0.5, "vllm:inter_token_latency_seconds_count": 100})
+    after = ServerSnapshot("vllm", {"vllm:time_to_first_token_seconds_sum": 1.4, "vllm:time_to_first_token_seconds_count": 20,
+                                    "vllm:inter_token_latency_seconds_sum": 0.6, "vllm:inter_token_latency_seconds_count": 120})
+    means = histogram_means(before, after, {"ttft": ("vllm:time_to_first_token_seconds",),
+                                            "itl": ("vllm:inter_token_latency_seconds",)})
+    assert means == pytest.approx({"ttft_ms": 40.0, "ttft_n": 10, "itl_ms": 5.0, "itl_n": 20})
+    reqs = [rec(i, ttft_ms=42.0) for i in range(16)]
+    c = check_window(window(reqs, server_ttft_mean_ms=40.0, server_itl_mean_ms=5.0), reqs, 10.0)
+    assert c.ttft_minus_server_ms == pytest.approx(2.0) and c.itl_minus_server_ms == pytest.approx(0.0)
+    low = check_window(window(reqs, server_ttft_mean_ms=50.0), reqs, 10.0)
+    assert any("mean TTFT is 8.0 ms below the server's own" in w for w in low.warnings)
+
+
+def test_the_client_takes_one_worker_per_2_streams_at_most_one_per_cpu() -> None:
+    assert [client_workers(c, cpus=2) for c in (1, 2, 3, 64, 128)] == [1, 1, 2, 2, 2]
+    assert [client_workers(c, cpus=16) for c in (1, 2, 8, 9, 200)] == [1, 1, 4, 5, 16]
