@@ -224,3 +224,14 @@ def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -
 def test_the_client_takes_one_worker_per_2_streams_at_most_one_per_cpu() -> None:
     assert [client_workers(c, cpus=2) for c in (1, 2, 3, 64, 128)] == [1, 1, 2, 2, 2]
     assert [client_workers(c, cpus=16) for c in (1, 2, 8, 9, 200)] == [1, 1, 4, 5, 16]
+
+
+def test_a_client_frame_builds_only_the_clients_own_classes() -> None:
+    import pickle
+
+    from gate.runners.client.worker import loads_frame
+
+    frame = ("done", 3, ClientWorkerRecord(0, 1.0, 0.1, 2, 0.1, 0.2, 0.3, 10))
+    assert loads_frame(pickle.dumps(frame)) == frame
+    with pytest.raises(pickle.UnpicklingError, match="may not hold posix.system"):
+        loads_frame(pickle.dumps(os.system))

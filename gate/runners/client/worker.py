@@ -26,6 +26,7 @@ arrival could have been stamped. Its CPU time over the job is in its ClientWorke
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import pickle
 import signal
@@ -72,6 +73,29 @@ class Job:
     capped: bool = False
 
 
+# What a frame may hold besides plain data (tuples, lists, dicts, bytes, str, numbers): the
+# frames pass only between gate's process and its own workers, over pipes gate made, and
+# anything else in one is refused rather than built (no pickle of arbitrary classes).
+FRAME_CLASSES = frozenset({("gate.runners.client.worker", "Job"), ("gate.runners.client.transfer", "RawStream"),
+                           ("gate.records", "ClientWorkerRecord"), ("gate.runners.client.transport", "ServedError")})
+
+
+class _FrameUnpickler(pickle.Unpickler):
+    """An unpickler that builds only FRAME_CLASSES (and frozensets); any other global is an
+    UnpicklingError."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in FRAME_CLASSES or (module, name) == ("builtins", "frozenset"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a client frame may not hold {module}.{name}")
+
+
+def loads_frame(data: bytes) -> Any:
+    """The object of one frame's payload (only FRAME_CLASSES and plain data).
+    Raises pickle.UnpicklingError for anything else."""
+    return _FrameUnpickler(io.BytesIO(data)).load()
+
+
 def write_frame(out: BinaryIO, obj: Any) -> None:
     """One frame (length-prefixed pickle) on `out`, flushed."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -97,7 +121,7 @@ def read_frame(inp: BinaryIO) -> Any:
     if head is None:
         return None
     data = _exactly(inp, struct.unpack(">I", head)[0])
-    return None if data is None else pickle.loads(data)
+    return None if data is None else loads_frame(data)
 
 
 class Lag:
@@ -207,7 +231,7 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
             (n,) = struct.unpack(">I", pending[:4])
             if len(pending) < 4 + n:
                 return
-            msg = pickle.loads(bytes(pending[4:4 + n]))
+            msg = loads_frame(bytes(pending[4:4 + n]))
             del pending[:4 + n]
             if msg[0] == "exit" or (msg[0] == "stop" and msg[1] == job.job_id):
                 stopped.set()
