@@ -171,7 +171,7 @@ class RequestRecord:
     server_draft_tokens: int | None = None  # proposals the server made for it (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
     # The served client's own timing of the request (gate.runners.result.ClientTiming; None in-process).
-    # token_times_ms and e2el_ms run from when the request left (its headers began to go out); these say what came before.
+    # token_times_ms and e2el_ms run from when the request left (its one write handed to the transport); these say what came before.
     schedule_lag_ms: float | None = None  # how late the client began it against when it was due
     send_ms: float | None = None  # began -> left (connection set-up included)
     connect_ms: float | None = None  # TCP/TLS set-up when it opened its connection (None: kept-alive, or in-process)

@@ -42,10 +42,8 @@ from gate.load.schedule import split
 from gate.requests import Request
 from gate.runners.client.protocol import PROTOCOLS, protocol
 from gate.runners.client.transfer import RawStream
-from gate.records import ClientWorkerRecord
 from gate.runners.client.worker import NOT_SENT, Job
 from gate.runners.client.workers import START_LEAD_S, PoolError, client_workers, shared_pool
-from gate.records import UNKNOWN_ID
 from gate.runners.client.stream import StreamClient
 from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
 from gate.runners.engines.interface import Engine
@@ -53,7 +51,7 @@ from gate.runners.engines.registry import engine, engine_names
 from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase
 from gate.runners.netstat import listen_counters, listen_note
 from gate.runners.registry import register
-from gate.records import ServerRecord
+from gate.records import UNKNOWN_ID, ClientWorkerRecord, ServerRecord
 from gate.runners.server_metrics import ServerSnapshot, parse_metrics
 
 __all__ = ["Endpoint", "OpenAIRunner", "ServedError", "TRANSPORT_KINDS", "UNKNOWN_ID", "describe_load"]
@@ -405,8 +403,8 @@ class OpenAIRunner(Runner):
         request that may have to wait for a slot, plus the open loop's arrival span, plus
         60 s) the requests that have not ended are errors and the workers are ended."""
         n = len(requests)
-        streams = StreamClient(runner, ep.url, PROTOCOLS[ep.api], {}, self.request_timeout_s, self.burst_gap_ms,
-                               frozenset(self.eos_token_ids), self.count_tokens)
+        streams = StreamClient(runner, ep.url, PROTOCOLS[ep.api], self.burst_gap_ms, frozenset(self.eos_token_ids),
+                               self.count_tokens)
         breaker = Breaker(self.max_consecutive_failures, runner, ep.url, describe_load(load))
         bodies = {i: json.dumps(self.body(ep, r)).encode() for i, r in enumerate(requests)}
         pool = shared_pool()

@@ -14,7 +14,7 @@ class ClientTiming:
     `schedule_lag_ms`: how late the client began the request against when it was due (the
     open loop's arrival, or the moment a slot came free: a closed loop's previous request
     ended, a capped open loop's slot was released); `send_ms`: from beginning the request
-    to its leaving (its headers began to go out; connection set-up included); `connect_ms`: the TCP (and TLS)
+    to its leaving (its one write handed to the transport; connection set-up included); `connect_ms`: the TCP (and TLS)
     set-up when this request opened its connection, None when it reused a kept-alive one;
     `loop_lag_ms`: the largest event-loop lag of its worker while it was in flight (a timer
     due every 2 ms, how late it ran: how late a byte's arrival could have been stamped);
@@ -42,7 +42,7 @@ class StreamResult:
     """What one request produced, before it is labelled with draft, law and prompt.
 
     Times are ms from the request's start (see gate.records.RequestRecord; a served request
-    starts when it leaves the client: its headers begin to go out, gate.runners.client.stream); `started_s` is the
+    starts when it leaves the client: its one write is handed to the transport, gate.runners.client.transfer); `started_s` is the
     wall clock (s since the epoch) at that start, for the run's windows. stop_reason:
     "eos", "stop" (a stop string, gate.runners.stop) or "length". The optional fields are
     None where the runner cannot give them: per-step counts (step_counters), measured cache

@@ -1,9 +1,9 @@
 """One served request's stream read into a StreamResult, in gate's own process, from the raw
 chunks a client worker moved (gate.runners.client.transfer).
 
-Timing: t0 = time.perf_counter() when the request's headers began to go onto the connection
-(httpcore's trace: the clock starts where the request leaves; connection set-up is timed
-apart, ClientTiming.send_ms and connect_ms); each chunk was stamped as the worker read it, and each
+Timing: t0 = time.perf_counter() when the request left (RawStream.sent_s: its one write handed
+to the transport, gate.runners.client.transfer); connection set-up is timed apart,
+ClientTiming.send_ms and connect_ms; each chunk was stamped as its bytes reached the worker, and each
 SSE event's time (ms from t0) is its completing chunk's, given to every token it carries
 (vLLM's serving benchmark times chunks the same way). Token counts never come from the number of events: ids come from the stream
 ("token_ids" / "tokens"); else counts come from usage.completion_tokens (or llama.cpp's
@@ -53,16 +53,13 @@ class StreamClient:
     """Reads one runner's responses (RawStream) into StreamResults.
 
     `runner`: the runner name errors carry; `url`: the generation URL; `protocol`: what the
-    stream's events are; `headers`: sent with each request; `timeout_s`: per request, from
-    send to the end of the stream; `burst_gap_ms`: tokens closer than this form one burst;
+    stream's events are; `burst_gap_ms`: tokens closer than this form one burst;
     `eos_token_ids`: the target's end ids (a finish "stop" whose last token is one is
     "eos"); `count_tokens`: text -> number of tokens, for streams that carry no ids."""
 
     runner: str
     url: str
     protocol: Protocol
-    headers: dict[str, str]
-    timeout_s: float
     burst_gap_ms: float
     eos_token_ids: frozenset[int]
     count_tokens: Callable[[str], int] | None = None
