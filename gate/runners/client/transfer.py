@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from gate.measure.contention import load_average, read_pressure
+from gate.runners.client.events import arrived
 from gate.runners.client.protocol import Protocol
 from gate.runners.client.transport import RequestProgress, ServedError, classify_transport
 
@@ -84,8 +85,6 @@ class Transfer:
         except ServedError:
             raise
         except (asyncio.TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
-            from gate.runners.client.stream import arrived
-
             arrived(self.runner, self.url, self.protocol, chunks, progress)
             kind, what = classify_transport(e, progress, time.perf_counter(), self.timeout_s)
             raise ServedError(self.runner, self.url, what, kind=kind) from None

@@ -251,8 +251,9 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
     def emit(i: int, result: Any) -> None:
         write_frame(out, ("result", job.job_id, i, result))
 
-    async def one(i: int, scheduled_s: float, due_s: float) -> float:
-        """Send request i; the perf_counter time it ended."""
+    async def one(i: int, scheduled_s: float, due_s: float) -> tuple[float, bool]:
+        """Send request i; the perf_counter time it ended, and whether gate granted its slot
+        one more request after a transport failure (a go)."""
         nonlocal begun
         begun += 1
         client = clients.take()
@@ -267,22 +268,31 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
         finally:
             clients.give(client)
         emit(i, raw)
+        granted = False
         if isinstance(raw, ServedError) and raw.kind in TRANSPORT_KINDS and not stopped.is_set():
             # The breaker counts failures over every worker, in gate's process: wait for its verdict
             # before this slot sends again (a go, or the stop), so a failing server is not sent more.
-            verdict = [asyncio.ensure_future(go.acquire()), asyncio.ensure_future(stopped.wait())]
-            await asyncio.wait(verdict, return_when=asyncio.FIRST_COMPLETED)
-            for task in verdict:
-                task.cancel()
-        return raw.end_s if isinstance(raw, RawStream) else time.perf_counter()
+            # A go that came before the stop still stands: that request was due while the breaker was closed.
+            taking = asyncio.ensure_future(go.acquire())
+            stopping = asyncio.ensure_future(stopped.wait())
+            await asyncio.wait({taking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if taking.done() and not taking.cancelled():
+                granted = True
+            else:
+                taking.cancel()
+                if not go.locked():
+                    await go.acquire()
+                    granted = True
+        return (raw.end_s if isinstance(raw, RawStream) else time.perf_counter()), granted
 
     async def slot() -> None:
-        due = time.perf_counter()
-        while not stopped.is_set():
+        due, granted = time.perf_counter(), False
+        while granted or not stopped.is_set():
             i = take_index(index_fd)
             if i is None:
                 return
-            due = await one(i, time.perf_counter(), due)
+            due, granted = await one(i, time.perf_counter(), due)
 
     async def arrival(i: int, at_s: float, slots: Slots | None) -> None:
         wait = asyncio.ensure_future(stopped.wait())
