@@ -187,11 +187,17 @@ def test_a_short_window_lockstep_arrivals_and_an_open_loop_below_its_rate_are_na
     text = " | ".join(c.warnings)
     assert "window too short for steady state: 4 requests with 4.0 in flight" in text
     assert "lockstep arrivals: 4 of 4 requests began within 1 ms of another" in text
-    spread = [rec(i, c=None, rate=10.0, start_s=1000.0 + 0.1 * i) for i in range(10)]
+    # due every 0.1 s, each begun 0.2 s after the one before it (it waited for the cap's slot)
+    spread = [rec(i, c=None, rate=10.0, start_s=1000.0 + 0.2 * i, queue_ms=100.0 * i) for i in range(10)]
     slow = check_window(window(spread, c=None, rate=10.0, duration_s=2.0), spread, 10.0)
     assert slow.achieved_rate == pytest.approx(5.0) and slow.offered_rate == 10.0
-    assert any("achieved 5.00 requests/s of the 10/s offered (50%)" in w for w in slow.warnings)
+    assert any("achieved 5.00 requests/s against the 10.00/s of its scheduled arrivals (50%; offered 10/s)" in w
+               for w in slow.warnings), slow.warnings
     assert not any("lockstep" in w for w in slow.warnings)
+    # begun when due, in a window whose duration includes the last request's whole stream: no warning
+    kept = [rec(i, c=None, rate=10.0, start_s=1000.0 + 0.1 * i, queue_ms=0.0) for i in range(10)]
+    assert not any("achieved" in w for w in check_window(window(kept, c=None, rate=10.0, duration_s=4.0), kept,
+                                                         10.0).warnings)
 
 
 def test_repetitions_that_disagree_warn_once_and_agreeing_ones_do_not() -> None:
@@ -204,6 +210,15 @@ def test_repetitions_that_disagree_warn_once_and_agreeing_ones_do_not() -> None:
     assert disagreement([(w0, a), (w1, same)]) is None
     checks = client_checks([w0, w1], a + b, 10.0)
     assert [sum("repetitions disagree" in w for w in c.warnings) for c in checks] == [0, 1]
+
+
+def test_a_capped_open_loop_window_is_checked_on_its_requests() -> None:
+    """Requests of an open loop carry its rate alone (gate.load.points.point_of), the window
+    its cap too: the check still finds them, and counts the cap as the most in flight."""
+    reqs = [rec(i, c=None, rate=10.0, start_s=1000.0 + 0.1 * i) for i in range(16)]
+    (c,) = client_checks([window(reqs, c=4, rate=10.0)], reqs, 10.0, slots={"fast": 2})
+    assert c.requests == 16 and c.offered_rate == 10.0
+    assert any("4 requests in flight, the server admits 2 at once" in w for w in c.warnings), c.warnings
 
 
 def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -> None:
@@ -235,3 +250,57 @@ def test_a_client_frame_builds_only_the_clients_own_classes() -> None:
     assert loads_frame(pickle.dumps(frame)) == frame
     with pytest.raises(pickle.UnpicklingError, match="may not hold posix.system"):
         loads_frame(pickle.dumps(os.system))
+
+
+# -- timing rules on client-delayed requests (gate.rules.kinds.metric) -----------------------
+
+from gate.policy.model import RuleSpec  # noqa: E402
+from gate.records import DraftInfo, Environment, Measurements  # noqa: E402
+from gate.rules.evaluate import Settings, evaluate  # noqa: E402
+
+
+def served(requests: list[RequestRecord], windows: list[RunRecord]) -> Measurements:
+    env = Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0, cpu_count=2, threads=2)
+    return Measurements(environment=env, laws=["greedy"], drafts={"fast": DraftInfo("model")}, requests=requests,
+                        runs=windows)
+
+
+def bunched(i: int) -> RequestRecord:
+    """A request whose stamps the client held back: its gaps came out 0.1 ms, its lag 30 ms."""
+    times = [40.0 + 0.1 * k for k in range(8)]
+    return rec(i, lag_ms=30.0, token_times_ms=times, e2el_ms=times[-1])
+
+
+def test_a_gap_ceiling_is_never_passed_on_stamps_the_client_held_back() -> None:
+    """A client's delay is not only slower: stamps held back and read together shrink the gaps
+    after them. An ITL ceiling the honest requests (5 ms gaps) miss is not passed because the
+    delayed ones (0.1 ms gaps) pull the mean under it: with 18 of 24 delayed it is inconclusive."""
+    reqs = [bunched(i) if i < 18 else rec(i) for i in range(24)]
+    itl = RuleSpec(id="itl", metric="itl_ms", aggregation="mean", comparison="<=", threshold="3 ms")
+    (o,) = evaluate([itl], served(reqs, []), Settings(resamples=300))
+    assert o.status == "inconclusive", o.message
+    assert "client delayed: schedule or event-loop lag over 10 ms on 18 of 24 requests" in o.message
+    # a TTFT ceiling met with them in is met without them (the delay only adds to a first byte)
+    ttft = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", comparison="<=", threshold="1 s")
+    (o,) = evaluate([ttft], served(reqs, []), Settings(resamples=300))
+    assert o.status == "pass" and "passed nonetheless" in o.message, o.message
+
+
+def test_window_rates_are_inconclusive_when_the_client_delayed_too_many_of_their_requests() -> None:
+    """Throughput and goodput are tokens or requests over a window's duration: a delayed
+    request cannot be taken out of it. A floor missed with most requests delayed is
+    inconclusive; one delayed request of 24 is named and the windows decided whole."""
+    def windows(reqs: list[RequestRecord]) -> list[RunRecord]:
+        return [window(reqs[k::6], repetition=k) for k in range(6)]
+
+    delayed = [rec(i, lag_ms=30.0) for i in range(24)]
+    floor = RuleSpec(id="tput", metric="output_throughput", aggregation="pooled", comparison=">=",
+                     threshold="1000 tokens/s")
+    (o,) = evaluate([floor], served(delayed, windows(delayed)), Settings(resamples=300))
+    assert o.status == "inconclusive", o.message
+    assert "client delayed: schedule or event-loop lag over 10 ms on 24 of 24 requests" in o.message
+    assert "a window's rate counts every request of it" in o.message
+    one = [rec(i, lag_ms=30.0 if i == 0 else 0.5) for i in range(24)]
+    (o,) = evaluate([floor], served(one, windows(one)), Settings(resamples=300))
+    assert o.status == "fail", o.message  # 16 tokens/s measured against a floor of 1000
+    assert "on 1 of 24 requests: a window's rate cannot leave a request out (decided on the whole windows" in o.message

@@ -47,3 +47,18 @@ def test_gguf_model_with_the_cached_config_matches_a_plain_load(tmp_path):
     a, b = ours.state_dict(), plain.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert ours.config.to_dict() == plain.config.to_dict()
+
+
+def test_gguf_readers_are_shared_per_file_and_a_rewritten_file_gets_a_new_one(tmp_path):
+    import gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", seed=0)
+    models.share_gguf_readers()
+    models.share_gguf_readers()  # idempotent: one layer of sharing
+    first = gguf.GGUFReader(path)
+    assert gguf.GGUFReader(str(path)) is first
+    assert first.fields["general.architecture"].contents() == "llama"
+    write_tiny_llama_gguf(path, seed=1, layers=3)
+    os.utime(path, ns=(2, 2))
+    again = gguf.GGUFReader(path)
+    assert again is not first and again.fields["llama.block_count"].contents() == 3

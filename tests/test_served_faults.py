@@ -302,3 +302,26 @@ def test_a_client_worker_killed_mid_run_fails_what_had_not_ended_at_once_and_the
     with Stub() as stub:
         fresh = runner(stub.url).run(reqs(2), ClosedLoop(concurrency=2))
     assert all(isinstance(r, StreamResult) for r in fresh)
+
+
+def test_a_client_worker_that_died_between_runs_is_replaced_before_the_next_run_queues_its_requests() -> None:
+    """A worker killed while idle: the next run (closed loop, and an open loop with a cap)
+    starts fresh workers before it queues its indices and slot tokens, so none is lost."""
+    import os
+    import signal
+
+    from gate.load.open import OpenLoop
+    from gate.runners.client.workers import shared_pool
+
+    pool = shared_pool()
+    pool.ensure(2)
+    with Stub() as stub:
+        for load in (ClosedLoop(concurrency=4), OpenLoop(request_rate=50.0, seed=0, concurrency=2)):
+            victim = pool.workers[0].proc
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait(5)
+            t = time.perf_counter()
+            out = runner(stub.url, request_timeout_s=10.0).run(reqs(6), load)
+            assert time.perf_counter() - t < 8
+            assert all(isinstance(r, StreamResult) for r in out), out
+            assert victim.pid not in [w.proc.pid for w in pool.workers]

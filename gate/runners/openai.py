@@ -43,7 +43,7 @@ from gate.requests import Request
 from gate.runners.client.protocol import PROTOCOLS, protocol
 from gate.runners.client.transfer import RawStream
 from gate.runners.client.worker import NOT_SENT, Job
-from gate.runners.client.workers import START_LEAD_S, PoolError, client_workers, shared_pool
+from gate.runners.client.workers import DISPATCH_BYTES_PER_S, START_LEAD_S, PoolError, client_workers, shared_pool
 from gate.runners.client.stream import StreamClient
 from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
 from gate.runners.engines.interface import Engine
@@ -412,17 +412,18 @@ class OpenAIRunner(Runner):
             workers = self.workers_for(load, n)
             job_id = pool.next_job_id()
             pool.ensure(workers)
-            start = time.perf_counter() + START_LEAD_S
+            # Every worker has its share before the first is due: a closed loop's slots may take
+            # any request (every body to every worker), an open loop's worker only its arrivals.
+            closed = load.request_rate is None
+            size = sum(map(len, bodies.values())) * (workers if closed else 1)
+            start = time.perf_counter() + START_LEAD_S + size / DISPATCH_BYTES_PER_S
             common = dict(job_id=job_id, start_s=start, runner=runner, url=ep.url, api=ep.api,
                           headers=self._headers(runner), timeout_s=self.request_timeout_s,
-                          tls=ep.base_url.startswith("https://"), bodies=bodies)
+                          tls=ep.base_url.startswith("https://"))
             shares = split(n, load, workers, start)
-            jobs = [Job(worker=k, slots=x.slots, arrivals=x.arrivals, capped=x.capped, **common)
+            jobs = [Job(worker=k, slots=x.slots, arrivals=x.arrivals, capped=x.capped,
+                        bodies=bodies if closed else {i: bodies[i] for i, _ in x.arrivals}, **common)
                     for k, x in enumerate(shares)]
-            if load.request_rate is None:
-                pool.put_indices(range(n))
-            elif load.concurrency is not None:
-                pool.put_slots(load.concurrency, start)
             ended: dict[int, RequestResult] = {}
             stopped = False
 
@@ -450,6 +451,10 @@ class OpenAIRunner(Runner):
             limit_s = waves * self.request_timeout_s + span_s + 60.0
             self._workers = []
             try:
+                if closed:
+                    pool.put_indices(range(n))
+                elif load.concurrency is not None:
+                    pool.put_slots(load.concurrency, start)
                 self._workers = pool.run(jobs, on_result, limit_s)
             except PoolError as e:
                 stuck = ServedError(runner, ep.url, f"{e}; the requests that had not ended are errors")

@@ -24,7 +24,7 @@ from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, boo
                                    decide_exceedance, exceedance, ratio)
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
-from gate.rules.samples import Selection, value
+from gate.rules.samples import WINDOW_ONLY, Selection, value
 from gate.rules.scope import LOAD_AXES, inapplicable_points, not_applicable_reason, other_axis, point_name, scope_key, scoped_points
 from gate.rules.status import Status
 from gate.rules.resampling import UnitSet
@@ -184,21 +184,24 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     est, reference = _estimands(rule, m, s.baseline, where, other)
     checked = s.max_cpu_stall is not None or s.max_client_lag_ms is not None
     busy = _contention(rule, m, where, s, other, est) if rule.metric in TIMED and checked else None
-    if busy is not None and _only_slower_fails(rule):
+    if busy is not None and _only_slower_fails(rule) and not (busy.delayed and rule.metric in GAP_METRICS):
         # Contention only slows: a latency ceiling (or throughput floor) met with the contended
-        # requests in is met without them. Anything else is decided on the clean requests.
+        # requests in is met without them. Anything else is decided on the clean requests. A
+        # client's delay is not only slower: stamps held back and then taken together shrink the
+        # gaps after them, so a gap ceiling is decided without the delayed requests.
         everything = _one(rule, m, where, replace(s, max_cpu_stall=None, max_client_lag_ms=None))
         if everything.status == Status.PASS:
             everything.message += f" ({busy.describe(_unit_word(busy.all, rule))}: slowed, and passed nonetheless)"
             return everything
-    if busy is not None:  # decided on the clean requests only
+    if busy is not None and not busy.whole:  # decided on the clean requests only
         est, reference = busy.est, busy.reference
     n = est.units if est is not None and all(g for g in est.groups) else 0
     point = est.point() if n else float("nan")
     if busy is not None and busy.too_many and not failed:
         return Outcome(**base, status=Status.INCONCLUSIVE, measured=None if math.isnan(point) else point, samples=n,
                        fallback_value=None, message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
-                       + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS else
+                       + ("a window's rate counts every request of it; " if busy.whole else "")
+                       + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS and not busy.whole else
                           f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
     if failed or n == 0 or math.isnan(point):
         return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(point) else point, samples=n,
@@ -236,7 +239,10 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
     elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
         note = "; a large improvement over the baseline: consider refreshing it"
-    if busy is not None:
+    if busy is not None and busy.whole:
+        note += (f"; {busy.describe(_unit_word(busy.all, rule))}: a window's rate cannot leave a request out "
+                 f"(decided on the whole windows, {busy.kept} clean requests)")
+    elif busy is not None:
         note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
     if status == Status.FAIL and rule.level == "warn":
         status = Status.WARN
@@ -274,8 +280,11 @@ class _Busy:
     contended: int = 0  # requests left out as contended
     delayed: int = 0  # requests left out as client delayed (not contended)
     max_client_lag_ms: float | None = None
+    whole: bool = False  # a window metric: total and kept count requests, est is every window's
 
     def describe(self, unit: str) -> str:
+        if self.whole:
+            unit = "requests"
         if self.delayed and not self.contended and self.max_client_lag_ms is not None:
             return describe_delayed(self.total - self.kept, self.total, unit, self.max_client_lag_ms)
         text = describe(self.share, self.total - self.kept, self.total, unit)
@@ -283,6 +292,10 @@ class _Busy:
             text += (f" (of the requests left out, {self.delayed} client delayed: schedule or event-loop lag over "
                      f"{self.max_client_lag_ms:g} ms)")
         return text
+
+
+# Metrics of the gaps between a stream's bytes: a client that stamps late can make them look shorter.
+GAP_METRICS = frozenset({"itl_ms", "itl_chunk_ms", "tpot_ms"})
 
 
 def _only_slower_fails(rule: RuleSpec) -> bool:
@@ -318,12 +331,24 @@ def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, 
     total = _units(est)
     if not mine or est is None or total == 0:
         return None
+    cpus = m.environment.cpu_count
+    contended = [r for r in mine if is_contended(r, s.max_cpu_stall, cpus)]
+    if rule.metric in WINDOW_ONLY:
+        # Tokens or requests over a window's duration: a slowed request cannot be taken out of
+        # it, so the windows are decided whole, and are inconclusive when too many of their
+        # requests were slowed.
+        every = [r for r in m.requests if any(where.of(x).takes(r) for x in runners)]
+        if rule.relative_to == "baseline" and s.baseline is not None:
+            every += [r for r in s.baseline.requests if where.of(other).takes(r)]
+        n_req = len(every)
+        _, reference = _estimands(rule, m, s.baseline, where, other)
+        return _Busy(est, reference, est, n_req, n_req - len(mine), pooled_stall_share(contended, cpus),
+                     len(mine) / n_req > s.max_contended, len(contended), len(mine) - len(contended),
+                     s.max_client_lag_ms, whole=True)
     est_clean, ref_clean = _estimands(rule, here, base if base is not None else s.baseline, where, other)
     kept = _units(est_clean)
     if kept == total:
         return None
-    cpus = m.environment.cpu_count
-    contended = [r for r in mine if is_contended(r, s.max_cpu_stall, cpus)]
     return _Busy(est_clean, ref_clean, est, total, kept, pooled_stall_share(contended, cpus),
                  kept < MIN_UNITS or (total - kept) / total > s.max_contended, len(contended),
                  len(mine) - len(contended), s.max_client_lag_ms)

@@ -122,15 +122,21 @@ class CoalescingBackend(httpcore.AsyncNetworkBackend):
         await self.backend.sleep(seconds)
 
 
+# An idle connection is not reused after this long (httpx's own default): servers close theirs
+# after a few seconds idle (llama.cpp, uvicorn: 5 s), and a request must not race that close.
+KEEPALIVE_EXPIRY_S = 5.0
+
+
 def coalescing_transport(verify: Any) -> httpx.AsyncHTTPTransport:
     """An httpx transport of one connection on a CoalescingBackend (its httpcore pool made
     with that backend; an httpx without the pool attribute keeps its own, unchanged)."""
     transport = httpx.AsyncHTTPTransport(verify=verify, trust_env=False,
-                                         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+                                         limits=httpx.Limits(max_connections=1, max_keepalive_connections=1,
+                                                             keepalive_expiry=KEEPALIVE_EXPIRY_S))
     if hasattr(transport, "_pool"):
         ssl = verify if not isinstance(verify, bool) else (httpx.create_ssl_context() if verify else None)
         transport._pool = httpcore.AsyncConnectionPool(ssl_context=ssl, max_connections=1, max_keepalive_connections=1,
-                                                       network_backend=CoalescingBackend())
+                                                       keepalive_expiry=KEEPALIVE_EXPIRY_S, network_backend=CoalescingBackend())
     return transport
 
 

@@ -86,7 +86,7 @@ class RequestProgress:
     def restart(self) -> None:
         """Forget a lost attempt (nothing was received): the request is sent again."""
         self.phase, self.fresh, self.headers_s, self.last_s = None, False, None, None
-        self.connect_s = self.connected_s = self.sent_s = None
+        self.connect_s = self.connected_s = self.sending_s = self.sent_s = None
         self.events = self.tokens = 0
 
     async def trace(self, name: str, info: dict[str, Any]) -> None:

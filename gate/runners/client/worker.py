@@ -287,7 +287,7 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
         return (raw.end_s if isinstance(raw, RawStream) else time.perf_counter()), granted
 
     async def slot() -> None:
-        due, granted = time.perf_counter(), False
+        due, granted = job.start_s, False  # the first request is due at the loop's start, each next one as its previous ended
         while granted or not stopped.is_set():
             i = take_index(index_fd)
             if i is None:
@@ -313,11 +313,12 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
                     emit(i, NOT_SENT)
                     return
                 due = max(at_s, take.result())
+            end_s = None
             try:
-                await one(i, at_s, due)
+                end_s, _ = await one(i, at_s, due)
             finally:
-                if slots is not None:
-                    slots.release(time.perf_counter())
+                if slots is not None:  # free from when the request ended, not from when its result was written
+                    slots.release(end_s if end_s is not None else time.perf_counter())
         finally:
             wait.cancel()
 

@@ -39,8 +39,9 @@ from gate.runners.client.worker import Job, read_frame, write_frame
 # error was 2.31 ms, two workers' 1.28 ms; at 4, 1.55 and 1.22; at 2, 1.24 and 1.20 (6 runs each, stub at 40 ms).
 STREAMS_PER_WORKER = 2
 START_LEAD_S = 0.05  # a load point begins this long after its jobs are handed out (every worker has its share)
+DISPATCH_BYTES_PER_S = 50e6  # and later by its bodies' bytes at this rate (pickled, piped, unpickled: a slow machine's)
 READY_S = 30.0  # a new worker's start and priming
-F_SETPIPE_SZ = 1031  # Linux fcntl: a pipe's capacity
+F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032  # Linux fcntl: a pipe's capacity
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
@@ -51,6 +52,22 @@ class PoolError(RuntimeError):
     def __init__(self, what: str, timed_out: bool = False):
         super().__init__(what)
         self.timed_out = timed_out
+
+
+def _widen(fd: int) -> None:
+    """A pipe's capacity raised to 1 MiB where the system allows it (Linux; else left)."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        pass
+
+
+def _room(fd: int) -> int:
+    """A pipe's capacity in bytes (Linux F_GETPIPE_SZ; 16 KiB, the least of the others, where unknown)."""
+    try:
+        return fcntl.fcntl(fd, F_GETPIPE_SZ)
+    except OSError:
+        return 16384
 
 
 def usable_cpus() -> int:
@@ -84,12 +101,10 @@ class WorkerPool:
         self.inbox: "queue.Queue[tuple[_Worker, Any]]" = queue.Queue()
         self.index_r, self.index_w = os.pipe()
         self.slot_r, self.slot_w = os.pipe()
-        for fd in (self.index_r, self.slot_r, self.slot_w):
+        for fd in (self.index_r, self.index_w, self.slot_r, self.slot_w):
             os.set_blocking(fd, False)
-        try:
-            fcntl.fcntl(self.index_w, F_SETPIPE_SZ, 1 << 20)  # room for 262,144 indices
-        except OSError:
-            pass
+        for fd in (self.index_w, self.slot_w):
+            _widen(fd)  # 1 MiB where allowed: 262,144 indices, 131,072 slot tokens
         self.lock = threading.Lock()
         self.job_id = 0
         self.stopped = 0  # the last job stopped
@@ -97,7 +112,11 @@ class WorkerPool:
 
     def ensure(self, n: int) -> None:
         """Start workers until there are `n`, each ready (primed) before this returns.
+        A worker that ended since the last job ends them all first (the next job starts on
+        fresh ones; what the shared pipes hold is left as it is).
         Raises PoolError when one cannot start or is not ready within READY_S."""
+        if any(w.proc.poll() is not None for w in self.workers):
+            self.terminate()
         new = set(range(len(self.workers), n))
         while len(self.workers) < n:
             fds = (self.index_r, self.slot_r, self.slot_w)
@@ -109,6 +128,8 @@ class WorkerPool:
                                         pass_fds=fds, env=env)
             except OSError as e:
                 raise PoolError(f"a client worker process could not start: {e}") from None
+            assert proc.stdout is not None
+            _widen(proc.stdout.fileno())  # a worker's result frames rarely wait for this process's reader
             w = _Worker(proc, [])
             self.workers.append(w)
             threading.Thread(target=self._read, args=(w,), name=f"gate-client-worker-{proc.pid}", daemon=True).start()
@@ -162,11 +183,17 @@ class WorkerPool:
             del w.stderr[:-20]
 
     def put_indices(self, indices: range) -> None:
-        """Queue a closed loop's request indices for the slots to take."""
+        """Queue a closed loop's request indices for the slots to take (all of them now: a
+        slot that finds the pipe empty is done). Raises PoolError when they do not fit the
+        index pipe (262,144 where pipes may grow to 1 MiB, else 16,384)."""
         data = b"".join(struct.pack(">I", i) for i in indices)
+        room = _room(self.index_w)
+        if len(data) > room:
+            raise PoolError(f"a closed loop of {len(indices)} requests does not fit the client's index pipe "
+                            f"({room // 4} requests): split the load point (fewer prompts or repetitions)")
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.index_w, view):]
+        while view:  # at most PIPE_BUF (4 KiB) per write: never part of an index, and the pipe has the room
+            view = view[os.write(self.index_w, view[:4096]):]
 
     def drain_indices(self) -> list[int]:
         """The indices no slot took (a stopped job), removed from the pipe."""
@@ -181,9 +208,16 @@ class WorkerPool:
             out += [struct.unpack(">I", data[j:j + 4])[0] for j in range(0, len(data), 4)]
 
     def put_slots(self, n: int, at_s: float) -> None:
-        """Make `n` slot tokens free from `at_s` (an open loop's cap)."""
+        """Make `n` slot tokens free from `at_s` (an open loop's cap). Raises PoolError when
+        the slot pipe cannot hold `n` (a cap above 131,072, or 8,192 where pipes stay 64 KiB)."""
         self.drain_slots()
-        os.write(self.slot_w, struct.pack("d", at_s) * n)
+        data = struct.pack("d", at_s) * n
+        room = _room(self.slot_w)
+        if len(data) > room:
+            raise PoolError(f"a concurrency cap of {n} does not fit the client's slot pipe ({room // 8} slots)")
+        view = memoryview(data)
+        while view:  # at most PIPE_BUF (4 KiB) per write: never part of a token
+            view = view[os.write(self.slot_w, view[:4096]):]
 
     def drain_slots(self) -> None:
         while True:
@@ -223,15 +257,19 @@ class WorkerPool:
         (stop(): the breaker opened). Raises PoolError when a
         worker dies or the job is not done within `limit_s` (the workers are then ended:
         the next run starts fresh ones); KeyboardInterrupt propagates, the workers ended."""
-        if any(w.proc.poll() is not None for w in self.workers):
-            self.terminate()  # a worker ended since the last job: start afresh
-        self.ensure(len(jobs))
+        if len(self.workers) < len(jobs) or any(w.proc.poll() is not None for w in self.workers[:len(jobs)]):
+            self.terminate()  # ensure() came first, and its workers are no longer all there
+            raise PoolError("a client worker ended before it took its share")
         job_id = jobs[0].job_id
         while True:  # frames of an earlier job (stopped, interrupted) are not this one's
             try:
-                self.inbox.get_nowait()
+                w, msg = self.inbox.get_nowait()
             except queue.Empty:
                 break
+            if msg[0] == "died" and w in self.workers[:len(jobs)]:
+                self.terminate()
+                raise PoolError(f"client worker {self.workers.index(w) if w in self.workers else '?'} ended before "
+                                "it took its share")
         for k, job in enumerate(jobs):
             try:
                 assert self.workers[k].proc.stdin is not None
@@ -260,7 +298,7 @@ class WorkerPool:
                 elif msg[0] == "done" and msg[1] == job_id:
                     pending.discard(k)
                     stats.append(msg[2])
-                elif msg[0] == "died":
+                elif msg[0] == "died" and k in pending:  # one that had finished, or had no share, is replaced next time
                     w = msg[1]
                     raise PoolError(f"client worker {k} ended (exit code {w.proc.poll()})"
                                     + (f": {' | '.join(w.stderr[-3:])}" if w.stderr else ""))
@@ -282,8 +320,6 @@ class WorkerPool:
                 w.proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
-        self.drain_indices()
-        self.drain_slots()
 
     def close(self) -> None:
         """Ask the workers to exit, then end them."""
