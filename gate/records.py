@@ -577,6 +577,7 @@ class RunRecord:
     client_workers: list[ClientWorkerRecord] = field(default_factory=list)  # served: the client's worker processes
     server_ttft_mean_ms: float | None = None  # the server's own mean TTFT over the window (vLLM's histogram), where kept
     server_itl_mean_ms: float | None = None  # the server's own mean inter-token latency over the window, where kept
+    server_cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache over the window (vLLM's counter)
 
     @property
     def duration_s(self) -> float:

@@ -450,6 +450,8 @@ class Loop:
                 w.client_workers = list(mine[0].client_workers)
                 latency = mine[0].latency.get(name) or {}
                 w.server_ttft_mean_ms, w.server_itl_mean_ms = latency.get("ttft_ms"), latency.get("itl_ms")
+                if latency.get("cached_tokens") is not None:
+                    w.server_cached_tokens = int(latency["cached_tokens"])
             deltas = [a.counters.get(name) for a in mine]
             w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
             if self.s.slo_ms:

@@ -234,6 +234,14 @@ def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -
     assert c.ttft_minus_server_ms == pytest.approx(2.0) and c.itl_minus_server_ms == pytest.approx(0.0)
     low = check_window(window(reqs, server_ttft_mean_ms=50.0), reqs, 10.0)
     assert any("mean TTFT is 8.0 ms below the server's own" in w for w in low.warnings)
+    # vLLM's prefix-cache counter, per window: a hit is named even where no request says so
+    from gate.runners.engines.vllm import VLLM
+
+    hits = VLLM().server_latency(ServerSnapshot("vllm", {"vllm:prefix_cache_hits_total": 10.0}),
+                                 ServerSnapshot("vllm", {"vllm:prefix_cache_hits_total": 74.0}))
+    assert hits == {"cached_tokens": 64.0}
+    cached = check_window(window(reqs, server_cached_tokens=64), reqs, 10.0)
+    assert any("the server took 64 prompt tokens from its prefix cache over the window" in w for w in cached.warnings)
 
 
 def test_the_client_takes_one_worker_per_2_streams_at_most_one_per_cpu() -> None:

@@ -189,6 +189,9 @@ def check_window(w: RunRecord, records: Sequence[RequestRecord], max_client_lag_
     if cached:
         c.warnings.append(f"prefix-cache hits on {len(cached)} of {len(mine)} requests ({sum(r.server_cached_tokens or 0 for r in cached)} "
                           "prompt tokens the server did not compute): their TTFT flatters the server")
+    elif w.server_cached_tokens:
+        c.warnings.append(f"prefix-cache hits: the server took {w.server_cached_tokens} prompt tokens from its prefix "
+                          "cache over the window (vllm:prefix_cache_hits): their TTFT flatters the server")
     busy_s = sum(r.e2el_ms for r in mine) / 1e3
     if w.duration_s > 0 and busy_s > 0:
         in_flight_mean = busy_s / w.duration_s

@@ -68,10 +68,15 @@ class VLLM(Engine):
     def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
         """vLLM's request histograms (docs/design/metrics.md): vllm:time_to_first_token_seconds
         (arrival to first token, the server's queue included) and vllm:inter_token_latency_seconds
-        (vllm:time_per_output_token_seconds before v0.11)."""
-        return histogram_means(before, after, {"ttft": ("vllm:time_to_first_token_seconds",),
-                                               "itl": ("vllm:inter_token_latency_seconds",
-                                                       "vllm:time_per_output_token_seconds")})
+        (vllm:time_per_output_token_seconds before v0.11); and `cached_tokens`, the prompt
+        tokens it took from its prefix cache (vllm:prefix_cache_hits, a counter of tokens, v1)."""
+        out = histogram_means(before, after, {"ttft": ("vllm:time_to_first_token_seconds",),
+                                              "itl": ("vllm:inter_token_latency_seconds",
+                                                      "vllm:time_per_output_token_seconds")}) or {}
+        hits = after.total("vllm:prefix_cache_hits_total")
+        if hits is not None:
+            out["cached_tokens"] = hits - (before.total("vllm:prefix_cache_hits_total") or 0.0)
+        return out or None
 
     def sampling_fields(self, law: Any, penalty_window: int | None = None) -> dict[str, Any]:
         """Every field explicit (greedy: temperature 0, top_k 1); logit_bias only when set.
