@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example example-served example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
+.PHONY: setup example example-served example-envelope example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,6 +52,13 @@ example-gemma: setup
 	echo "gate exit code: $$code"; exit $$code
 
 # The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").
+# The operating envelope (load.search) of prompt lookup against the fallback on llama-server.
+example-envelope: setup llama-server
+	@GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/gate check \
+	  examples/envelope/policy.yaml --junit out/envelope-junit.xml --json out/envelope-report.json \
+	  --html out/envelope-report.html --markdown out/envelope-summary.md; \
+	code=$$?; echo "gate exit code: $$code"; exit $$code
+
 example-served: setup llama-server
 	@GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/gate check \
 	  examples/llama-server/policy.yaml --junit out/served-junit.xml --json out/served-report.json \

@@ -30,7 +30,7 @@ from gate.rules.load_points import load_summary
 from gate.rules.summary import summarize
 from gate.run import Progress, Settings, measure, measure_more
 from gate.session import open_session
-from gate.load.points import load_points
+from gate.load.points import load_points, search_plan
 from gate.validate import validate
 
 
@@ -155,12 +155,12 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
 def run_settings(policy: Any, warmup: bool = True) -> Settings:
     """What the measurement loop runs for `policy` (gate.run.Settings): its lengths,
     repetitions, seed, warm-up (none when `warmup` is False), interleaving, load points,
-    goodput objectives, contention handling and resources."""
+    goodput objectives, contention handling, resources and the envelope search."""
     ms = policy.measurement
     slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
     return Settings(policy.workload.max_new_tokens_list, ms.repetitions, policy.workload.seed,
                     ms.warmup_requests if warmup else 0, ms.interleave, tuple(load_points(policy)), slo, _handling(ms),
-                    policy.resources)
+                    policy.resources, search_plan(policy))
 
 
 def _during() -> str:

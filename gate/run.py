@@ -51,10 +51,11 @@ from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.oracle import TargetOracle
 from gate.phases import Phase, not_measured, run_phases
 from gate.load.points import describe_point, point_of
+from gate.load.search import ProbeResult, SearchPlan, Window, judge_probe, meets, search
 from gate.plan import Block, ExactnessPlan, plan_blocks
 from gate.requests import PlannedPrompt, Request, request_seed
-from gate.records import (FALLBACK, ExactnessRecord, busy_seconds, Failure, FailureStage, Measurements, OverlapRecord,
-                          RequestRecord, RunRecord, SpecDecodeCounters)
+from gate.records import (FALLBACK, EnvelopeRecord, ExactnessRecord, busy_seconds, Failure, FailureStage, Measurements,
+                          OverlapRecord, ProbeRecord, RequestRecord, RunRecord, SpecDecodeCounters)
 from gate.runners.interface import RequestResult, Runner, StreamResult
 from gate.session import Session
 
@@ -68,7 +69,8 @@ class Settings:
     per runner and window, 0: none), `interleave` (measurement.interleave: cells where the
     runner interleaves), `points` (load points in run order, for runners with load points),
     `slo_ms` (goodput objectives, ms: {"ttft": 500.0}), `contention` (when a request is
-    contended and how often its cell is rerun), `resources` (policy.resources, for the bill)."""
+    contended and how often its cell is rerun), `resources` (policy.resources, for the bill),
+    `search` (load.search: the envelope search after the load points, gate.load.search)."""
 
     max_new_tokens: list[int]
     repetitions: int = 1
@@ -79,6 +81,7 @@ class Settings:
     slo_ms: dict[str, float] = field(default_factory=dict)
     contention: Handling = field(default_factory=Handling)
     resources: Any = None
+    search: SearchPlan | None = None
 
 
 def measure(session: Session, settings: Settings, progress: Progress | None = None,
@@ -265,6 +268,8 @@ class Loop:
                 self.progress("requests", total, total)
                 if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1:
                     self._samples()
+                if self.s.search is not None and self.labelled:
+                    self._search(names, laws)
         except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
             self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
         finally:
@@ -297,6 +302,61 @@ class Loop:
         if predicted is not None:
             self.m.notes.append(f"served exactness samples: predicted {predicted:.0f} s wall from the timed requests")
         sampled_exactness.draw_samples(self.runner, plans, self.m, self.s.seed, self.progress)
+
+    def _search(self, names: list[str], laws: list[Law]) -> None:
+        """The envelope search (gate.load.search) of each runner and law, after the load points:
+        one EnvelopeRecord each (m.envelopes), the probes' requests kept raw (m.probe_requests).
+        A probe window whose requests were too often contended or client delayed is rerun (up to
+        measurement.contention_reruns times). Once measurement.max_wall_s has run out, what was
+        found is recorded and interrupt.OutOfTime raised."""
+        plan = self.s.search
+        assert plan is not None
+        workload = [(p, mnt) for mnt in self.s.max_new_tokens for p in self.session.prompts]
+        for law in laws:
+            for name in names:
+                figures: dict[float, dict[str, Any]] = {}
+
+                def probe(load: float, name: str = name, law: Law = law) -> ProbeResult:
+                    strategy = plan.strategy(load)
+                    at = f"envelope search, {describe_point(strategy)}"
+                    windows = []
+                    try:
+                        for rep in range(plan.repetitions):
+                            n = plan.request_count(load, len(workload))
+                            unit = [Request(name, law, p, mnt, rep, request_seed(self.s.seed, p.id, law.name, mnt, rep))
+                                    for p, mnt in (workload[i % len(workload)] for i in range(n))]
+                            for attempt in range(1 + self.s.contention.reruns):
+                                a = _Attempt()
+                                try:
+                                    self._attempt(unit, strategy, at, a, tally=False)
+                                finally:
+                                    self.m.probe_requests += a.records
+                                w = Window([(a.starts[id(r)], r) for r in a.records], len(unit) - len(a.records))
+                                result, _ = judge_probe(plan, load, [w])
+                                if result.holds is not None or result.failed or self.s.contention.reruns == 0:
+                                    break
+                            windows.append(w)
+                            if w.failed:
+                                errors = [f.message for f in a.failures]
+                                self.m.notes.append(f"{name}/{law.name} {at}: {w.failed} requests failed"
+                                                    + (f" ({errors[0]})" if errors else ""))
+                                break
+                    except interrupt.OutOfTime:
+                        return ProbeResult(None, None, "measurement.max_wall_s ran out during the probe", ran_out=True)
+                    result, figs = judge_probe(plan, load, windows)
+                    figures[load] = figs
+                    self.progress(f"envelope search {name}", len(figures), len(figures))
+                    return result
+
+                env = search(probe, plan.start, plan.maximum, plan.integer, plan.tolerance, plan.budget_s,
+                             stopped=interrupt.ran_out)
+                probes = [ProbeRecord(st.load, **{k: figures.get(st.load, {}).get(k, default) for k, default in (
+                    ("requests", 0), ("failed", 0), ("excluded", 0), ("throughputs", []), ("good_shares", []), ("itl_p99_ms", []))},
+                    verdict=st.verdict, why=st.result.why, saturated=st.saturated) for st in env.steps]
+                self.m.envelopes.append(EnvelopeRecord(name, law.name, plan.over, env.lower, env.upper, env.stop, probes,
+                                                       env.wall_s, dict(plan.slo_ms), plan.itl_p99_ms, plan.min_good_share))
+                if interrupt.ran_out():
+                    raise interrupt.OutOfTime()
 
     def _block(self, block: Block, budget: RerunBudget, unit_done: Callable[[int], None]) -> None:
         """One block: warm-up of its runners, then each unit with its contention reruns
@@ -373,11 +433,12 @@ class Loop:
             self.m.failures += best.failures + extra
             kept.append(best)
 
-    def _attempt(self, unit: list[Request], load: LoadStrategy, at: str, into: _Attempt) -> None:
+    def _attempt(self, unit: list[Request], load: LoadStrategy, at: str, into: _Attempt, tally: bool = True) -> None:
         """One attempt at `unit` through the runner: a counter scrape of each of its runners,
         the requests, a second scrape. A request's record (or Failure, stage "request") is
         kept in `into` as it ends, so an interrupt keeps them. Raises interrupt.OutOfTime
-        between requests once measurement.max_wall_s has run out."""
+        between requests once measurement.max_wall_s has run out. `tally`: count the requests
+        that end in `ended` (the load points' progress; not the envelope search's probes)."""
         c, r = self._labels(load)
         names = list(dict.fromkeys(q.draft for q in unit))
         where = f" at {at}" if self.labelled else ""
@@ -386,7 +447,8 @@ class Loop:
 
         def done(i: int, result: RequestResult) -> None:
             req = unit[i]
-            self.ended[req.draft, req.law.name, c, r] += 1
+            if tally:
+                self.ended[req.draft, req.law.name, c, r] += 1
             if isinstance(result, BaseException):  # recorded, the run goes on
                 into.failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}{where}",
                                              describe_error(result), c, r))
@@ -406,7 +468,7 @@ class Loop:
         except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
             ended = len(into.records) + len(into.failures)
             left = unit[ended:]
-            for req in left:
+            for req in left if tally else []:
                 self.ended[req.draft, req.law.name, c, r] += 1
             if left:
                 into.failures.append(Failure(FailureStage.REQUEST, left[0].draft, left[0].law.name,
@@ -455,7 +517,7 @@ class Loop:
             deltas = [a.counters.get(name) for a in mine]
             w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
             if self.s.slo_ms:
-                w.good_requests, w.slo_ms = sum(_meets(rec, self.s.slo_ms) for _, rec in spans), dict(self.s.slo_ms)
+                w.good_requests, w.slo_ms = sum(meets(rec, self.s.slo_ms) for _, rec in spans), dict(self.s.slo_ms)
             self.m.runs.append(w)
             error = next((a.scrape_errors[name] for a in mine if name in a.scrape_errors), None)
             # A draft model proposes at every step, so counters that did not move mean speculation was off;
@@ -499,13 +561,6 @@ def _latency(before: Any, after: Any) -> dict[str, float] | None:
         return latency_delta(before, after)
     except (ValueError, KeyError):  # a restarted server or an odd exposition: the cross-check is left out
         return None
-
-
-def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
-    """Whether a request met every SLO (ms): ttft, tpot, e2el (vLLM's goodput; a request with
-    one output token has no TPOT and meets that objective)."""
-    values = {"ttft": r.ttft_ms, "tpot": r.tpot_ms, "e2el": r.e2el_ms}
-    return all(not (values[k] > limit) for k, limit in slo.items())
 
 
 def _not_lossless(m: Measurements) -> None:

@@ -20,12 +20,15 @@ Faults, chosen per request by the first prompt token id (Stub.faults: id -> faul
   "reset" the request is read, then the socket is closed with an RST (SO_LINGER 0)
   "stall_mid" 2 events, then nothing (headers and events came: a stall mid-stream)
 Stub.fault_all, when set, is the fault of every generation request (whatever its prompt).
+Stub.slots, when set, is the server's capacity: at most that many requests generate at once,
+the others wait (first come, first served) and their schedule starts when they get a slot, so
+closed-loop throughput rises with concurrency up to `slots` and stays flat beyond it.
 Stub.split_events sends each event's tokens as one event per token, back to back (as
 llama-server streams a speculative step); Stub.replay (first prompt id -> SSE text) sends a
 recorded stream verbatim, one event per itl_s (tests/data/served/<engine>_stream.txt).
 
 Run in a thread (Stub().start(); .url; .stop()) or as a process:
-    python tests/served_stub.py --port 0 [--ttft-ms 20 --itl-ms 5 --tokens-per-event 1 --split-events]
+    python tests/served_stub.py --port 0 [--ttft-ms 20 --itl-ms 5 --tokens-per-event 1 --split-events --slots 4]
 (prints "PORT <n>" once listening).
 """
 
@@ -60,6 +63,7 @@ class Stub:
     split_events: bool = False     # each step's tokens as one event per token, back to back (llama.cpp)
     replay: dict[int, str] = field(default_factory=dict)  # first prompt id -> SSE text sent verbatim, an event per itl
     fault_all: str | None = None   # the fault of every generation request (None: by first prompt id, `faults`)
+    slots: int | None = None       # most requests generating at once (a server's capacity); the rest wait, FIFO
     metrics_text: str = "# no metrics\n"
     host: str = "127.0.0.1"
     port: int = 0
@@ -74,6 +78,7 @@ class Stub:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def url(self) -> str:
@@ -184,9 +189,18 @@ class Stub:
             self.requests.append(record)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        slot = None
         try:
+            if self.slots:  # a request beyond the capacity waits for a slot; its schedule starts there
+                if self._slots is None:
+                    self._slots = asyncio.Semaphore(self.slots)
+                slot = self._slots
+                await slot.acquire()
+                t_recv = time.perf_counter()
             return await self._generate(path, body, record, t_recv, writer)
         finally:
+            if slot is not None:
+                slot.release()
             with self._lock:
                 self.in_flight -= 1
 
@@ -323,9 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--itl-ms", type=float, default=5.0)
     ap.add_argument("--tokens-per-event", type=int, default=1, help="tokens per step")
     ap.add_argument("--split-events", action="store_true", help="each step's tokens as one event per token")
+    ap.add_argument("--slots", type=int, default=None, help="most requests generating at once (the rest wait)")
     args = ap.parse_args(argv)
     stub = Stub(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, tokens_per_event=args.tokens_per_event,
-                port=args.port, split_events=args.split_events)
+                port=args.port, split_events=args.split_events, slots=args.slots)
     try:
         asyncio.run(stub.serve())
     except KeyboardInterrupt:

@@ -34,3 +34,20 @@ def describe_point(load: LoadStrategy) -> str:
     """A load point as notes and failures name it: "concurrency 4" or "request rate 2/s"."""
     c, r = point_of(load)
     return f"concurrency {c}" if r is None else f"request rate {r:g}/s"
+
+
+def search_plan(policy: Any) -> Any:
+    """load.search as the loop runs it (gate.load.search.SearchPlan), with the goodput SLOs,
+    the open loop's burstiness, seed and cap, and measurement's contention and client-delay
+    bounds; None when the policy asks for no search."""
+    from gate.load.search import SearchPlan
+    from gate.measure.environment import cpu_count
+
+    load = policy.load
+    if load is None or load.search is None:
+        return None
+    s, ms = load.search, policy.measurement
+    return SearchPlan(s.over, float(s.start), float(s.max), s.repetitions, s.tolerance, s.requests_per_load,
+                      load.goodput.ms() if load.goodput is not None else {}, s.itl_p99_ms(), s.min_good_share,
+                      s.budget_seconds(), load.burstiness, policy.workload.seed, load.max_concurrency, ms.max_cpu_stall,
+                      cpu_count(), ms.max_client_lag_ms, ms.max_contended)

@@ -408,6 +408,59 @@ class GoodputSpec(_Strict):
         return {k: parse_quantity(getattr(self, k)).value for k in ("ttft", "tpot", "e2el") if getattr(self, k) is not None}
 
 
+class SearchSpec(_Strict):
+    """The envelope search (gate.load.search): per runner and law, the highest load at which
+    every SLO holds before the server saturates, as an interval, found by doubling the load
+    from `start` and then bisecting; each probe runs the workload `repetitions` times."""
+
+    over: Literal["concurrency", "request_rate"] = Field("concurrency", description="The load searched: closed-loop "
+                                                         "concurrency or open-loop request rate (requests/s).")
+    start: float = Field(1, gt=0, description="The first load probed (concurrency: a whole number).")
+    max: float = Field(..., gt=0, description="The highest load probed (concurrency: a whole number, at most 4096).")
+    repetitions: int = Field(1, ge=1, le=10, description="Windows per probe: a probe holds when every one holds.")
+    tolerance: float = Field(0.1, gt=0, le=1, description="request_rate: the bisection stops when upper / lower is "
+                             "within 1 + tolerance (concurrency stops when they are 1 apart).")
+    requests_per_load: int = Field(4, ge=1, le=64, description="Each probe sends max(the workload's requests, this x "
+                                   "the load) requests (concurrency: waves of requests; request rate: seconds of arrivals).")
+    min_good_share: float = Field(0.9, gt=0, le=1, description="Least share of a probe's requests that meet every "
+                                  "load.goodput SLO (ttft, tpot, e2el) for the probe to hold.")
+    itl_p99: str | None = Field(None, description="Ceiling on the p99 of a probe's inter-token latencies, e.g. '100 ms'.")
+    budget_s: str | float = Field("10 min", description="Wall time of one runner and law's search ('10 min', bare "
+                                  "seconds): no probe starts once it has passed; the interval says what was found.")
+
+    @field_validator("itl_p99")
+    @classmethod
+    def _itl(cls, v: str | None) -> str | None:
+        if v is not None:
+            q = _quantity(v)
+            if q.dimension is not Dimension.TIME_MS or not math.isfinite(q.value) or q.value <= 0:
+                raise ValueError(f"{v!r} is not a positive time (write it with a unit, e.g. '100 ms')")
+        return v
+
+    @field_validator("budget_s", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> Any:
+        _wall_seconds(v)  # raises ValueError for anything but a positive finite time
+        return v
+
+    @model_validator(mode="after")
+    def _loads(self) -> SearchSpec:
+        if self.start > self.max:
+            raise ValueError(f"start ({self.start:g}) is above max ({self.max:g})")
+        if self.over == "concurrency" and not (float(self.start).is_integer() and float(self.max).is_integer()
+                                               and self.max <= 4096):
+            raise ValueError("a concurrency search needs whole-number start and max (max at most 4096)")
+        return self
+
+    def budget_seconds(self) -> float:
+        """budget_s in seconds."""
+        return _wall_seconds(self.budget_s)
+
+    def itl_p99_ms(self) -> float | None:
+        """itl_p99 in ms (None: no ceiling)."""
+        return None if self.itl_p99 is None else parse_quantity(self.itl_p99).value
+
+
 class LoadSpec(_Strict):
     """The offered load of a served run: closed-loop concurrency points and/or open-loop request
     rates (each a load point; every runner gets the same offered load on the same prompts)."""
@@ -420,7 +473,9 @@ class LoadSpec(_Strict):
                               "(vLLM benchmark_serving).")
     max_concurrency: int | None = Field(None, ge=1, description="Open loop: cap on requests in flight (client queue time "
                                         "is reported).")
-    goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric.")
+    goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric (and for the envelope search).")
+    search: SearchSpec | None = Field(None, description="Search each runner's highest load that meets every SLO before "
+                                      "the server saturates (gate.load.search), after the load points.")
 
     @field_validator("concurrency", "request_rate")
     @classmethod
@@ -723,6 +778,9 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                     "workload.constraints declares none"
                 problems.append((f"rules[{i}].scope.constraints[{j}]", f"unknown constraint {value!r}; {known}"))
         problems.extend(_served_rule_problems(policy, i, rule))
+        kind_problem = rule_kinds.get(rule.kind).policy_problem(rule, policy)
+        if kind_problem is not None:
+            problems.append((f"rules[{i}].{kind_problem[0]}", kind_problem[1]))
         if rule.relative_to == "baseline" and policy.baseline is None:
             problems.append((f"rules[{i}].relative_to", "relative_to: baseline needs a `baseline` section naming the saved report"))
         if rule.id in seen:

@@ -150,6 +150,30 @@ def client_rows(report: Report) -> list[list[str]]:
              str(c.token_mismatches), server(c)] for c in report.client]
 
 
+ENVELOPE_COLUMNS = ("runner", "law", "SLO load", "stopped", "out tok/s at lower", "probes (load: verdict, tok/s)", "wall",
+                    "SLOs")
+
+
+def envelope_rows(report: Report) -> list[list[str]]:
+    """One row per runner and law of the envelope search (load.search, gate.load.search): the
+    interval [lower, upper), why the search stopped, and every probe in run order."""
+    def median(xs: list[float]) -> float | None:
+        return sorted(xs)[len(xs) // 2] if xs else None
+
+    rows = []
+    for e in report.measurements.envelopes:
+        at = next((p for p in e.probes if p.load == e.lower), None)
+        thr = median(at.throughputs) if at is not None else None
+        probes = ", ".join(f"{p.load:g}: {p.verdict}" + (f" {median(p.throughputs):.0f}" if p.throughputs else "")
+                           for p in e.probes)
+        slos = [f"{k} <= {v:g} ms" for k, v in e.slo_ms.items()]
+        slos = ([f"{', '.join(slos)} on {e.min_good_share:.0%}"] if slos else []) + (
+            [f"itl p99 <= {e.itl_p99_ms:g} ms"] if e.itl_p99_ms is not None else [])
+        rows.append([e.runner, e.law, e.shown(), e.stop, _f(thr, ".1f"), probes, f"{e.wall_s:.0f} s",
+                     "; ".join(slos) or "saturation only"])
+    return rows
+
+
 def client_warnings(report: Report) -> list[str]:
     """The client self-check's warnings, each with its window."""
     return [f"{c.runner} {c.law} {c.load}" + (f" rep {c.repetition}" if c.repetition is not None else "") + f": {w}"
@@ -174,6 +198,14 @@ def load_tables(report: Report) -> list[Table | Text]:
         for c in report.crossovers:
             cross.add_row(escape(c.message))
         out.append(cross)
+    if report.measurements.envelopes:
+        env = Table(title="Envelope search (load.search): each runner's SLO load [held, failed), probes in run order",
+                    title_justify="left")
+        for col in ENVELOPE_COLUMNS:
+            env.add_column(col, justify="left", overflow="fold")
+        for row in envelope_rows(report):
+            env.add_row(*(escape(x) for x in row))
+        out.append(env)
     if report.client:
         client = Table(title="Client self-check (how late the client sent and read; delayed requests are left out of "
                              "timing verdicts)", title_justify="left")

@@ -37,7 +37,8 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         if o.metric not in METRICS:  # a rule kind that decides no metric (exactness): its details explain it
             for d in o.details:
                 keys = ("name", "kind", "role", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
-                        "prompt_id", "position", "draft_token", "target_token", "gap_logits", "near_tie")
+                        "prompt_id", "position", "draft_token", "target_token", "gap_logits", "near_tie", "lower", "upper",
+                        "probes")
                 lines.append("  - " + ", ".join(f"{k}={_number(d[k])}" for k in keys if k in d))
             continue
         metric = METRICS[o.metric]

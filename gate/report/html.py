@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterable
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
-from gate.report.console import (CLIENT_COLUMNS, CONSTRAINT_FIGURES, client_rows, client_warnings, constraint_labels,
-                                 constraint_rows)
+from gate.report.console import (CLIENT_COLUMNS, CONSTRAINT_FIGURES, ENVELOPE_COLUMNS, client_rows, client_warnings,
+                                 constraint_labels, constraint_rows, envelope_rows)
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
@@ -226,6 +226,7 @@ class HtmlReport(ReportFormat):
             out += [f'<li data-skipped="{esc(s.name)}"><strong>{esc(s.title)}</strong>: {esc(s.reason)}</li>' for s in skipped]
             out.append("</ul>")
         out.append("</section>")
+        out += self._envelope(report)
         out += self._client(report)
         out += self._tail(report)
         out += ["</body>", "</html>"]
@@ -328,6 +329,18 @@ class HtmlReport(ReportFormat):
                + "".join(f'<th colspan="{len(figures)}">{esc(c)}</th>' for c in labels) + "</tr><tr>"
                + "".join(f"<th>{esc(x)}</th>" for _ in labels for x in figures) + "</tr></thead><tbody>"]
         out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
+        out += ["</tbody></table>", "</section>"]
+        return out
+
+    def _envelope(self, report: Report) -> list[str]:
+        """The envelope search (load.search): each runner's SLO load and its probes."""
+        if not report.measurements.envelopes:
+            return []
+        out = ['<section id="envelope"><h2>Envelope search</h2>',
+               "<p>Each runner's SLO load: every SLO held at the interval's lower end, something failed at its upper end "
+               "(an SLO, or the throughput stopped rising: the server saturated).</p>",
+               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in ENVELOPE_COLUMNS) + "</tr></thead><tbody>"]
+        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in envelope_rows(report)]
         out += ["</tbody></table>", "</section>"]
         return out
 

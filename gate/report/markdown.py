@@ -6,8 +6,8 @@ from __future__ import annotations
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
-from gate.report.console import (BREAKDOWN_COLUMNS, CLIENT_COLUMNS, LOAD_COLUMNS, breakdown_rows, client_rows,
-                                 client_warnings, constraint_rows, load_rows)
+from gate.report.console import (BREAKDOWN_COLUMNS, CLIENT_COLUMNS, ENVELOPE_COLUMNS, LOAD_COLUMNS, breakdown_rows,
+                                 client_rows, client_warnings, constraint_rows, envelope_rows, load_rows)
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
 from gate.rules.status import Status
@@ -71,6 +71,11 @@ class MarkdownReport(ReportFormat):
                     "| " + " | ".join(LOAD_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(LOAD_COLUMNS) - 3)]
             out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in load_rows(report)]
             out += [""] + [f"- {_cell(c.message)}" for c in report.crossovers] + [""]
+        if report.measurements.envelopes:
+            out += ["### Envelope search", "", "Each runner's SLO load (load.search): every SLO held at the interval's "
+                    "lower end, something failed at its upper end (an SLO, or the throughput stopped rising).", "",
+                    "| " + " | ".join(ENVELOPE_COLUMNS) + " |", "|" + "---|" * len(ENVELOPE_COLUMNS)]
+            out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in envelope_rows(report)] + [""]
         if report.client:
             out += ["### Client self-check", "", "How late the client sent and read each window's requests; requests "
                     "it delayed beyond the bound are left out of timing verdicts.", "",

@@ -235,11 +235,14 @@ class ManagedServerRunner(OpenAIRunner):
     @staticmethod
     def parallel_of(policy: Any) -> int:
         """Requests in flight the server must take: the highest load point's concurrency, or
-        load.max_concurrency for an open loop (1 without a load section)."""
+        load.max_concurrency for an open loop, or the envelope search's highest concurrency
+        (load.search.max; 1 without a load section)."""
         from gate.load.points import load_points
 
         load = policy.load
-        return max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1])
+        search = [int(load.search.max)] if load is not None and load.search is not None and load.search.over == "concurrency" \
+            else []
+        return max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1] + search)
 
     # ---- what a kind says -------------------------------------------------------------------
 

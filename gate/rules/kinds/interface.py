@@ -71,6 +71,11 @@ class RuleKind(ABC):
         """(field, message) for the first way `rule` is not a well-formed rule of this kind
         (the policy reports it at rules[i].<field>), or None."""
 
+    def policy_problem(self, rule: Any, policy: Any) -> tuple[str, str] | None:
+        """(field, message) for the first way `rule` does not fit the rest of `policy` (a
+        gate.policy.model.Policy: a section the rule needs is absent), or None (the default)."""
+        return None
+
     @abstractmethod
     def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
         """The outcomes of `rule` for the `drafts` and `laws` in its scope (waivers and what an

@@ -21,6 +21,7 @@ from gate.rules.kinds.interface import RuleKind
 BUILTIN = (
     "gate.rules.kinds.metric",
     "gate.rules.kinds.exactness",
+    "gate.rules.kinds.envelope",
 )
 
 _KINDS: Registry[RuleKind] = Registry("rule kind", lambda: BUILTIN, name_of=lambda kind: kind.name,

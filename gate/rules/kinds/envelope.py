@@ -1,0 +1,115 @@
+"""Rule kind 'envelope': a runner's SLO load (load.search, gate.load.search) against a floor:
+an absolute load ("the draft sustains concurrency 8 within the SLOs") or, relative_to
+fallback, the fallback's SLO load ("the draft sustains at least the fallback's load").
+
+The search gives an interval, not a point: every SLO held at `lower`, something failed at
+`upper` (EnvelopeRecord.bounds: the least and the greatest load the search allows). The verdict
+is decided on the whole interval: pass when its least value meets the floor, fail when even
+its greatest does not, inconclusive in between (the interval straddles the floor: a finer or
+repeated search decides). Relative to the fallback, the ratio's interval is
+[least(draft) / greatest(fallback), greatest(draft) / least(fallback)].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gate.records import FALLBACK, EnvelopeRecord, Measurements
+from gate.rules.kinds.interface import RuleKind, Settings
+from gate.rules.outcome import Outcome
+from gate.rules.status import Status
+
+
+class EnvelopeRules(RuleKind):
+    """An envelope rule takes comparison (>= or >), threshold (a load in the search's units, or
+    a ratio with relative_to: fallback) and a scope of drafts and laws."""
+
+    name = "envelope"
+    keys = ("kind", "comparison", "threshold", "relative_to", "scope", "level")
+
+    def spec_problem(self, rule: Any) -> tuple[str, str] | None:
+        for key in ("metric", "line"):
+            if getattr(rule, key) is not None:
+                return key, f"an envelope rule takes no {key}: it decides the SLO load that load.search finds"
+        if rule.comparison is None or rule.threshold is None:
+            return ("comparison" if rule.comparison is None else "threshold"), (
+                "required key is missing (an envelope rule needs comparison and threshold: the least SLO load)")
+        if rule.comparison not in (">=", ">"):
+            return "comparison", "an envelope rule sets a floor on the SLO load: comparison >= or >"
+        if rule.relative_to == "baseline":
+            return "relative_to", "an envelope rule compares with the fallback (relative_to: fallback) or a load"
+        if rule.scope.categories or rule.scope.constraints or rule.per:
+            return ("per" if rule.per else "scope"), "an envelope rule covers the whole workload; scope it by drafts and laws"
+        return None
+
+    def policy_problem(self, rule: Any, policy: Any) -> tuple[str, str] | None:
+        if policy.load is None or policy.load.search is None:
+            return "kind", "an envelope rule needs load.search (the search for each runner's SLO load)"
+        return None
+
+    def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
+        found = {(e.runner, e.law): e for e in m.envelopes}
+        return [_one(rule, found.get((d, law)), found.get((FALLBACK, law)), d, law) for d in drafts for law in laws]
+
+
+def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None, draft: str, law: str) -> Outcome:
+    threshold = rule.threshold_value
+    relative = rule.relative_to == "fallback"
+    base = dict(rule_id=rule.id, scope=f"{draft}/{law}", draft=draft, law=law, metric="envelope", aggregation="interval",
+                comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
+    bound = f"{rule.comparison} {threshold:g}" + ("x the fallback's" if relative else "")
+    if rule.level == "off":
+        return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
+                       message="envelope: level off, not evaluated")
+    missing = [who for who, e in ((draft, mine), (FALLBACK, fallback if relative else mine)) if e is None]
+    if missing:
+        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None,
+                       message=f"envelope: no search of {', '.join(dict.fromkeys(missing))} under {law} was recorded "
+                       "(not measured)")
+    assert mine is not None
+    details = [_details(mine)] + ([_details(fallback)] if relative and fallback is not None else [])
+    broken = [e for e in ([mine, fallback] if relative else [mine]) if e is not None and e.stop in ("failed", "inconclusive")
+              and e.lower is None]
+    if broken:
+        e = broken[0]
+        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None, details=details,
+                       message=f"envelope: the search of {e.runner} decided nothing ({e.stop}: {_last_why(e)})")
+    least, greatest = mine.bounds()
+    fb_value = None
+    if relative:
+        assert fallback is not None
+        f_least, f_greatest = fallback.bounds()
+        fb_value = fallback.lower
+        least, greatest = (least / f_greatest if f_greatest > 0 else math.inf,
+                           greatest / f_least if f_least > 0 else math.inf)
+    meets = (lambda v: v >= threshold) if rule.comparison == ">=" else (lambda v: v > threshold)  # noqa: E731
+    if meets(least):
+        status = Status.PASS
+    elif not meets(greatest):
+        status = Status.FAIL if rule.level == "error" else Status.WARN
+    else:
+        status = Status.INCONCLUSIVE
+    shown = f"[{least:.3g}, {greatest:.3g}]" + ("x" if relative else "")
+    what = (f"SLO load {mine.shown()} against the fallback's {fallback.shown()}: ratio in {shown}" if relative and fallback
+            else f"SLO load {mine.shown()}: in {shown}")
+    tail = {Status.PASS: "met on the whole interval", Status.INCONCLUSIVE: "the interval straddles the floor (a finer "
+            "search, load.search.tolerance, or more repetitions decide)"}.get(status, "missed on the whole interval")
+    stopped = f"; the search stopped: {mine.stop}" + (f" ({_last_why(mine)})" if mine.stop in ("budget", "inconclusive",
+                                                                                                   "failed") else "")
+    return Outcome(**base, status=status, measured=least if math.isfinite(least) else None,
+                   samples=sum(p.requests for p in mine.probes), fallback_value=fb_value, details=details,
+                   message=f"envelope: {what} vs {bound}: {tail}{stopped}")
+
+
+def _last_why(e: EnvelopeRecord) -> str:
+    return e.probes[-1].why if e.probes else "no probe ran"
+
+
+def _details(e: EnvelopeRecord) -> dict[str, Any]:
+    """The search of one runner as `gate explain` lists it: its interval, why it stopped, its probes."""
+    return {"name": e.runner, "kind": e.over, "lower": e.lower, "upper": e.upper, "verdict": e.stop, "n": len(e.probes),
+            "probes": ", ".join(f"{p.load:g} {p.verdict}" for p in e.probes)}
+
+
+KIND = EnvelopeRules()

@@ -1,0 +1,158 @@
+"""The envelope search (load.search, gate.load.search): the search on probes with a known
+answer, and `gate check` finding a stub server's known capacity (Stub.slots) through the
+whole pipeline, with the envelope rule deciding on the interval."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import stub_policy, write_policy
+from gate.cli import cli
+from gate.load.search import ProbeResult, elasticity, rising, search
+from gate.records import EnvelopeRecord, ProbeRecord
+from served_stub import Stub
+
+
+def server(capacity: float, slo_load: float, per_unit: float = 100.0):
+    """Probes of a server whose throughput rises linearly up to `capacity` and is flat beyond
+    it, and whose SLOs hold up to `slo_load`; returns the probe and the loads it was asked."""
+    asked: list[float] = []
+
+    def probe(load: float) -> ProbeResult:
+        asked.append(load)
+        return ProbeResult(load <= slo_load, per_unit * min(load, capacity), "")
+    return probe, asked
+
+
+def test_the_search_brackets_then_bisects_to_the_slo_load() -> None:
+    probe, asked = server(capacity=1000, slo_load=11)
+    env = search(probe, 1, 64, integer=True)
+    assert (env.lower, env.upper, env.stop) == (11, 12, "slo")
+    assert asked[:5] == [1, 2, 4, 8, 16] and set(asked[5:]) <= set(range(9, 16))  # doubled, then bisected
+    assert len(asked) == 5 + 3  # 12, 10, 11: log2 of the bracket
+
+
+def test_the_search_finds_the_knee_where_throughput_stops_rising() -> None:
+    probe, asked = server(capacity=6, slo_load=1000)
+    env = search(probe, 1, 64, integer=True)
+    assert (env.lower, env.upper, env.stop) == (6, 7, "saturation")
+    # 16 added nothing over 8; 7 -> 8 added nothing, 3 -> 4 rose: the knee lies in [4, 8), then 5 -> 6 rose, 6 -> 7 did not
+    assert asked == [1, 2, 4, 8, 16, 7, 3, 5, 6]
+    assert {s.load: s.verdict for s in env.steps} == {1: "held", 2: "held", 3: "held", 4: "held", 5: "held", 6: "held",
+                                                     7: "saturation", 8: "saturation", 16: "saturation"}
+
+
+def test_an_slo_that_breaks_below_the_knee_bounds_the_envelope() -> None:
+    probe, _ = server(capacity=6, slo_load=5)
+    env = search(probe, 1, 64, integer=True)
+    assert (env.lower, env.upper, env.stop) == (5, 6, "slo")
+
+
+def test_a_rate_search_ends_within_its_tolerance_and_the_maximum_ends_a_search_that_always_held() -> None:
+    probe, _ = server(capacity=math.inf, slo_load=3.3)
+    env = search(probe, 0.5, 16.0, integer=False, tolerance=0.05)
+    assert env.stop == "slo" and env.lower <= 3.3 < env.upper and env.upper / env.lower <= 1.05
+    probe, asked = server(capacity=math.inf, slo_load=math.inf)
+    env = search(probe, 1, 10, integer=True)
+    assert (env.lower, env.upper, env.stop) == (10, None, "max") and asked == [1, 2, 4, 8, 10]
+
+
+def test_the_budget_and_an_inconclusive_probe_stop_the_search_with_what_it_found() -> None:
+    clock = iter(range(100))
+    probe, asked = server(capacity=1000, slo_load=11)
+    env = search(probe, 1, 64, integer=True, budget_s=3, clock=lambda: next(clock))
+    assert env.stop == "budget" and env.lower == 2 and env.upper is None and asked == [1, 2]
+
+    def busy(load: float) -> ProbeResult:
+        return ProbeResult(True, 100 * load) if load < 4 else ProbeResult(None, 400, "contended")
+    env = search(busy, 1, 64, integer=True)
+    assert (env.lower, env.upper, env.stop) == (2, None, "inconclusive")
+    failing = search(lambda load: ProbeResult(False, 1.0, "ttft"), 1, 8, integer=True)
+    assert (failing.lower, failing.upper, failing.stop) == (None, 1, "slo")
+    with pytest.raises(ValueError, match="start <= maximum"):
+        search(busy, 8, 4, integer=True)
+
+
+def test_the_knee_is_where_a_step_of_load_adds_under_half_its_proportional_throughput() -> None:
+    assert elasticity(4, 400.0, 8, 800.0) == pytest.approx(1.0) and elasticity(4, 400.0, 8, 400.0) == 0.0
+    assert rising(4, 400.0, 8, 570.0) and not rising(4, 400.0, 8, 560.0)  # sqrt(2) x 400 = 565.7: elasticity 0.5
+    assert elasticity(4, None, 8, 1.0) is None and rising(4, None, 8, 1.0)  # unknown: nothing says it flattened
+
+
+def envelope(lower: float | None, upper: float | None, runner: str = "fast", stop: str = "slo") -> EnvelopeRecord:
+    return EnvelopeRecord(runner, "greedy", "concurrency", lower, upper, stop,
+                          [ProbeRecord(1, 4, 0, 0, [100.0], [1.0], [None], "held", "every SLO held")], 1.0)
+
+
+def test_an_interval_gives_the_least_and_greatest_slo_load() -> None:
+    assert envelope(4, 5).bounds() == (4, 4)
+    assert envelope(4, 8).bounds() == (4, 7)
+    assert envelope(16, None, stop="max").bounds() == (16, math.inf)
+    assert envelope(None, 1).bounds() == (0, 0)
+    rate = EnvelopeRecord("fast", "greedy", "request_rate", 2.0, 2.2, "slo", [], 1.0)
+    assert rate.bounds() == (2.0, 2.2) and rate.shown() == "request rate [2, 2.2)/s"
+
+
+# -- through gate check, on stub servers of a known capacity -----------------------------------
+
+# Each stub generates at most 4 requests at once (the others wait, FIFO); a request takes
+# 20 ms + 11 x 5 ms = 75 ms, so at concurrency 5 one request in five waits ~75 ms for a slot.
+SEARCH = ("{concurrency: [1], goodput: {ttft: %s}, search: {over: concurrency, start: 1, max: 16, requests_per_load: 4, "
+          "min_good_share: 0.9}}")
+RULES = """\
+  - {id: sustains, kind: envelope, comparison: '>=', threshold: 4}
+  - {id: beyond, kind: envelope, comparison: '>=', threshold: 6}
+  - {id: as-fallback, kind: envelope, comparison: '>=', threshold: 1.0, relative_to: fallback}
+"""
+
+
+def run_search(tmp_path: Path, model: Path, prompts: Path, ttft: str) -> dict:
+    with Stub(ttft_s=0.02, itl_s=0.005, slots=4) as fallback, Stub(ttft_s=0.02, itl_s=0.005, slots=4) as draft:
+        text = stub_policy(model, prompts, fallback.url, draft.url, load=SEARCH % ttft, rules=RULES)
+        out = tmp_path / "out.json"
+        result = CliRunner().invoke(cli, ["check", str(write_policy(tmp_path, text)), "--json", str(out),
+                                          "--markdown", str(tmp_path / "out.md"), "--html", str(tmp_path / "out.html"),
+                                          "--no-progress"])
+        assert fallback.max_in_flight > 4 and draft.max_in_flight > 4  # the probes went past the capacity (the rest waited)
+    assert "Traceback" not in result.output, result.output
+    assert out.exists(), (result.output, result.exception)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("ttft,stop", [("60 ms", "slo"), ("10 s", "saturation")])
+def test_gate_check_finds_a_servers_known_capacity(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path,
+                                                   ttft: str, stop: str) -> None:
+    """A TTFT ceiling of 60 ms breaks at concurrency 5 (one request in five waits for a slot);
+    with a 10 s ceiling nothing breaks, and the throughput stops rising past 4 slots."""
+    report = run_search(tmp_path, tiny_model_dir, prompts_file, ttft)
+    found = {e["runner"]: e for e in report["measurements"]["envelopes"]}
+    assert set(found) == {"fallback", "fast"}
+    for e in found.values():
+        assert (e["lower"], e["upper"], e["stop"]) == (4, 5, stop), [(p["load"], p["verdict"], p["why"]) for p in e["probes"]]
+        assert [p["load"] for p in e["probes"]][:4] == [1, 2, 4, 8]
+        assert all(p["requests"] >= 4 * p["load"] for p in e["probes"])
+    probes = report["measurements"]["probe_requests"]
+    assert len(probes) == sum(p["requests"] for e in found.values() for p in e["probes"])
+    requests = report["measurements"]["requests"]  # the load point's requests only: each prompt once per runner
+    assert all(r["concurrency"] == 1 for r in requests) and len(requests) == 2 * len({r["prompt_id"] for r in requests})
+    status = {o["rule_id"]: o["status"] for o in report["outcomes"]}
+    assert status == {"sustains": "pass", "beyond": "fail", "as-fallback": "pass"}, report["outcomes"]
+    md = (tmp_path / "out.md").read_text()
+    assert "### Envelope search" in md and "concurrency [4, 5)" in md
+    assert '<section id="envelope">' in (tmp_path / "out.html").read_text()
+
+
+def test_an_envelope_rule_needs_a_search(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
+    text = stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", rules=RULES)
+    result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, text))])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "rules[0].kind" in result.output and "needs load.search" in result.output
+    bad = stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9",
+                      load="{concurrency: [1], search: {start: 8, max: 4}}", rules=RULES)
+    result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, bad, "bad.yaml"))])
+    assert result.exit_code == 2 and "load.search" in result.output and "above max" in result.output
