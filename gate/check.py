@@ -26,6 +26,7 @@ from gate.records import FALLBACK, DraftInfo, Failure, FailureStage, Measurement
 from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
+from gate.rules import interactivity
 from gate.rules.load_points import load_summary
 from gate.rules.summary import summarize
 from gate.run import Progress, Settings, measure, measure_more
@@ -306,6 +307,9 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code,
                          points, crossings)
+    report.interactivity = interactivity.points(m, points)
+    load = loaded.policy.load
+    report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_tokens_s if load else None)
     report.client = client_checks(m.runs, m.requests, settings.max_client_lag_ms,
                                   {s.runner: s.slots for s in m.servers if s.slots is not None},
                                   getattr(loaded.policy.runner, "burst_gap_ms", None))

@@ -778,7 +778,8 @@ class ProbeRecord:
     """One probe of an envelope search (gate.load.search): the workload at `load` (concurrency,
     or requests/s), `repetitions` windows. Per repetition: `throughputs` (committed output
     tokens/s over the window), `good_shares` (share of its requests meeting every load.goodput
-    SLO), `itl_p99_ms` (p99 of its inter-token gaps; None: no gaps). `requests` measured and
+    SLO), `itl_p99_ms` (p99 of its inter-token gaps; None: no gaps), `tpot_mean_ms` (mean
+    TPOT of its clean requests: 1000 / it is the per-user speed). `requests` measured and
     `failed`, `excluded` (contended or client delayed: timing left them out), the search's
     `verdict` ("held", "slo", "saturation", "inconclusive", "failed") and `why`."""
 
@@ -792,6 +793,7 @@ class ProbeRecord:
     verdict: str
     why: str
     saturated: bool = False
+    tpot_mean_ms: list[float | None] = field(default_factory=list)  # per repetition: mean TPOT of its clean requests
 
 
 @dataclass

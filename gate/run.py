@@ -351,7 +351,8 @@ class Loop:
                 env = search(probe, plan.start, plan.maximum, plan.integer, plan.tolerance, plan.budget_s,
                              stopped=interrupt.ran_out)
                 probes = [ProbeRecord(st.load, **{k: figures.get(st.load, {}).get(k, default) for k, default in (
-                    ("requests", 0), ("failed", 0), ("excluded", 0), ("throughputs", []), ("good_shares", []), ("itl_p99_ms", []))},
+                    ("requests", 0), ("failed", 0), ("excluded", 0), ("throughputs", []), ("good_shares", []), ("itl_p99_ms", []),
+                    ("tpot_mean_ms", []))},
                     verdict=st.verdict, why=st.result.why, saturated=st.saturated) for st in env.steps]
                 self.m.envelopes.append(EnvelopeRecord(name, law.name, plan.over, env.lower, env.upper, env.stop, probes,
                                                        env.wall_s, dict(plan.slo_ms), plan.itl_p99_ms, plan.min_good_share))

@@ -103,7 +103,7 @@ def test_an_interval_gives_the_least_and_greatest_slo_load() -> None:
 # Each stub generates at most 4 requests at once (the others wait, FIFO); a request takes
 # 20 ms + 11 x 5 ms = 75 ms, so at concurrency 5 one request in five waits ~75 ms for a slot.
 SEARCH = ("{concurrency: [1], goodput: {ttft: %s}, search: {over: concurrency, start: 1, max: 16, requests_per_load: 4, "
-          "min_good_share: 0.9}}")
+          "min_good_share: 0.9}, per_user_tokens_s: 50}")
 RULES = """\
   - {id: sustains, kind: envelope, comparison: '>=', threshold: 4}
   - {id: beyond, kind: envelope, comparison: '>=', threshold: 6}
@@ -144,7 +144,14 @@ def test_gate_check_finds_a_servers_known_capacity(tmp_path: Path, tiny_model_di
     assert status == {"sustains": "pass", "beyond": "fail", "as-fallback": "pass"}, report["outcomes"]
     md = (tmp_path / "out.md").read_text()
     assert "### Envelope search" in md and "concurrency [4, 5)" in md
-    assert '<section id="envelope">' in (tmp_path / "out.html").read_text()
+    html = (tmp_path / "out.html").read_text()
+    assert '<section id="envelope">' in html and 'data-plot="throughput-vs-interactivity"' in html
+    # every probe is a point of throughput against per-user speed (the stub's TPOT is 5 ms: ~200 tokens/s per user)
+    pts = report["interactivity"]
+    assert len([p for p in pts if p["where"].startswith("search")]) == sum(len(e["probes"]) for e in found.values())
+    assert all(150 < p["per_user_tokens_s"] < 210 for p in pts) and any(p["pareto"] for p in pts)
+    (eq,) = report["equal_interactivity"]  # 50 tokens/s per user lies outside what was measured: never extrapolated
+    assert eq["gain"] is None and "not compared" in eq["message"]
 
 
 def test_an_envelope_rule_needs_a_search(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
@@ -156,3 +163,40 @@ def test_an_envelope_rule_needs_a_search(tmp_path: Path, tiny_model_dir: Path, p
                       load="{concurrency: [1], search: {start: 8, max: 4}}", rules=RULES)
     result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, bad, "bad.yaml"))])
     assert result.exit_code == 2 and "load.search" in result.output and "above max" in result.output
+
+
+# -- throughput at equal interactivity (gate.rules.interactivity) -------------------------------
+
+def point(runner: str, per_user: float, throughput: float) -> "InteractivityPoint":
+    from gate.rules.interactivity import InteractivityPoint
+
+    return InteractivityPoint(runner, "greedy", "c=?", per_user, throughput)
+
+
+def test_the_pareto_front_and_the_throughput_read_off_it_at_a_per_user_speed() -> None:
+    from gate.records import Environment, Measurements
+    from gate.rules.interactivity import compare, points, throughput_at
+
+    m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0.1.0", "linux", "cpu", "cpu", 0))
+    m.envelopes = [EnvelopeRecord("fallback", "greedy", "concurrency", 4, 5, "slo", [
+        ProbeRecord(c, 8, 0, 0, [thr], [1.0], [None], "held", "", tpot_mean_ms=[tpot])
+        for c, thr, tpot in ((1, 100.0, 10.0), (2, 180.0, 11.0), (4, 300.0, 13.0), (8, 310.0, 25.0), (3, 150.0, 12.0))], 1.0),
+        EnvelopeRecord("fast", "greedy", "concurrency", 4, 5, "slo", [
+            ProbeRecord(c, 8, 0, 0, [thr], [1.0], [None], "held", "", tpot_mean_ms=[tpot])
+            for c, thr, tpot in ((1, 150.0, 6.0), (2, 270.0, 7.0), (4, 420.0, 9.0), (8, 500.0, 12.0))], 1.0)]
+    pts = points(m, [])
+    front = {(p.runner, p.where): p.pareto for p in pts}
+    assert front[("fallback", "search c=3")] is False  # c=2 is both faster per user (90.9 tok/s) and higher (180)
+    assert front[("fallback", "search c=8")] and front[("fallback", "search c=4")] and front[("fallback", "search c=1")]
+    fallback = [p for p in pts if p.runner == "fallback"]
+    # 1000 / 11 = 90.9 tok/s (180) and 1000 / 13 = 76.9 tok/s (300): at 80 tok/s, linear between them
+    assert throughput_at(fallback, 80.0) == pytest.approx(180 + (300 - 180) * (80 - 1000 / 11) / (1000 / 13 - 1000 / 11))
+    assert throughput_at(fallback, 200.0) is None and throughput_at(fallback, 10.0) is None  # never extrapolated
+    (eq,) = compare(pts, 90.0)  # fast: between c=8 (83.3 tok/s per user, 500) and c=4 (111.1, 420)
+    assert eq.runner == "fast" and eq.throughput == pytest.approx(500 + (420 - 500) * (90 - 1000 / 12) / (1000 / 9 - 1000 / 12))
+    assert eq.fallback_throughput == pytest.approx(300 + (180 - 300) * (90 - 1000 / 13) / (1000 / 11 - 1000 / 13))
+    assert eq.gain == pytest.approx(eq.throughput / eq.fallback_throughput) and eq.gain > 2
+    assert "fast under greedy at 90 tokens/s per user:" in eq.message and f"({eq.gain:.2f}x)" in eq.message
+    (far,) = compare(pts, 500.0)
+    assert far.gain is None and "not compared (fast and fallback measured no per-user speeds on both sides" in far.message
+    assert compare(pts, None) == []

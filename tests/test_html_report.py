@@ -122,7 +122,8 @@ def test_every_plot_has_data_a_caption_and_an_svg(rendered):
 def test_plots_without_data_are_named_with_the_reason(rendered):
     text, page = rendered
     skipped = {a["data-skipped"] for t, a in page.tags if "data-skipped" in a}
-    assert skipped == {"speedup-by-context", "overlap-by-context", "speedup-by-load", "roofline", "predicted-vs-measured"}
+    assert skipped == {"speedup-by-context", "overlap-by-context", "speedup-by-load", "throughput-vs-interactivity", "roofline",
+                       "predicted-vs-measured"}
     assert "not a served run" in text and "no context-length sweep" in text
 
 

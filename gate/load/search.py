@@ -297,15 +297,16 @@ class Window:
 
 def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[ProbeResult, dict]:
     """Whether a probe's windows hold every SLO (module docstring), and its figures per window
-    for the report: {"throughputs", "good_shares", "itl_p99_ms", "requests", "failed",
-    "excluded"}. A window's throughput is its committed output tokens over the time from its
+    for the report: {"throughputs", "good_shares", "itl_p99_ms", "tpot_mean_ms", "requests",
+    "failed", "excluded"}. A window's throughput is its committed output tokens over the time from its
     first start to its last end (tokens/s). A probe with a failed request, no measured request
     or more than `max_contended` of its requests contended or client delayed decides nothing
     (holds None). SLO shares and the ITL p99 are taken over the requests not left out."""
     from gate.measure.client_check import is_client_delayed
     from gate.measure.contention import is_contended
 
-    figures: dict = {"throughputs": [], "good_shares": [], "itl_p99_ms": [], "requests": 0, "failed": 0, "excluded": 0}
+    figures: dict = {"throughputs": [], "good_shares": [], "itl_p99_ms": [], "tpot_mean_ms": [], "requests": 0, "failed": 0,
+                     "excluded": 0}
     reasons: list[str] = []
     holds: bool | None = True
     for i, w in enumerate(windows, 1):
@@ -316,6 +317,7 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
             figures["throughputs"].append(0.0)
             figures["good_shares"].append(0.0)
             figures["itl_p99_ms"].append(None)
+            figures["tpot_mean_ms"].append(None)
             continue
         t0 = min(s for s, _ in w.spans)
         t1 = max(s + r.e2el_ms / 1e3 for s, r in w.spans)
@@ -328,6 +330,8 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
         gaps = sorted(g for r in clean for g in r.itl_ms)
         p99 = float(np.percentile(gaps, 99)) if gaps else None
         figures["itl_p99_ms"].append(p99)
+        tpots = [r.tpot_ms for r in clean if r.output_tokens > 1 and math.isfinite(r.tpot_ms)]
+        figures["tpot_mean_ms"].append(float(np.mean(tpots)) if tpots else None)
         if plan.slo_ms and share < plan.min_good_share:
             holds = False if holds is not None else None
             reasons.append(f"{share:.0%} of requests met the SLOs in repetition {i} (needs {plan.min_good_share:.0%})")

@@ -476,6 +476,9 @@ class LoadSpec(_Strict):
     goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric (and for the envelope search).")
     search: SearchSpec | None = Field(None, description="Search each runner's highest load that meets every SLO before "
                                       "the server saturates (gate.load.search), after the load points.")
+    per_user_tokens_s: float | None = Field(None, gt=0, description="Compare each draft with the fallback at this per-user "
+                                            "speed (tokens/s one user sees: 1000 / TPOT ms): output throughput read off each "
+                                            "runner's Pareto front over the load points and search probes.")
 
     @field_validator("concurrency", "request_rate")
     @classmethod

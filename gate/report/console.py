@@ -198,6 +198,13 @@ def load_tables(report: Report) -> list[Table | Text]:
         for c in report.crossovers:
             cross.add_row(escape(c.message))
         out.append(cross)
+    if report.equal_interactivity:
+        eq = Table(title="At equal interactivity (output throughput at the same per-user speed, read off each runner's "
+                         "Pareto front)", title_justify="left", show_header=False)
+        eq.add_column("comparison", overflow="fold")
+        for e in report.equal_interactivity:
+            eq.add_row(escape(e.message))
+        out.append(eq)
     if report.measurements.envelopes:
         env = Table(title="Envelope search (load.search): each runner's SLO load [held, failed), probes in run order",
                     title_justify="left")

@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 
 from gate.measure.client_check import ClientCheck
 from gate.records import Measurements
+from gate.rules.interactivity import EqualInteractivity, InteractivityPoint
 from gate.rules.load_points import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
 from gate.rules.summary import SummaryRow
@@ -38,6 +39,8 @@ class Report:
     load: list[LoadPoint] = field(default_factory=list)  # served runs: every runner at every load point
     crossovers: list[Crossover] = field(default_factory=list)  # served runs: where each draft stops paying
     client: list[ClientCheck] = field(default_factory=list)  # served runs: the client's check of itself, per window
+    interactivity: list[InteractivityPoint] = field(default_factory=list)  # served: throughput against per-user speed
+    equal_interactivity: list[EqualInteractivity] = field(default_factory=list)  # drafts vs fallback at load.per_user_tokens_s
 
 
 ADAPTER = TypeAdapter(Report)

@@ -382,6 +382,7 @@ class HtmlReport(ReportFormat):
             ("speedup-by-category", "Speedup by category", _speedup_by_category),
             ("speedup-by-context", "Speedup by context length", _speedup_by_context),
             ("speedup-by-load", "Speedup by load (served)", _speedup_by_load),
+            ("throughput-vs-interactivity", "Throughput against per-user speed (served)", _interactivity),
             ("acceptance-per-position", "Acceptance per position", _acceptance_per_position),
             ("accepted-length", "Accepted-length histogram", _accepted_length),
             ("overlap-by-category", "Overlap by category", _overlap_by_category),
@@ -636,6 +637,33 @@ def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
     return Plot("", "", len(pts), _svg(fig, "speedup-by-load"),
                 "Served runs: each draft's speedup (paired requests, shaded: its interval) at every load point; a dotted line "
                 "marks the crossover, the lowest load whose whole interval lies below 1.0x.")
+
+
+def _interactivity(report: Report, colors: dict[str, Any]) -> Plot | str:
+    pts = report.interactivity
+    if not pts:
+        return "not a served run (no load points)" if not report.load else "no load point or probe has a TPOT"
+    laws = list(dict.fromkeys(p.law for p in pts))
+    fig, axes = _figure(len(laws), height_in=3.0)
+    for ax, law in zip(axes, laws):
+        mine = [p for p in pts if p.law == law]
+        for r in dict.fromkeys(p.runner for p in mine):
+            theirs = [p for p in mine if p.runner == r]
+            ax.plot([p.per_user_tokens_s for p in theirs], [p.output_throughput for p in theirs], "o", color=colors.get(r),
+                    alpha=0.35, ms=4)
+            front = sorted((p for p in theirs if p.pareto), key=lambda p: p.per_user_tokens_s)
+            ax.plot([p.per_user_tokens_s for p in front], [p.output_throughput for p in front], "o-", color=colors.get(r), label=r)
+        for e in report.equal_interactivity:
+            if e.law == law:
+                ax.axvline(e.per_user_tokens_s, color="black", lw=0.8, ls=":")
+        ax.set_xlabel("per-user speed (tokens/s per request: 1000 / TPOT)")
+        ax.set_title(law, fontsize=9)
+    axes[0].set_ylabel("output throughput (tokens/s)")
+    _legend(axes[-1], outside=True)
+    return Plot("", "", len(pts), _svg(fig, "interactivity"),
+                "Served runs: output throughput against per-user speed at every load point and envelope-search probe; the "
+                "line joins each runner's Pareto front (no other point of it is both faster per user and higher in "
+                "throughput), the dotted line marks load.per_user_tokens_s, where drafts are compared at equal interactivity.")
 
 
 def _acceptance_per_position(report: Report, colors: dict[str, Any]) -> Plot | str:

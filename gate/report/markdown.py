@@ -71,6 +71,10 @@ class MarkdownReport(ReportFormat):
                     "| " + " | ".join(LOAD_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(LOAD_COLUMNS) - 3)]
             out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in load_rows(report)]
             out += [""] + [f"- {_cell(c.message)}" for c in report.crossovers] + [""]
+        if report.equal_interactivity:
+            out += ["### At equal interactivity", "", "Output throughput at the same per-user speed (1000 / TPOT), read off "
+                    "each runner's Pareto front over the load points and search probes:", ""]
+            out += [f"- {_cell(e.message)}" for e in report.equal_interactivity] + [""]
         if report.measurements.envelopes:
             out += ["### Envelope search", "", "Each runner's SLO load (load.search): every SLO held at the interval's "
                     "lower end, something failed at its upper end (an SLO, or the throughput stopped rising).", "",

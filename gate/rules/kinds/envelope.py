@@ -81,8 +81,13 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
         assert fallback is not None
         f_least, f_greatest = fallback.bounds()
         fb_value = fallback.lower
-        least, greatest = (least / f_greatest if f_greatest > 0 else math.inf,
-                           greatest / f_least if f_least > 0 else math.inf)
+        if f_greatest == 0:  # the fallback met the SLOs at no load probed: no ratio to take
+            return Outcome(**base, status=Status.INCONCLUSIVE, measured=None, samples=sum(p.requests for p in mine.probes),
+                           fallback_value=None, details=details,
+                           message=f"envelope: the fallback met the SLOs at no load probed ({fallback.shown()}: "
+                           f"{_last_why(fallback)}), so there is no ratio to take; {draft}'s SLO load {mine.shown()} "
+                           "(lower load.search.start, or SLOs the fallback meets)")
+        least, greatest = (least / f_greatest, greatest / f_least if f_least > 0 else math.inf)
     meets = (lambda v: v >= threshold) if rule.comparison == ">=" else (lambda v: v > threshold)  # noqa: E731
     if meets(least):
         status = Status.PASS
