@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example example-served example-envelope example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
+.PHONY: setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -79,6 +79,13 @@ llama-server: setup
 VLLM = PYTHON="$(PY)" scripts/build-vllm.sh
 vllm:
 	@$(VLLM)
+
+# The operating envelope (load.search) on vLLM's CPU build.
+example-envelope-vllm: setup vllm
+	@GATE_VLLM="$$($(VLLM))" $(BIN)/gate check \
+	  examples/envelope/vllm.yaml --junit out/envelope-vllm-junit.xml --json out/envelope-vllm-report.json \
+	  --html out/envelope-vllm-report.html --markdown out/envelope-vllm-summary.md; \
+	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 example-vllm: setup vllm
 	@GATE_VLLM="$$($(VLLM))" $(BIN)/gate check \

@@ -44,11 +44,13 @@ class CheckResult:
 @dataclass(frozen=True)
 class Options:
     """CLI switches that change how verdicts count: --fail-on-warn, --fail-on-inconclusive,
-    --no-waivers (waivers=False shows the full truth)."""
+    --no-waivers (waivers=False shows the full truth); and --shard I/N ((i, n): measure the
+    i-th of n shards of the run, gate.merge joins them)."""
 
     fail_on_warn: bool = False
     fail_on_inconclusive: bool = False
     waivers: bool = True
+    shard: tuple[int, int] | None = None
 
 
 def check(path: str | Path, progress: Progress | None = None, options: Options = Options(),
@@ -105,7 +107,7 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
-    settings = run_settings(policy, warmup)
+    settings = run_settings(policy, warmup, options.shard)
     notes: list[str] = list(session.notes)
     try:
         m = measure(session, settings, progress, plan.exactness)
@@ -125,7 +127,10 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
     if interrupt.ran_out():
         notes.append(budget_note())
     try:
-        for extra in range(0 if interrupt.ran_out() else ms.extra_repetitions):
+        if options.shard is not None and ms.extra_repetitions:
+            notes.append(f"shard {options.shard[0]}/{options.shard[1]}: measurement.extra_repetitions are not run in a "
+                         "shard (they are decided on the whole run; gate merge decides on what the shards measured)")
+        for extra in range(0 if interrupt.ran_out() or options.shard is not None else ms.extra_repetitions):
             settings_ = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
             pending = [o for o in evaluate(policy.rules, m, settings_)
                        if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"]
@@ -153,15 +158,15 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
     return finish(loaded, m, options, notes, baseline=baseline)
 
 
-def run_settings(policy: Any, warmup: bool = True) -> Settings:
+def run_settings(policy: Any, warmup: bool = True, shard: tuple[int, int] | None = None) -> Settings:
     """What the measurement loop runs for `policy` (gate.run.Settings): its lengths,
     repetitions, seed, warm-up (none when `warmup` is False), interleaving, load points,
-    goodput objectives, contention handling, resources and the envelope search."""
+    goodput objectives, contention handling, resources, the envelope search and the shard."""
     ms = policy.measurement
     slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
     return Settings(policy.workload.max_new_tokens_list, ms.repetitions, policy.workload.seed,
                     ms.warmup_requests if warmup else 0, ms.interleave, tuple(load_points(policy)), slo, _handling(ms),
-                    policy.resources, search_plan(policy))
+                    policy.resources, search_plan(policy), shard)
 
 
 def _during() -> str:
@@ -307,6 +312,7 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code,
                          points, crossings)
+    report.shard = None if options.shard is None else f"{options.shard[0]}/{options.shard[1]}"
     report.interactivity = interactivity.points(m, points)
     load = loaded.policy.load
     report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_tokens_s if load else None)

@@ -87,9 +87,12 @@ def validate(policy: Path) -> None:
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
 @click.option("--report", "extra_reports", multiple=True, metavar="FORMAT=PATH",
               help="Also write the report in another registered format (gate.report.registry), e.g. a plugin's; repeatable.")
+@click.option("--shard", metavar="I/N", help="Measure only the I-th of N shards of the run (its (law, load point) cells in "
+              "turn; what is not split runs in shard 1); `gate merge` joins the N JSON reports into one verdict.")
 def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, html_path: Path | None,
           html_url: str | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None,
-          junit_inconclusive: str, no_progress: bool, no_warmup: bool, extra_reports: tuple[str, ...]) -> None:
+          junit_inconclusive: str, no_progress: bool, no_warmup: bool, extra_reports: tuple[str, ...],
+          shard: str | None) -> None:
     """Measure every draft in POLICY, evaluate every rule, write JUnit and JSON.
 
     Exit 0 when every error-level rule passes, 1 when a rule fails (or warns with
@@ -99,12 +102,17 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when interrupted: the reports are written with
     what was measured, and rules without measurements are errors (not a verdict)."""
     from gate.check import Options, check as do_check
+    from gate.merge import parse_shard
 
     extra = _extra_reports(extra_reports)
     if html_path is not None:
         extra.append(("html", html_path))
     show = None if no_progress else ("bars" if _err.is_terminal else "lines")
-    options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers)
+    try:
+        part = parse_shard(shard) if shard is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--shard") from None
+    options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers, part)
     try:
         with _progress(show) as progress:
             result = do_check(policy, progress=progress, options=options, warmup=not no_warmup)
@@ -113,6 +121,36 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
              "inconclusive_as": junit_inconclusive}
     _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit}, extra, html_url)
+
+
+@cli.command()
+@click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("shards", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-junit.xml"),
+              show_default=True, help="Where to write the JUnit XML report.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-report.json"),
+              show_default=True, help="Where to write the merged JSON report.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the Markdown summary.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the HTML report.")
+@click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated.")
+@click.option("--fail-on-inconclusive", is_flag=True, help="Exit 1 when a verdict is inconclusive.")
+@click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth.")
+def merge(policy: Path, shards: tuple[Path, ...], junit_path: Path, json_path: Path, markdown_path: Path | None,
+          html_path: Path | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool) -> None:
+    """Join the JSON reports of `gate check POLICY --shard I/N` (every shard of one run, each
+    once) into one verdict: every rule decided once on all their measurements, one JUnit file.
+    Exit codes as gate check's; 2 when a report is not a shard of this run or one is missing."""
+    from gate.check import Options
+    from gate.merge import merge as do_merge
+
+    try:
+        result = do_merge(policy, list(shards), Options(fail_on_warn, fail_on_inconclusive, not no_waivers))
+    except GateError as e:
+        _fail(e)
+    junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive}
+    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit},
+                    [("html", html_path)] if html_path is not None else [])
 
 
 def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:

@@ -28,7 +28,7 @@ and keeps what was measured; runners are always closed (managed servers stopped)
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -70,7 +70,8 @@ class Settings:
     runner interleaves), `points` (load points in run order, for runners with load points),
     `slo_ms` (goodput objectives, ms: {"ttft": 500.0}), `contention` (when a request is
     contended and how often its cell is rerun), `resources` (policy.resources, for the bill),
-    `search` (load.search: the envelope search after the load points, gate.load.search)."""
+    `search` (load.search: the envelope search after the load points, gate.load.search),
+    `shard` ((i, n): this run measures the i-th of n shards, gate.merge; None: everything)."""
 
     max_new_tokens: list[int]
     repetitions: int = 1
@@ -82,6 +83,7 @@ class Settings:
     contention: Handling = field(default_factory=Handling)
     resources: Any = None
     search: SearchPlan | None = None
+    shard: tuple[int, int] | None = None
 
 
 def measure(session: Session, settings: Settings, progress: Progress | None = None,
@@ -111,16 +113,18 @@ def measure(session: Session, settings: Settings, progress: Progress | None = No
 
     loop = Loop(session, m, settings, progress, exactness or ExactnessPlan())
     phases = [loop.phase([FALLBACK, *m.drafts], session.laws, range(settings.repetitions))]
-    if session.drafts:  # the drafts are loaded here: overlap along the fallback's outputs
+    first = settings.shard is None or settings.shard[0] == 1  # what is not split runs in the first shard (gate.merge)
+    if session.drafts and first:  # the drafts are loaded here: overlap along the fallback's outputs
         phases.append(Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)))
-    phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress)
+    if first:
+        phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress)
+        phases.append(Phase("the bill", FailureStage.BILL, lambda: _bill(session, m, settings), after_stop=True))
     phases += [
-        Phase("the bill", FailureStage.BILL, lambda: _bill(session, m, settings), after_stop=True),
         # bookkeeping on what was measured; before the identity check: the release model (a
         # reference, never resident at serve time) moves none of the peaks
         Phase("the bookkeeping", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
     ]
-    if runner.capabilities.in_process:  # the target the runner serves is the one loaded here
+    if runner.capabilities.in_process and first:  # the target the runner serves is the one loaded here
         phases.append(Phase("the target identity check", FailureStage.IDENTITY, lambda: measure_identity(session, m, progress),
                             unmeasured=lambda why, when: [] if session.release is None else [
                                 Failure(FailureStage.IDENTITY, "*", "*", "target identity", f"not measured: {why} {when}")]))
@@ -193,19 +197,38 @@ class Loop:
         self.points = list(settings.points) if caps.load_points else [SEQUENTIAL]
         self.interleaved = settings.interleave and caps.interleaves
         self.ended: Counter = Counter()
+        # sharding (gate.merge): the (law, load point) cells in plan order, the k-th in shard k % n + 1
+        self._cells = [(law.name, point_of(p)) for law in session.laws for p in self.points]
+
+    def mine(self, law: str, load: LoadStrategy) -> bool:
+        """Whether this run measures `law` at `load` (always, unless settings.shard splits the
+        run: then the (law, load point) cells go to the shards in turn, in plan order)."""
+        if self.s.shard is None:
+            return True
+        i, n = self.s.shard
+        key = (law, point_of(load))
+        return key in self._cells and self._cells.index(key) % n == i - 1
 
     def blocks(self, names: list[str], laws: list[Law], reps: range) -> list[Block]:
         """The run order of `names` (the fallback first) x `laws` x load points x `reps`
         (gate.plan.plan_blocks)."""
-        return plan_blocks(names[1:], laws, self.session.prompts, self.s.max_new_tokens, reps, self.s.seed,
-                           self.points if self.labelled else None, self.interleaved,
-                           self.runner.capabilities.slow_switch)
+        blocks = plan_blocks(names[1:], laws, self.session.prompts, self.s.max_new_tokens, reps, self.s.seed,
+                             self.points if self.labelled else None, self.interleaved,
+                             self.runner.capabilities.slow_switch)
+        if self.s.shard is None:
+            return blocks
+        out = []
+        for b in blocks:  # this shard's cells only
+            units = [u for u in ([r for r in unit if self.mine(r.law.name, b.load)] for unit in b.units) if u]
+            if units:
+                out.append(replace(b, units=units))
+        return out
 
     def phase(self, names: list[str], laws: list[Law], reps: range) -> Phase:
         """The timed requests as a Phase: when stopped, each runner, law and load point with
         requests that did not end gets a failure (stage "request") saying how many and why."""
         per = len(reps) * len(self.session.prompts) * len(self.s.max_new_tokens)  # per runner, law and load point
-        total = len(laws) * len(self.points) * len(names) * per
+        total = sum(self.mine(law.name, load) for law in laws for load in self.points) * len(names) * per
 
         def ended() -> int:
             return min(sum(self.ended.values()), total)
@@ -215,6 +238,8 @@ class Loop:
             out = []
             for law in laws:
                 for load in self.points:
+                    if not self.mine(law.name, load):
+                        continue
                     c, r = self._labels(load)
                     for name in names:
                         k = per - self._kept(name, law.name, c, r)
@@ -266,7 +291,8 @@ class Loop:
                     self.progress("requests", done[0], total)
                     self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
-                if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1:
+                first = self.s.shard is None or self.s.shard[0] == 1
+                if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1 and first:
                     self._samples()
                 if self.s.search is not None and self.labelled:
                     self._search(names, laws)
@@ -306,15 +332,22 @@ class Loop:
     def _search(self, names: list[str], laws: list[Law]) -> None:
         """The envelope search (gate.load.search) of each runner and law, after the load points:
         one EnvelopeRecord each (m.envelopes), the probes' requests kept raw (m.probe_requests).
-        A probe window whose requests were too often contended or client delayed is rerun (up to
+        Each runner's search begins with the warm-up requests (measurement.warmup_requests: its
+        server may have been started again for it). A probe window whose requests were too often contended or client delayed is rerun (up to
         measurement.contention_reruns times). Once measurement.max_wall_s has run out, what was
         found is recorded and interrupt.OutOfTime raised."""
         plan = self.s.search
         assert plan is not None
         workload = [(p, mnt) for mnt in self.s.max_new_tokens for p in self.session.prompts]
         for law in laws:
+            if not self.mine(law.name, self.points[0]):  # a law's search runs in the shard of its first load point
+                continue
             for name in names:
                 figures: dict[float, dict[str, Any]] = {}
+                if self.s.warmup:  # a managed server may have been started again for this runner: warm it first
+                    first = [Request(name, law, p, mnt, 0, request_seed(self.s.seed, p.id, law.name, mnt, 0))
+                             for p, mnt in workload]
+                    self._warmup(name, first, plan.strategy(plan.start), "envelope search")
 
                 def probe(load: float, name: str = name, law: Law = law) -> ProbeResult:
                     strategy = plan.strategy(load)

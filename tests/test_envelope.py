@@ -93,6 +93,8 @@ def test_an_interval_gives_the_least_and_greatest_slo_load() -> None:
     assert envelope(4, 5).bounds() == (4, 4)
     assert envelope(4, 8).bounds() == (4, 7)
     assert envelope(16, None, stop="max").bounds() == (16, math.inf)
+    assert envelope(16, None, stop="max").shown() == "concurrency [16, max)"
+    assert envelope(2, None, stop="inconclusive").shown() == "concurrency [2, ?)"  # nothing failed: upper unknown
     assert envelope(None, 1).bounds() == (0, 0)
     rate = EnvelopeRecord("fast", "greedy", "request_rate", 2.0, 2.2, "slo", [], 1.0)
     assert rate.bounds() == (2.0, 2.2) and rate.shown() == "request rate [2, 2.2)/s"

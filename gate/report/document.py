@@ -41,6 +41,8 @@ class Report:
     client: list[ClientCheck] = field(default_factory=list)  # served runs: the client's check of itself, per window
     interactivity: list[InteractivityPoint] = field(default_factory=list)  # served: throughput against per-user speed
     equal_interactivity: list[EqualInteractivity] = field(default_factory=list)  # drafts vs fallback at load.per_user_tokens_s
+    shard: str | None = None  # "i/n": this report measured the i-th of n shards of the run (gate check --shard; gate merge)
+    merged_from: list[str] = field(default_factory=list)  # gate merge: the shard reports this one joins
 
 
 ADAPTER = TypeAdapter(Report)

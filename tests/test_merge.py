@@ -1,0 +1,79 @@
+"""Sharded runs (gate check --shard I/N) merged by gate merge give the verdicts of one run of
+the same requests, and a merge refuses reports that are not the shards of one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from conftest import stub_policy, write_policy
+from gate.cli import cli
+from served_stub import Stub
+
+RULES = """\
+  - {id: ttft-ceiling, metric: ttft_ms, aggregation: median, comparison: '<=', threshold: 500 ms, per: concurrency}
+  - {id: ttft-tight, metric: ttft_ms, aggregation: median, comparison: '<=', threshold: 5 ms, per: concurrency}
+  - {id: e2el-p99, metric: e2el_ms, aggregation: p99, comparison: '<=', threshold: 10 s}
+"""
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, [*args])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, result.output
+
+
+def statuses(path: Path) -> dict[str, str]:
+    return {f"{o['rule_id']}[{o['scope']}]": o["status"] for o in json.loads(path.read_text())["outcomes"]}
+
+
+def test_shards_merged_decide_as_one_run(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
+    with Stub(ttft_s=0.02, itl_s=0.005) as fallback, Stub(ttft_s=0.02, itl_s=0.005) as draft:
+        policy = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url,
+                                                    load="{concurrency: [1, 2, 4]}", rules=RULES,
+                                                    measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null"))
+        full, one, two = tmp_path / "full.json", tmp_path / "s1.json", tmp_path / "s2.json"
+        code_full, _ = run("check", str(policy), "--json", str(full), "--junit", str(tmp_path / "full.xml"), "--no-progress")
+        for i, out in ((1, one), (2, two)):
+            run("check", str(policy), "--shard", f"{i}/2", "--json", str(out), "--junit", str(tmp_path / f"s{i}.xml"),
+                "--no-progress")
+    shard1, shard2 = json.loads(one.read_text()), json.loads(two.read_text())
+    assert shard1["shard"] == "1/2" and shard2["shard"] == "2/2"
+    # the (law, load point) cells dealt in turn: c=1 and c=4 in shard 1, c=2 in shard 2, every runner of a cell together
+    assert {(r["draft"], r["concurrency"]) for r in shard1["measurements"]["requests"]} == {
+        (d, c) for d in ("fallback", "fast") for c in (1, 4)}
+    assert {(r["draft"], r["concurrency"]) for r in shard2["measurements"]["requests"]} == {("fallback", 2), ("fast", 2)}
+    assert shard1["measurements"]["bills"] and not shard2["measurements"]["bills"]  # what is not split: shard 1
+    merged = tmp_path / "merged.json"
+    code, output = run("merge", str(policy), str(two), str(one), "--json", str(merged), "--junit", str(tmp_path / "merged.xml"))
+    assert code == code_full == 1, output  # ttft-tight fails in both
+    assert statuses(merged) == statuses(full)
+    doc, whole = json.loads(merged.read_text()), json.loads(full.read_text())
+    assert len(doc["measurements"]["requests"]) == len(whole["measurements"]["requests"]) == 2 * 3 * 2 * 5
+    assert len(doc["measurements"]["runs"]) == len(whole["measurements"]["runs"])
+    assert doc["merged_from"] == [str(two), str(one)] and doc["shard"] is None
+    assert any(n.startswith("merged from 2 shards: 1/2") for n in doc["notes"])
+    junit = (tmp_path / "merged.xml").read_text()
+    assert junit.count("<testcase") == len(doc["outcomes"])
+
+
+def test_a_merge_refuses_what_is_not_every_shard_of_one_run(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
+    with Stub(ttft_s=0.01, itl_s=0.002) as fallback, Stub(ttft_s=0.01, itl_s=0.002) as draft:
+        policy = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url,
+                                                    load="{concurrency: [1, 2]}", rules=RULES, max_new_tokens=4))
+        one, full = tmp_path / "s1.json", tmp_path / "full.json"
+        run("check", str(policy), "--shard", "1/2", "--json", str(one), "--junit", str(tmp_path / "s1.xml"), "--no-progress")
+        run("check", str(policy), "--json", str(full), "--junit", str(tmp_path / "f.xml"), "--no-progress")
+    code, output = run("merge", str(policy), str(one))
+    assert code == 2 and "shard reports missing: 2/2" in output
+    code, output = run("merge", str(policy), str(one), str(one))
+    assert code == 2 and "shard 1/2 is given twice" in output
+    code, output = run("merge", str(policy), str(full))
+    assert code == 2 and "not a shard report" in output
+    other = write_policy(tmp_path, policy.read_text().replace("max_new_tokens: 4", "max_new_tokens: 5"), "other.yaml")
+    code, output = run("merge", str(other), str(one))
+    assert code == 2 and "measured under another policy" in output and "workload" in output
+    code, output = run("check", str(policy), "--shard", "3/2")
+    assert code == 2 and "I must be between 1 and N" in output
