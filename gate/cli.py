@@ -63,25 +63,39 @@ def validate(policy: Path) -> None:
         click.echo(line)
 
 
+def verdict_options(command: Any) -> Any:
+    """The report paths and verdict switches gate check and gate merge share (click options)."""
+    for option in reversed(_VERDICT_OPTIONS):
+        command = option(command)
+    return command
+
+
+_VERDICT_OPTIONS = [
+    click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-junit.xml"),
+                 show_default=True, help="Where to write the JUnit XML report."),
+    click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-report.json"),
+                 show_default=True, help="Where to write the JSON report (every raw measurement)."),
+    click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file)."),
+    click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
+                 help="Also write one self-contained HTML page with plots (linked from the Markdown summary)."),
+    click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (e.g. the CI artifact's URL; "
+                 "default: the --html path)."),
+    click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated."),
+    click.option("--fail-on-inconclusive", is_flag=True,
+                 help="Exit 1 when a verdict is inconclusive (whatever measurement.inconclusive says)."),
+    click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth."),
+    click.option("--junit-warn", type=click.Choice(["skipped", "failure", "passed"]), default=None,
+                 help="How warn outcomes appear in JUnit [default: skipped; failure with --fail-on-warn]."),
+    click.option("--junit-inconclusive", type=click.Choice(["auto", "error", "failure", "skipped"]), default="auto",
+                 show_default=True,
+                 help="How inconclusive outcomes appear in JUnit; auto follows their effect on the exit code."),
+]
+
+
 @cli.command()
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-junit.xml"),
-              show_default=True, help="Where to write the JUnit XML report.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-report.json"),
-              show_default=True, help="Where to write the JSON report (every raw measurement).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file).")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write one self-contained HTML page with plots (linked from the Markdown summary).")
-@click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (e.g. the CI artifact's URL; "
-              "default: the --html path).")
-@click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated.")
-@click.option("--fail-on-inconclusive", is_flag=True, help="Exit 1 when a verdict is inconclusive (whatever measurement.inconclusive says).")
-@click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth.")
-@click.option("--junit-warn", type=click.Choice(["skipped", "failure", "passed"]), default=None,
-              help="How warn outcomes appear in JUnit [default: skipped; failure with --fail-on-warn].")
-@click.option("--junit-inconclusive", type=click.Choice(["auto", "error", "failure", "skipped"]), default="auto", show_default=True,
-              help="How inconclusive outcomes appear in JUnit; auto follows their effect on the exit code.")
+@verdict_options
 @click.option("--no-progress", is_flag=True, help="No progress output (bars on a terminal; otherwise a plain line at most "
               "every 10 s and at each phase change).")
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
@@ -126,18 +140,10 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
 @cli.command()
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-junit.xml"),
-              show_default=True, help="Where to write the JUnit XML report.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-report.json"),
-              show_default=True, help="Where to write the merged JSON report.")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the Markdown summary.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the HTML report.")
-@click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated.")
-@click.option("--fail-on-inconclusive", is_flag=True, help="Exit 1 when a verdict is inconclusive.")
-@click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth.")
+@verdict_options
 def merge(policy: Path, shards: tuple[Path, ...], junit_path: Path, json_path: Path, markdown_path: Path | None,
-          html_path: Path | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool) -> None:
+          html_path: Path | None, html_url: str | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool,
+          junit_warn: str | None, junit_inconclusive: str) -> None:
     """Join the JSON reports of `gate check POLICY --shard I/N` (every shard of one run, each
     once) into one verdict: every rule decided once on all their measurements, one JUnit file.
     Exit codes as gate check's; 2 when a report is not a shard of this run or one is missing."""
@@ -148,9 +154,10 @@ def merge(policy: Path, shards: tuple[Path, ...], junit_path: Path, json_path: P
         result = do_merge(policy, list(shards), Options(fail_on_warn, fail_on_inconclusive, not no_waivers))
     except GateError as e:
         _fail(e)
-    junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive}
+    junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
+             "inconclusive_as": junit_inconclusive}
     _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit},
-                    [("html", html_path)] if html_path is not None else [])
+                    [("html", html_path)] if html_path is not None else [], html_url)
 
 
 def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:

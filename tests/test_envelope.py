@@ -169,12 +169,6 @@ def test_an_envelope_rule_needs_a_search(tmp_path: Path, tiny_model_dir: Path, p
 
 # -- throughput at equal interactivity (gate.rules.interactivity) -------------------------------
 
-def point(runner: str, per_user: float, throughput: float) -> "InteractivityPoint":
-    from gate.rules.interactivity import InteractivityPoint
-
-    return InteractivityPoint(runner, "greedy", "c=?", per_user, throughput)
-
-
 def test_the_pareto_front_and_the_throughput_read_off_it_at_a_per_user_speed() -> None:
     from gate.records import Environment, Measurements
     from gate.rules.interactivity import compare, points, throughput_at

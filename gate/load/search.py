@@ -308,7 +308,7 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
     figures: dict = {"throughputs": [], "good_shares": [], "itl_p99_ms": [], "tpot_mean_ms": [], "requests": 0, "failed": 0,
                      "excluded": 0}
     reasons: list[str] = []
-    holds: bool | None = True
+    holds = True
     for i, w in enumerate(windows, 1):
         recs = [r for _, r in w.spans]
         figures["requests"] += len(recs)
@@ -333,14 +333,13 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
         tpots = [r.tpot_ms for r in clean if r.output_tokens > 1 and math.isfinite(r.tpot_ms)]
         figures["tpot_mean_ms"].append(float(np.mean(tpots)) if tpots else None)
         if plan.slo_ms and share < plan.min_good_share:
-            holds = False if holds is not None else None
+            holds = False
             reasons.append(f"{share:.0%} of requests met the SLOs in repetition {i} (needs {plan.min_good_share:.0%})")
         if plan.itl_p99_ms is not None and p99 is not None and p99 > plan.itl_p99_ms:
-            holds = False if holds is not None else None
+            holds = False
             reasons.append(f"itl p99 {p99:.1f} ms over {plan.itl_p99_ms:g} ms in repetition {i}")
     n = figures["requests"]
-    thr = [t for t in figures["throughputs"]]
-    throughput = float(np.median(thr)) if thr and n else None
+    throughput = float(np.median(figures["throughputs"])) if figures["throughputs"] and n else None
     if figures["failed"]:
         return ProbeResult(None, throughput, f"{figures['failed']} requests failed", failed=True), figures
     if not n:
