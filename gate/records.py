@@ -801,7 +801,7 @@ class EnvelopeRecord:
     """The envelope search of one runner and law: every SLO held at `lower` (None: not even at
     the first probe), something failed at `upper` (None: nothing up to the maximum); the load
     searched (`over`: "concurrency" or "request_rate"), why it stopped (`stop`: "slo",
-    "saturation", "max", "budget", "inconclusive", "failed"), the SLOs (`slo_ms`, ms; `itl_p99_ms`;
+    "saturation", "max", "budget", "inconclusive", "failed", "interrupted"), the SLOs (`slo_ms`, ms; `itl_p99_ms`;
     `min_good_share`), the probes in run order and the wall time it took (s)."""
 
     runner: str

@@ -335,10 +335,12 @@ class Loop:
         Each runner's search begins with the warm-up requests (measurement.warmup_requests: its
         server may have been started again for it). A probe window whose requests were too often contended or client delayed is rerun (up to
         measurement.contention_reruns times). Once measurement.max_wall_s has run out, what was
-        found is recorded and interrupt.OutOfTime raised."""
+        found is recorded and interrupt.OutOfTime raised; after a signal (KeyboardInterrupt) during a
+        probe, what was found is recorded and the interrupt raised again."""
         plan = self.s.search
         assert plan is not None
         workload = [(p, mnt) for mnt in self.s.max_new_tokens for p in self.session.prompts]
+        signalled: list[bool] = []  # a signal stopped a probe: the search is recorded, then the interrupt goes on
         for law in laws:
             if not self.mine(law.name, self.points[0]):  # a law's search runs in the shard of its first load point
                 continue
@@ -376,19 +378,24 @@ class Loop:
                                 break
                     except interrupt.OutOfTime:
                         return ProbeResult(None, None, "measurement.max_wall_s ran out during the probe", ran_out=True)
+                    except KeyboardInterrupt:  # recorded with what the search found; raised again below
+                        signalled.append(True)
+                        return ProbeResult(None, None, "a signal stopped the probe", interrupted=True)
                     result, figs = judge_probe(plan, load, windows)
                     figures[load] = figs
                     self.progress(f"envelope search {name}", len(figures), len(figures))
                     return result
 
                 env = search(probe, plan.start, plan.maximum, plan.integer, plan.tolerance, plan.budget_s,
-                             stopped=interrupt.ran_out)
+                             stopped=lambda: interrupt.ran_out() or bool(signalled))
                 probes = [ProbeRecord(st.load, **{k: figures.get(st.load, {}).get(k, default) for k, default in (
                     ("requests", 0), ("failed", 0), ("excluded", 0), ("throughputs", []), ("good_shares", []), ("itl_p99_ms", []),
                     ("tpot_mean_ms", []))},
                     verdict=st.verdict, why=st.result.why, saturated=st.saturated) for st in env.steps]
                 self.m.envelopes.append(EnvelopeRecord(name, law.name, plan.over, env.lower, env.upper, env.stop, probes,
                                                        env.wall_s, dict(plan.slo_ms), plan.itl_p99_ms, plan.min_good_share))
+                if signalled:
+                    raise KeyboardInterrupt
                 if interrupt.ran_out():
                     raise interrupt.OutOfTime()
 

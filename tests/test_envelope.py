@@ -72,6 +72,9 @@ def test_the_budget_and_an_inconclusive_probe_stop_the_search_with_what_it_found
         return ProbeResult(True, 100 * load) if load < 4 else ProbeResult(None, 400, "contended")
     env = search(busy, 1, 64, integer=True)
     assert (env.lower, env.upper, env.stop) == (2, None, "inconclusive")
+    signalled = search(lambda load: ProbeResult(True, 100 * load) if load < 4 else
+                       ProbeResult(None, None, "a signal stopped the probe", interrupted=True), 1, 64, integer=True)
+    assert (signalled.lower, signalled.upper, signalled.stop) == (2, None, "interrupted")
     failing = search(lambda load: ProbeResult(False, 1.0, "ttft"), 1, 8, integer=True)
     assert (failing.lower, failing.upper, failing.stop) == (None, 1, "slo")
     with pytest.raises(ValueError, match="start <= maximum"):
@@ -196,3 +199,24 @@ def test_the_pareto_front_and_the_throughput_read_off_it_at_a_per_user_speed() -
     (far,) = compare(pts, 500.0)
     assert far.gain is None and "not compared (fast and fallback measured no per-user speeds on both sides" in far.message
     assert compare(pts, None) == []
+
+
+def test_an_envelope_rules_threshold_is_a_load_or_a_ratio_and_it_takes_no_aggregate(
+        tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
+    load = "{concurrency: [1], search: {start: 1, max: 16}}"
+    cases = [("threshold: 50%", "rules[0].threshold", "a bare number of requests in flight"),
+             ("threshold: 4 tokens/s", "rules[0].threshold", "a bare number of requests in flight"),
+             ("threshold: 100", "rules[0].threshold", "above load.search.max (16)"),
+             ("threshold: 2 requests/s, relative_to: fallback", "rules[0].threshold", "a ratio of SLO loads"),
+             ("threshold: 4, aggregation: p99", "rules[0].aggregation", "takes no aggregation"),
+             ("threshold: 4, confidence: 0.99", "rules[0].confidence", "takes no confidence")]
+    for i, (fields, where, message) in enumerate(cases):
+        rules = f"  - {{id: r, kind: envelope, comparison: '>=', {fields}}}\n"
+        path = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9",
+                                                  load=load, rules=rules), f"p{i}.yaml")
+        result = CliRunner().invoke(cli, ["validate", str(path)])
+        assert result.exit_code == 2 and where in result.output and message in result.output, (fields, result.output)
+    rate = "{request_rate: [1], search: {over: request_rate, start: 0.5, max: .inf}}"
+    result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, stub_policy(
+        tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", load=rate, rules=RULES), "inf.yaml"))])
+    assert result.exit_code == 2 and "must be finite" in result.output

@@ -24,8 +24,8 @@ failed (`slo`) or the load was past the knee (`saturation`: lower is the knee, u
 just above it whose step added under half its proportional throughput); upper None: held up to `maximum` (`max`); lower None: the
 first probe failed. A probe whose requests were too often contended or client delayed decides
 nothing: the search stops there (`inconclusive`), as it does when its wall-time budget or the
-run's measurement.max_wall_s runs out (`budget`) or a probe's requests failed (`failed`); the
-interval then says what was found before.
+run's measurement.max_wall_s runs out (`budget`), a probe's requests failed (`failed`) or a
+signal stopped a probe (`interrupted`); the interval then says what was found before.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 from gate.load.interface import LoadStrategy
 from gate.records import RequestRecord
 
-Stop = Literal["slo", "saturation", "max", "budget", "inconclusive", "failed"]
+Stop = Literal["slo", "saturation", "max", "budget", "inconclusive", "failed", "interrupted"]
 
 KNEE_ELASTICITY = 0.5  # d ln(throughput) / d ln(load) below this: past the knee (1: linear, 0: flat)
 
@@ -51,13 +51,15 @@ class ProbeResult:
     probe decided nothing: contended, client delayed or failed requests, `why` says which);
     `throughput` the median over repetitions of its output tokens/s (None: nothing measured);
     `why` a sentence for the report ("ttft p99 612 ms over 500 ms in repetition 1"); `failed`:
-    its requests failed; `ran_out`: the run's wall-time budget stopped it."""
+    its requests failed; `ran_out`: the run's wall-time budget stopped it; `interrupted`: a
+    signal (SIGINT, SIGTERM) stopped it."""
 
     holds: bool | None
     throughput: float | None
     why: str = ""
     failed: bool = False
     ran_out: bool = False  # the run's wall-time budget ran out during the probe
+    interrupted: bool = False  # a signal stopped the probe
 
 
 @dataclass(frozen=True)
@@ -127,10 +129,10 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
             return None
         r = probe(load)
         seen[load] = r
-        verdict = ("budget" if r.ran_out else "failed" if r.failed else "inconclusive") if r.holds is None or r.ran_out \
-            else "held" if r.holds else "slo"
+        verdict = ("interrupted" if r.interrupted else "budget" if r.ran_out else "failed" if r.failed else "inconclusive") \
+            if r.holds is None or r.ran_out or r.interrupted else "held" if r.holds else "slo"
         steps.append(Step(load, r, False, verdict))
-        if verdict in ("budget", "failed", "inconclusive"):
+        if verdict in ("budget", "failed", "inconclusive", "interrupted"):
             ended.append(verdict)  # type: ignore[arg-type]
             return None
         return r

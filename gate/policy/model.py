@@ -445,6 +445,8 @@ class SearchSpec(_Strict):
 
     @model_validator(mode="after")
     def _loads(self) -> SearchSpec:
+        if not (math.isfinite(self.start) and math.isfinite(self.max)):
+            raise ValueError("start and max must be finite loads")
         if self.start > self.max:
             raise ValueError(f"start ({self.start:g}) is above max ({self.max:g})")
         if self.over == "concurrency" and not (float(self.start).is_integer() and float(self.max).is_integer()

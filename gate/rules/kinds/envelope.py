@@ -16,9 +16,10 @@ import math
 from typing import Any
 
 from gate.records import FALLBACK, EnvelopeRecord, Measurements
-from gate.rules.kinds.interface import RuleKind, Settings
+from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
+from gate.units import Dimension, parse_quantity
 
 
 class EnvelopeRules(RuleKind):
@@ -32,6 +33,10 @@ class EnvelopeRules(RuleKind):
         for key in ("metric", "line"):
             if getattr(rule, key) is not None:
                 return key, f"an envelope rule takes no {key}: it decides the SLO load that load.search finds"
+        for key in ("aggregation", "confidence"):
+            if key in rule.model_fields_set:
+                return key, (f"an envelope rule takes no {key}: it decides on the interval the search found, "
+                             "[lower, upper), never on an aggregate of samples")
         if rule.comparison is None or rule.threshold is None:
             return ("comparison" if rule.comparison is None else "threshold"), (
                 "required key is missing (an envelope rule needs comparison and threshold: the least SLO load)")
@@ -46,6 +51,21 @@ class EnvelopeRules(RuleKind):
     def policy_problem(self, rule: Any, policy: Any) -> tuple[str, str] | None:
         if policy.load is None or policy.load.search is None:
             return "kind", "an envelope rule needs load.search (the search for each runner's SLO load)"
+        search = policy.load.search
+        q = parse_quantity(rule.threshold)
+        shown = shown_threshold(rule.threshold)
+        percent = isinstance(rule.threshold, str) and rule.threshold.strip().endswith("%")
+        if rule.relative_to == "fallback":
+            if percent or q.dimension not in (None, Dimension.RATIO):
+                return "threshold", f"threshold {shown}: relative to the fallback it is a ratio of SLO loads, bare or '1.1x'"
+            return None
+        allowed = (None,) if search.over == "concurrency" else (None, Dimension.REQUEST_RATE)
+        if percent or q.dimension not in allowed:
+            unit = "a bare number of requests in flight" if search.over == "concurrency" else "requests/s (or a bare number)"
+            return "threshold", f"threshold {shown}: the SLO load of a {search.over.replace('_', ' ')} search is {unit}"
+        if q.value > search.max:
+            return "threshold", (f"threshold {shown} is above load.search.max ({search.max:g}): the search never probes "
+                                 "that far, so the rule could never pass")
         return None
 
     def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
@@ -69,8 +89,8 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
                        "(not measured)")
     assert mine is not None
     details = [_details(mine)] + ([_details(fallback)] if relative and fallback is not None else [])
-    broken = [e for e in ([mine, fallback] if relative else [mine]) if e is not None and e.stop in ("failed", "inconclusive")
-              and e.lower is None]
+    broken = [e for e in ([mine, fallback] if relative else [mine]) if e is not None and e.lower is None
+              and (e.stop in ("failed", "inconclusive") or e.upper is None)]  # nothing held, nothing failed: nothing known
     if broken:
         e = broken[0]
         return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None, details=details,
@@ -100,8 +120,8 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
             else f"SLO load {mine.shown()}: in {shown}")
     tail = {Status.PASS: "met on the whole interval", Status.INCONCLUSIVE: "the interval straddles the floor (a finer "
             "search, load.search.tolerance, or more repetitions decide)"}.get(status, "missed on the whole interval")
-    stopped = f"; the search stopped: {mine.stop}" + (f" ({_last_why(mine)})" if mine.stop in ("budget", "inconclusive",
-                                                                                                   "failed") else "")
+    early = mine.stop in ("budget", "inconclusive", "interrupted", "failed")
+    stopped = f"; the search stopped: {mine.stop}" + (f" ({_last_why(mine)})" if early else "")
     return Outcome(**base, status=status, measured=least if math.isfinite(least) else None,
                    samples=sum(p.requests for p in mine.probes), fallback_value=fb_value, details=details,
                    message=f"envelope: {what} vs {bound}: {tail}{stopped}")
