@@ -307,7 +307,14 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     if busy:
         notes = [*notes, busy]
     notes = [*notes, *m.notes, *speculation_off_notes(m)]
-    outcomes = evaluate(loaded.policy.rules if rules is None else rules, m, settings)
+    rules = loaded.policy.rules if rules is None else rules
+    if options.shard is not None:  # a shard's measurements decide nothing alone: gate merge decides on all of them
+        i, n = options.shard
+        empty = "" if m.requests or m.envelopes else "; this shard holds no (law, load point) cell: it measured nothing"
+        notes = [*notes, f"shard {i}/{n}: no rule is decided in a shard (gate merge decides every rule once, on every "
+                 f"shard's measurements); its exit code says whether its measurements were made{empty}"]
+        rules = []
+    outcomes = evaluate(rules, m, settings)
     code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)
     report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code,
@@ -315,7 +322,7 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     report.shard = None if options.shard is None else f"{options.shard[0]}/{options.shard[1]}"
     report.interactivity = interactivity.points(m, points)
     load = loaded.policy.load
-    report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_tokens_s if load else None)
+    report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_speed() if load else None)
     report.client = client_checks(m.runs, m.requests, settings.max_client_lag_ms,
                                   {s.runner: s.slots for s in m.servers if s.slots is not None},
                                   getattr(loaded.policy.runner, "burst_gap_ms", None))

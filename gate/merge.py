@@ -79,7 +79,11 @@ def merge(policy_path: str | Path, shard_paths: list[Path], options: Options = O
         if r.shard is None:
             problems.append(Problem(str(path), "shard", None, "not a shard report (gate check POLICY --shard I/N writes one)"))
             continue
-        i, n = parse_shard(r.shard)
+        try:
+            i, n = parse_shard(r.shard)
+        except ValueError as e:
+            problems.append(Problem(str(path), "shard", None, str(e)))
+            continue
         if total is None:
             total = n
         elif n != total:
@@ -105,6 +109,8 @@ def merge(policy_path: str | Path, shard_paths: list[Path], options: Options = O
     m = join([r.measurements for r in ordered])
     notes = [f"merged from {total} shards: " + ", ".join(f"{r.shard} ({path})" for path, r in
                                                         sorted(reports, key=lambda x: parse_shard(x[1].shard or "")[0]))]
+    notes += [f"shard {r.shard} ({path}) was interrupted (its exit code {r.exit_code}): what it did not measure is a "
+              "failure of the merged run" for path, r in reports if r.exit_code >= 128]
     result = finish(loaded, m, options, notes, baseline=baseline)
     result.report.merged_from = [str(p) for p, _ in reports]
     return result

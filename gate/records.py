@@ -834,7 +834,7 @@ class EnvelopeRecord:
         """The interval as reports show it: "concurrency [4, 5)", "request rate [2.1, 2.4)/s";
         "[16, max)" when every SLO held up to the maximum, "[2, ?)" when the search stopped
         before anything failed (budget, an inconclusive or failed probe)."""
-        f = (lambda v: "-" if v is None else f"{v:g}")  # noqa: E731
+        f = (lambda v: "-" if v is None else f"{v:g}" if self.integer else f"{v:.3g}")  # noqa: E731
         hi = ("max" if self.stop == "max" else "?") if self.upper is None else f(self.upper)
         unit = "/s" if not self.integer else ""
         return f"{self.over.replace('_', ' ')} [{f(self.lower)}, {hi}){unit}"

@@ -220,3 +220,60 @@ def test_an_envelope_rules_threshold_is_a_load_or_a_ratio_and_it_takes_no_aggreg
     result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, stub_policy(
         tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", load=rate, rules=RULES), "inf.yaml"))])
     assert result.exit_code == 2 and "must be finite" in result.output
+
+
+def test_an_open_loop_saturates_when_queueing_grows_along_its_window() -> None:
+    from gate.load.search import queueing_grew
+    from gate.records import RequestRecord
+
+    def req(e2el_ms: float) -> RequestRecord:
+        return RequestRecord("fast", "greedy", "p", "qa", 1, 0, 2, [0, 1], [10.0, e2el_ms], [1, 1], [0, 0], [0, 0],
+                             "length", e2el_ms, 1, 1, 1, 1)
+    level = [(0.1 * i, req(100.0 + (7 if i % 2 else 0))) for i in range(9)]  # Poisson-ish jitter, no trend
+    growing = [(0.1 * i, req(100.0 + 60.0 * i)) for i in range(9)]  # each request waits longer than the one before
+    assert queueing_grew(level) is False and queueing_grew(growing) is True and queueing_grew(level[:5]) is None
+
+
+def test_a_rule_on_a_search_that_failed_or_was_interrupted_is_an_error() -> None:
+    from gate.records import Environment, Measurements
+    from gate.rules.kinds.envelope import KIND
+    from gate.rules.kinds.interface import Settings
+    from gate.policy.model import RuleSpec
+
+    m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0.1.0", "linux", "cpu", "cpu", 0))
+    died = envelope(4, None, stop="failed")
+    died.probes.append(ProbeRecord(8, 32, 30, 0, [0.0], [0.0], [None], "failed", "30 requests failed"))
+    m.envelopes = [died, envelope(4, 5, runner="fallback")]
+    absolute = RuleSpec(id="a", kind="envelope", comparison=">=", threshold=4)
+    relative = RuleSpec(id="r", kind="envelope", comparison=">=", threshold=1.0, relative_to="fallback")
+    for rule in (absolute, relative):
+        (o,) = KIND.evaluate(rule, m, ["fast"], ["greedy"], Settings())
+        assert o.status == "error" and "the search of fast failed at concurrency 8 (30 requests failed)" in o.message
+    m.envelopes = [envelope(4, 5)]  # no fallback search: only the relative rule misses it
+    (o,) = KIND.evaluate(absolute, m, ["fast"], ["greedy"], Settings())
+    assert o.status == "pass"
+    (o,) = KIND.evaluate(relative, m, ["fast"], ["greedy"], Settings())
+    assert o.status == "error" and "no search of fallback under greedy" in o.message
+    m.envelopes = [envelope(4, None, stop="max"), envelope(4, None, runner="fallback", stop="max")]
+    (o,) = KIND.evaluate(relative, m, ["fast"], ["greedy"], Settings())
+    assert o.status == "inconclusive" and "held every SLO up to load.search.max (raise it)" in o.message
+
+
+def test_a_rate_search_finds_the_knee_near_a_servers_known_capacity(tmp_path: Path, tiny_model_dir: Path,
+                                                                    prompts_file: Path) -> None:
+    """4 slots of 20 ms + 11 x 5 ms = 75 ms each: about 53 requests/s. Below it the sojourn of
+    a probe's requests stays level; above it each waits longer than the one before."""
+    load = ("{request_rate: [2], goodput: {ttft: 10 s}, search: {over: request_rate, start: 8, max: 256, "
+            "requests_per_load: 1, tolerance: 0.2}}")
+    with Stub(ttft_s=0.02, itl_s=0.005, slots=4) as fallback, Stub(ttft_s=0.02, itl_s=0.005, slots=4) as draft:
+        text = stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url, load=load,
+                           rules="  - {id: sustains, kind: envelope, comparison: '>=', threshold: 20}\n")
+        out = tmp_path / "out.json"
+        result = CliRunner().invoke(cli, ["check", str(write_policy(tmp_path, text)), "--json", str(out), "--no-progress"])
+    assert out.exists(), result.output
+    for e in json.loads(out.read_text())["measurements"]["envelopes"]:
+        probes = [(p["load"], p["verdict"], p["why"]) for p in e["probes"]]
+        # the knee within the search's resolution (tolerance 0.2) of the capacity: a rate a few % above it
+        # queues too slowly to show within a probe of about one second
+        assert e["stop"] == "saturation" and 32 <= e["lower"] < e["upper"] <= 64 and e["upper"] / e["lower"] <= 1.2, probes
+        assert e["lower"] / 1.2 <= 53.3 <= e["upper"] * 1.2, probes

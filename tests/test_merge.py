@@ -37,10 +37,15 @@ def test_shards_merged_decide_as_one_run(tmp_path: Path, tiny_model_dir: Path, p
         full, one, two = tmp_path / "full.json", tmp_path / "s1.json", tmp_path / "s2.json"
         code_full, _ = run("check", str(policy), "--json", str(full), "--junit", str(tmp_path / "full.xml"), "--no-progress")
         for i, out in ((1, one), (2, two)):
-            run("check", str(policy), "--shard", f"{i}/2", "--json", str(out), "--junit", str(tmp_path / f"s{i}.xml"),
-                "--no-progress")
+            code, output = run("check", str(policy), "--shard", f"{i}/2", "--json", str(out), "--junit",
+                               str(tmp_path / f"s{i}.xml"), "--no-progress")
+            assert code == 0, output  # a shard decides no rule: its exit code says its measurements were made
+        code, output = run("check", str(policy), "--shard", "4/4", "--json", str(tmp_path / "s4.json"), "--junit",
+                           str(tmp_path / "s4.xml"), "--no-progress")
+        assert code == 0 and "holds no (law, load point) cell" in output  # 3 cells, dealt to shards 1-3
     shard1, shard2 = json.loads(one.read_text()), json.loads(two.read_text())
     assert shard1["shard"] == "1/2" and shard2["shard"] == "2/2"
+    assert shard1["outcomes"] == [] and any("no rule is decided in a shard" in n for n in shard1["notes"])
     # the (law, load point) cells dealt in turn: c=1 and c=4 in shard 1, c=2 in shard 2, every runner of a cell together
     assert {(r["draft"], r["concurrency"]) for r in shard1["measurements"]["requests"]} == {
         (d, c) for d in ("fallback", "fast") for c in (1, 4)}

@@ -60,6 +60,7 @@ class ProbeResult:
     failed: bool = False
     ran_out: bool = False  # the run's wall-time budget ran out during the probe
     interrupted: bool = False  # a signal stopped the probe
+    saturated: bool | None = None  # open loop: its queueing grew along the window (None: judged by throughput)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,15 @@ def elasticity(a: float, a_throughput: float | None, b: float, b_throughput: flo
     if a_throughput is None or b_throughput is None or a_throughput <= 0 or b_throughput <= 0 or b <= a:
         return None
     return math.log(b_throughput / a_throughput) / math.log(b / a)
+
+
+def rises(a: float, ra: ProbeResult, b: float, rb: ProbeResult) -> bool:
+    """Whether the step of load from `a` to `b` still paid: for an open loop, that the probe at
+    `b` did not saturate (ProbeResult.saturated: queueing grew along its window); otherwise by
+    the elasticity of throughput (`rising`)."""
+    if rb.saturated is not None:
+        return not rb.saturated
+    return rising(a, ra.throughput, b, rb.throughput)
 
 
 def rising(a: float, a_throughput: float | None, b: float, b_throughput: float | None) -> bool:
@@ -160,7 +170,7 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
         if not r.holds:
             failed_at = load
             break
-        if previous is not None and not rising(previous, seen[previous].throughput, load, r.throughput):
+        if r.saturated or (previous is not None and not rises(previous, seen[previous], load, r)):
             flattened = load
             break
         held = load
@@ -178,7 +188,7 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
             an SLO broke (then `failed_at` says where)."""
             nonlocal failed_at
             if v <= start:
-                return True
+                return not seen[v].saturated if v in seen else True
             u = below(v)
             a, b = get(u), get(v)
             if a is None or b is None:
@@ -186,7 +196,7 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
             if not a.holds or not b.holds:
                 failed_at = u if not a.holds else v
                 return None
-            return rising(u, a.throughput, v, b.throughput)
+            return rises(u, a, v, b)
 
         lo_k: float = start
         hi_k = flattened
@@ -207,6 +217,8 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
                 break
             lo_k, hi_k = (mid, hi_k) if up else (lo_k, mid)
         if failed_at is None:
+            if lo_k == start and not step_rises(start):  # saturated at the first load probed
+                return result(None, start, "saturation", None)
             if ended:
                 return result(lo_k, hi_k, "budget", lo_k)  # the knee lies in [lo_k, hi_k)
             return result(lo_k, hi_k, "saturation", lo_k)
@@ -281,11 +293,32 @@ class SearchPlan:
         return out or "no SLO (saturation only)"
 
 
-def meets(r: RequestRecord, slo_ms: dict[str, float]) -> bool:
+def meets(r: RequestRecord, slo_ms: dict[str, float], queued: bool = False) -> bool:
     """Whether a request met every SLO (ms): ttft, tpot, e2el (vLLM's goodput; a request with
-    one output token has no TPOT and meets that objective)."""
-    values = {"ttft": r.ttft_ms, "tpot": r.tpot_ms, "e2el": r.e2el_ms}
+    one output token has no TPOT and meets that objective). `queued`: its TTFT and E2EL count
+    its wait in the client's queue for a slot of load.max_concurrency (queue_ms), as its user
+    waits it (the envelope search: a load the server cannot take queues)."""
+    wait = (r.queue_ms or 0.0) if queued else 0.0
+    values = {"ttft": r.ttft_ms + wait, "tpot": r.tpot_ms, "e2el": r.e2el_ms + wait}
     return all(not (values[k] > limit) for k, limit in slo_ms.items())
+
+
+# An open-loop window saturated when its requests' sojourn (client queue + end-to-end latency)
+# grew along it: the median of its last third over QUEUE_GROWTH x that of its first third.
+QUEUE_GROWTH = 2.0
+
+
+def queueing_grew(spans: list[tuple[float, RequestRecord]]) -> bool | None:
+    """Whether the sojourn of a window's requests (queue_ms + e2el_ms, in arrival order) grew
+    along it: median of the last third > QUEUE_GROWTH x median of the first third. Below its
+    capacity a server's sojourn times are stationary; beyond it arrivals outpace completions
+    and every request waits longer than the one before. None with fewer than 6 requests."""
+    if len(spans) < 6:
+        return None
+    order = sorted(spans, key=lambda x: x[0] - (x[1].queue_ms or 0.0) / 1e3)
+    sojourn = [(r.queue_ms or 0.0) + r.e2el_ms for _, r in order]
+    k = len(sojourn) // 3
+    return float(np.median(sojourn[-k:])) > QUEUE_GROWTH * float(np.median(sojourn[:k]))
 
 
 @dataclass(frozen=True)
@@ -308,7 +341,7 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
     from gate.measure.contention import is_contended
 
     figures: dict = {"throughputs": [], "good_shares": [], "itl_p99_ms": [], "tpot_mean_ms": [], "requests": 0, "failed": 0,
-                     "excluded": 0}
+                     "excluded": 0, "queueing_grew": []}
     reasons: list[str] = []
     holds = True
     for i, w in enumerate(windows, 1):
@@ -327,7 +360,9 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
         clean = [r for r in recs if not is_contended(r, plan.max_cpu_stall, plan.cpus)
                  and not is_client_delayed(r, plan.max_client_lag_ms)]
         figures["excluded"] += len(recs) - len(clean)
-        share = sum(meets(r, plan.slo_ms) for r in clean) / len(clean) if clean else 0.0
+        share = sum(meets(r, plan.slo_ms, queued=True) for r in clean) / len(clean) if clean else 0.0
+        if not plan.integer:
+            figures["queueing_grew"].append(queueing_grew(w.spans))
         figures["good_shares"].append(share)
         gaps = sorted(g for r in clean for g in r.itl_ms)
         p99 = float(np.percentile(gaps, 99)) if gaps else None
@@ -349,4 +384,8 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
     if figures["excluded"] / n > plan.max_contended:
         return ProbeResult(None, throughput, f"{figures['excluded']} of {n} requests contended or client delayed "
                            f"(over {plan.max_contended:.0%}): the probe decides nothing"), figures
-    return ProbeResult(holds, throughput, "; ".join(reasons) or "every SLO held"), figures
+    grew = [g for g in figures["queueing_grew"] if g is not None]
+    saturated = (any(grew) if grew else False) if not plan.integer else None
+    if saturated:
+        reasons.append(f"queueing grew along the window (sojourn of its last third over {QUEUE_GROWTH:g}x its first's)")
+    return ProbeResult(holds, throughput, "; ".join(reasons) or "every SLO held", saturated=saturated), figures

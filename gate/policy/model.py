@@ -478,9 +478,26 @@ class LoadSpec(_Strict):
     goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric (and for the envelope search).")
     search: SearchSpec | None = Field(None, description="Search each runner's highest load that meets every SLO before "
                                       "the server saturates (gate.load.search), after the load points.")
-    per_user_tokens_s: float | None = Field(None, gt=0, description="Compare each draft with the fallback at this per-user "
+    per_user_tokens_s: str | float | None = Field(None, description="Compare each draft with the fallback at this per-user "
                                             "speed (tokens/s one user sees: 1000 / TPOT ms): output throughput read off each "
                                             "runner's Pareto front over the load points and search probes.")
+
+    @field_validator("per_user_tokens_s", mode="before")
+    @classmethod
+    def _per_user(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ValueError(f"expected a speed such as '50 tokens/s', got {v!r}")
+        q = _quantity(v) if isinstance(v, str) else Quantity(float(v), None)
+        if q.dimension not in (None, Dimension.RATE) or not math.isfinite(q.value) or q.value <= 0:
+            raise ValueError(f"{v!r} is not a positive per-user speed (e.g. '50 tokens/s')")
+        return v
+
+    def per_user_speed(self) -> float | None:
+        """load.per_user_tokens_s in tokens/s (None: no comparison at equal interactivity)."""
+        v = self.per_user_tokens_s
+        return None if v is None else parse_quantity(v).value if isinstance(v, str) else float(v)
 
     @field_validator("concurrency", "request_rate")
     @classmethod

@@ -52,13 +52,16 @@ class EqualInteractivity:
 def points(m: Measurements, load: Iterable[LoadPoint]) -> list[InteractivityPoint]:
     """Every load point (LoadPoint: its output throughput and mean TPOT) and every envelope
     probe (the median over its repetitions of each), with the Pareto front marked per runner
-    and law. Points without a TPOT or a throughput are left out."""
+    and law. Points without a TPOT or a throughput are left out, as are probes with failed
+    requests and probes that decided nothing (contended, interrupted)."""
     out = [InteractivityPoint(p.runner, p.law, p.label, 1000.0 / p.tpot_mean_ms, p.output_throughput)
            for p in load if p.tpot_mean_ms and p.output_throughput]
     for e in m.envelopes:
         unit = "/s" if e.over == "request_rate" else ""
         prefix = "search c=" if e.over == "concurrency" else "search rate "
         for probe in e.probes:
+            if probe.failed or probe.verdict in ("failed", "inconclusive", "interrupted", "budget"):
+                continue  # a probe whose requests failed, or that decided nothing, is no point of the curve
             tpots = sorted(t for t in probe.tpot_mean_ms if t)
             thr = sorted(t for t in probe.throughputs if t)
             if tpots and thr:

@@ -82,16 +82,23 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
     if rule.level == "off":
         return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
                        message="envelope: level off, not evaluated")
-    missing = [who for who, e in ((draft, mine), (FALLBACK, fallback if relative else mine)) if e is None]
+    missing = [who for who, e in ((draft, mine), *([(FALLBACK, fallback)] if relative else [])) if e is None]
     if missing:
         return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None,
                        message=f"envelope: no search of {', '.join(dict.fromkeys(missing))} under {law} was recorded "
                        "(not measured)")
     assert mine is not None
     details = [_details(mine)] + ([_details(fallback)] if relative and fallback is not None else [])
-    broken = [e for e in ([mine, fallback] if relative else [mine]) if e is not None and e.lower is None
-              and (e.stop in ("failed", "inconclusive") or e.upper is None)]  # nothing held, nothing failed: nothing known
-    if broken:
+    searches = [mine, fallback] if relative and fallback is not None else [mine]
+    # a search whose requests failed or that a signal stopped is a measurement that failed: an error, never a verdict
+    failed = [e for e in searches if e.stop in ("failed", "interrupted")]
+    if failed:
+        e = failed[0]
+        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None, details=details,
+                       message=f"envelope: the search of {e.runner} {'failed' if e.stop == 'failed' else 'was interrupted'} "
+                       f"at {e.over.replace('_', ' ')} {e.probes[-1].load:g} ({_last_why(e)}); SLO load so far {e.shown()}")
+    broken = [e for e in searches if e.lower is None and (e.stop == "inconclusive" or e.upper is None)]
+    if broken:  # nothing held and nothing failed: nothing known
         e = broken[0]
         return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None, details=details,
                        message=f"envelope: the search of {e.runner} decided nothing ({e.stop}: {_last_why(e)})")
@@ -118,9 +125,12 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
     shown = f"[{least:.3g}, {greatest:.3g}]" + ("x" if relative else "")
     what = (f"SLO load {mine.shown()} against the fallback's {fallback.shown()}: ratio in {shown}" if relative and fallback
             else f"SLO load {mine.shown()}: in {shown}")
-    tail = {Status.PASS: "met on the whole interval", Status.INCONCLUSIVE: "the interval straddles the floor (a finer "
-            "search, load.search.tolerance, or more repetitions decide)"}.get(status, "missed on the whole interval")
-    early = mine.stop in ("budget", "inconclusive", "interrupted", "failed")
+    at_max = [e.runner for e in searches if e.stop == "max"]
+    straddles = (f"the interval straddles the floor: {' and '.join(at_max)} held every SLO up to load.search.max (raise it)"
+                 if at_max else "the interval straddles the floor (a finer search, load.search.tolerance, or more "
+                 "repetitions decide)")
+    tail = {Status.PASS: "met on the whole interval", Status.INCONCLUSIVE: straddles}.get(status, "missed on the whole interval")
+    early = mine.stop in ("budget", "inconclusive")
     stopped = f"; the search stopped: {mine.stop}" + (f" ({_last_why(mine)})" if early else "")
     return Outcome(**base, status=status, measured=least if math.isfinite(least) else None,
                    samples=sum(p.requests for p in mine.probes), fallback_value=fb_value, details=details,
