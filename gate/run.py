@@ -198,7 +198,7 @@ class Loop:
         self.interleaved = settings.interleave and caps.interleaves
         self.ended: Counter = Counter()
         # sharding (gate.merge): the (law, load point) cells in plan order, the k-th in shard k % n + 1
-        self._cells = [(law.name, point_of(p)) for law in session.laws for p in self.points]
+        self._cells = [(law.name, point_of(p)) for law in session.laws for p in self.points] if settings.shard else []
 
     def mine(self, law: str, load: LoadStrategy) -> bool:
         """Whether this run measures `law` at `load` (always, unless settings.shard splits the

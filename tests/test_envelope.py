@@ -209,7 +209,8 @@ def test_an_envelope_rules_threshold_is_a_load_or_a_ratio_and_it_takes_no_aggreg
              ("threshold: 100", "rules[0].threshold", "above load.search.max (16)"),
              ("threshold: 2 requests/s, relative_to: fallback", "rules[0].threshold", "a ratio of SLO loads"),
              ("threshold: 4, aggregation: p99", "rules[0].aggregation", "takes no aggregation"),
-             ("threshold: 4, confidence: 0.99", "rules[0].confidence", "takes no confidence")]
+             ("threshold: 4, confidence: 0.99", "rules[0].confidence", "takes no confidence"),
+             ("threshold: 4, scope: {concurrency: [1]}", "rules[0].scope", "scope it by drafts and laws")]
     for i, (fields, where, message) in enumerate(cases):
         rules = f"  - {{id: r, kind: envelope, comparison: '>=', {fields}}}\n"
         path = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9",
@@ -263,8 +264,8 @@ def test_a_rate_search_finds_the_knee_near_a_servers_known_capacity(tmp_path: Pa
                                                                     prompts_file: Path) -> None:
     """4 slots of 20 ms + 11 x 5 ms = 75 ms each: about 53 requests/s. Below it the sojourn of
     a probe's requests stays level; above it each waits longer than the one before."""
-    load = ("{request_rate: [2], goodput: {ttft: 10 s}, search: {over: request_rate, start: 8, max: 256, "
-            "requests_per_load: 1, tolerance: 0.2}}")
+    load = ("{request_rate: [2], goodput: {ttft: 10 s}, search: {over: request_rate, start: 16, max: 128, "
+            "requests_per_load: 1, tolerance: 0.3}}")
     with Stub(ttft_s=0.02, itl_s=0.005, slots=4) as fallback, Stub(ttft_s=0.02, itl_s=0.005, slots=4) as draft:
         text = stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url, load=load,
                            rules="  - {id: sustains, kind: envelope, comparison: '>=', threshold: 20}\n")
@@ -273,7 +274,7 @@ def test_a_rate_search_finds_the_knee_near_a_servers_known_capacity(tmp_path: Pa
     assert out.exists(), result.output
     for e in json.loads(out.read_text())["measurements"]["envelopes"]:
         probes = [(p["load"], p["verdict"], p["why"]) for p in e["probes"]]
-        # the knee within the search's resolution (tolerance 0.2) of the capacity: a rate a few % above it
+        # the knee within the search's resolution (tolerance 0.3) of the capacity: a rate a few % above it
         # queues too slowly to show within a probe of about one second
-        assert e["stop"] == "saturation" and 32 <= e["lower"] < e["upper"] <= 64 and e["upper"] / e["lower"] <= 1.2, probes
-        assert e["lower"] / 1.2 <= 53.3 <= e["upper"] * 1.2, probes
+        assert e["stop"] == "saturation" and 32 <= e["lower"] < e["upper"] <= 64 and e["upper"] / e["lower"] <= 1.3, probes
+        assert e["lower"] / 1.3 <= 53.3 <= e["upper"] * 1.3, probes

@@ -44,8 +44,9 @@ class EnvelopeRules(RuleKind):
             return "comparison", "an envelope rule sets a floor on the SLO load: comparison >= or >"
         if rule.relative_to == "baseline":
             return "relative_to", "an envelope rule compares with the fallback (relative_to: fallback) or a load"
-        if rule.scope.categories or rule.scope.constraints or rule.per:
-            return ("per" if rule.per else "scope"), "an envelope rule covers the whole workload; scope it by drafts and laws"
+        if rule.scope.categories or rule.scope.constraints or rule.scope.concurrency or rule.scope.request_rate or rule.per:
+            return ("per" if rule.per else "scope"), ("an envelope rule covers the whole workload at every load the "
+                                                      "search probes; scope it by drafts and laws")
         return None
 
     def policy_problem(self, rule: Any, policy: Any) -> tuple[str, str] | None:

@@ -300,7 +300,7 @@ class WorkerPool:
                     stats.append(msg[2])
                 elif msg[0] == "died" and k in pending:  # one that had finished, or had no share, is replaced next time
                     w = msg[1]
-                    raise PoolError(f"client worker {k} ended (exit code {w.proc.poll()})"
+                    raise PoolError(f"client worker {k} ended (exit code {_exit_code(w.proc)})"
                                     + (f": {' | '.join(w.stderr[-3:])}" if w.stderr else ""))
         except BaseException:
             self.terminate()
@@ -350,3 +350,12 @@ def shared_pool() -> WorkerPool:
             _POOL = WorkerPool()
             atexit.register(_POOL.close)
         return _POOL
+
+
+def _exit_code(proc: subprocess.Popen) -> int | None:
+    """A worker's exit code once its pipe closed: it may not be reaped yet, so wait for it
+    briefly (0.5 s); None when it has still not exited."""
+    try:
+        return proc.wait(timeout=0.5)
+    except subprocess.TimeoutExpired:  # still running: reported as None
+        return proc.poll()
