@@ -62,6 +62,14 @@ class Block:
         return [r for unit in self.units for r in unit]
 
 
+def window_requests(name: str, law: Law, prompts: list[PlannedPrompt], max_new_tokens: list[int], rep: int,
+                    seed: int) -> list[Request]:
+    """One runner's window under `law` in repetition `rep`: every length x prompt once, each
+    with its cell's seed (gate.requests.request_seed)."""
+    return [Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
+            for mnt in max_new_tokens for p in prompts]
+
+
 def plan_blocks(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
                 repetitions: range, seed: int, points: list[LoadStrategy] | None, interleave: bool,
                 slow_switch: bool = False) -> list[Block]:
@@ -80,8 +88,7 @@ def plan_blocks(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt]
     names = [FALLBACK, *drafts]
 
     def window(name: str, law: Law, rep: int) -> list[Request]:
-        return [Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
-                for mnt in max_new_tokens for p in prompts]
+        return window_requests(name, law, prompts, max_new_tokens, rep, seed)
 
     if points is not None and slow_switch:
         out: list[Block] = []

@@ -52,7 +52,7 @@ from gate.oracle import TargetOracle
 from gate.phases import Phase, not_measured, run_phases
 from gate.load.points import describe_point, point_of
 from gate.load.search import ProbeResult, SearchPlan, Window, judge_probe, meets, search
-from gate.plan import Block, ExactnessPlan, plan_blocks
+from gate.plan import Block, ExactnessPlan, plan_blocks, window_requests
 from gate.requests import PlannedPrompt, Request, request_seed
 from gate.records import (FALLBACK, EnvelopeRecord, ExactnessRecord, busy_seconds, Failure, FailureStage, Measurements,
                           OverlapRecord, ProbeRecord, RequestRecord, RunRecord, SpecDecodeCounters)
@@ -85,6 +85,11 @@ class Settings:
     search: SearchPlan | None = None
     shard: tuple[int, int] | None = None
 
+    @property
+    def first_shard(self) -> bool:
+        """Whether this run measures what is not split into shards (shard 1, or no shards)."""
+        return self.shard is None or self.shard[0] == 1
+
 
 def measure(session: Session, settings: Settings, progress: Progress | None = None,
             exactness: ExactnessPlan | None = None) -> Measurements:
@@ -113,7 +118,7 @@ def measure(session: Session, settings: Settings, progress: Progress | None = No
 
     loop = Loop(session, m, settings, progress, exactness or ExactnessPlan())
     phases = [loop.phase([FALLBACK, *m.drafts], session.laws, range(settings.repetitions))]
-    first = settings.shard is None or settings.shard[0] == 1  # what is not split runs in the first shard (gate.merge)
+    first = settings.first_shard  # what is not split runs in the first shard (gate.merge)
     if session.drafts and first:  # the drafts are loaded here: overlap along the fallback's outputs
         phases.append(Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)))
     if first:
@@ -291,8 +296,7 @@ class Loop:
                     self.progress("requests", done[0], total)
                     self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
-                first = self.s.shard is None or self.s.shard[0] == 1
-                if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1 and first:
+                if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1 and self.s.first_shard:
                     self._samples()
                 if self.s.search is not None and self.labelled:
                     self._search(names, laws)
@@ -339,7 +343,7 @@ class Loop:
         probe, what was found is recorded and the interrupt raised again."""
         plan = self.s.search
         assert plan is not None
-        workload = [(p, mnt) for mnt in self.s.max_new_tokens for p in self.session.prompts]
+        prompts, lengths, seed = self.session.prompts, self.s.max_new_tokens, self.s.seed
         signalled: list[bool] = []  # a signal stopped a probe: the search is recorded, then the interrupt goes on
         for law in laws:
             if not self.mine(law.name, self.points[0]):  # a law's search runs in the shard of its first load point
@@ -347,9 +351,8 @@ class Loop:
             for name in names:
                 figures: dict[float, dict[str, Any]] = {}
                 if self.s.warmup:  # a managed server may have been started again for this runner: warm it first
-                    first = [Request(name, law, p, mnt, 0, request_seed(self.s.seed, p.id, law.name, mnt, 0))
-                             for p, mnt in workload]
-                    self._warmup(name, first, plan.strategy(plan.start), "envelope search")
+                    self._warmup(name, window_requests(name, law, prompts, lengths, 0, seed), plan.strategy(plan.start),
+                                 "envelope search")
 
                 def probe(load: float, name: str = name, law: Law = law) -> ProbeResult:
                     strategy = plan.strategy(load)
@@ -357,9 +360,8 @@ class Loop:
                     windows = []
                     try:
                         for rep in range(plan.repetitions):
-                            n = plan.request_count(load, len(workload))
-                            unit = [Request(name, law, p, mnt, rep, request_seed(self.s.seed, p.id, law.name, mnt, rep))
-                                    for p, mnt in (workload[i % len(workload)] for i in range(n))]
+                            base = window_requests(name, law, prompts, lengths, rep, seed)
+                            unit = [replace(base[i % len(base)]) for i in range(plan.request_count(load, len(base)))]
                             for attempt in range(1 + self.s.contention.reruns):
                                 a = _Attempt()
                                 try:
