@@ -27,6 +27,7 @@ from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
 from gate.rules import interactivity
+from gate.rules import schedule as k_schedule
 from gate.rules.load_points import load_summary
 from gate.rules.summary import summarize
 from gate.run import Progress, Settings, measure, measure_more
@@ -260,7 +261,8 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     """Measurements with the environment, laws and drafts but no record (every rule: error)."""
     policy = loaded.policy
     m = Measurements(environment=environment(device, policy.workload.seed), laws=[law.label for law in policy.laws])
-    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens) for name, d in policy.drafts.items()}
+    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, sweep_of=policy.sweep[name][0] if name in policy.sweep else None)
+                for name, d in policy.drafts.items()}
     return m
 
 
@@ -323,6 +325,9 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     report.interactivity = interactivity.points(m, points)
     load = loaded.policy.load
     report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_speed() if load else None)
+    report.schedule = k_schedule.schedule(k_schedule.clean(m, settings.max_cpu_stall, settings.max_client_lag_ms),
+                                          loaded.policy.measurement.sweep_max_spread, settings.confidence,
+                                          settings.resamples, settings.seed)
     report.client = client_checks(m.runs, m.requests, settings.max_client_lag_ms,
                                   {s.runner: s.slots for s in m.servers if s.slots is not None},
                                   getattr(loaded.policy.runner, "burst_gap_ms", None))

@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 
 from gate import __version__
-from gate.errors import EXIT_MEASUREMENT, EXIT_USAGE, GateError
+from gate.errors import EXIT_MEASUREMENT, EXIT_USAGE, GateError, describe_error
 
 if TYPE_CHECKING:
     from gate.check import CheckResult
@@ -55,7 +55,9 @@ def validate(policy: Path) -> None:
     p = loaded.policy
     for w in loaded.warnings:
         _err.print(f"gate: warning: {w}", markup=False, soft_wrap=True)
-    click.echo(f"{policy}: valid (version {p.version}; {len(p.drafts)} drafts, {len(p.laws)} laws, {len(p.rules)} rules)"
+    swept = f" and {len(p.sweep)} num_draft_tokens_sweep runners" if p.sweep else ""
+    click.echo(f"{policy}: valid (version {p.version}; {len(p.declared_drafts)} drafts{swept}, {len(p.laws)} laws, "
+               f"{len(p.rules)} rules)"
                + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else ""))
     from gate.sampled_exactness import planned_cost
 
@@ -189,25 +191,32 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
     from gate.report import registry as formats
 
     # a signal once every measurement was made: noted before each write, exit 128 + signal
-    _write_reports(result.report, [("json", json_path), ("junit", junit_path), ("markdown", markdown_path), *(extra or [])],
-                   options, html_url, lambda: interrupt.mark_late(result))
+    broken = _write_reports(result.report, [("json", json_path), ("junit", junit_path), ("markdown", markdown_path),
+                                            *(extra or [])], options, html_url, lambda: interrupt.mark_late(result))
     out = Console(highlight=False, emoji=False)
     if not out.is_terminal:
         out = Console(highlight=False, emoji=False, width=160)
-    formats.create("console").print(result.report, out)
+    try:
+        formats.create("console").print(result.report, out)
+    except Exception as e:  # noqa: BLE001 - a summary that cannot be drawn: the files are written, say so
+        _err.print(f"gate: internal error: the console summary could not be drawn: {describe_error(e)}", markup=False)
+        broken = True
     click.echo(f"reports: {json_path} {junit_path}")
     interrupt.mark_late(result)
-    sys.exit(result.exit_code)
+    sys.exit(max(result.exit_code, EXIT_MEASUREMENT) if broken and result.exit_code < 128 else result.exit_code)
 
 
 def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options: dict[str, dict[str, Any]] | None = None,
-                   html_url: str | None = None, each: Any = None) -> None:
+                   html_url: str | None = None, each: Any = None) -> bool:
     """Write `report` in every (format, path) of `targets` (None paths skipped) through
     gate.report.registry; exit 2 when a file cannot be written. `each` is called before
-    every write. A Markdown summary written beside an html page gets a link to it."""
+    every write. A Markdown summary written beside an html page gets a link to it. A format
+    that fails on the report itself (a bug in it) is named on stderr and the others are
+    still written (nothing measured is lost); returns whether one did."""
     from gate.report import registry as formats
 
     options = options or {}
+    broken = False
     html = next((path for name, path in targets if name == "html" and path is not None), None)
     for name, path in targets:
         if path is None:
@@ -223,6 +232,11 @@ def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options:
         except OSError as e:
             _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
             sys.exit(EXIT_USAGE)
+        except Exception as e:  # noqa: BLE001 - one format's bug must not cost the other reports
+            _err.print(f"gate: internal error: the {fmt.name} report to {path} could not be written: {describe_error(e)}"
+                       " (the other reports are written)", markup=False)
+            broken = True
+    return broken
 
 
 @cli.command("report")
@@ -245,8 +259,9 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
                    peak: str | None) -> None:
     """Render a saved gate JSON REPORT (also gzip-compressed) again: as an HTML page with
     plots (--html), a Markdown summary, JUnit, or any registered format. Exit 0 when
-    written, 2 for a file that is not a gate report or a report that cannot be written
-    (the report's own verdict is its exit_code field, not this command's)."""
+    written, 2 for a file that is not a gate report or a report that cannot be written, 3
+    when a format failed on the report (the others are still written; the report's own
+    verdict is its exit_code field, not this command's)."""
     from gate import saved
     from gate.errors import InputError, Problem
 
@@ -265,10 +280,12 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
             options["html"] = _roofline_options(roofline_policy, report_path, data, bandwidth, peak)
     except GateError as e:
         _fail(e)
-    _write_reports(report, targets, options, html_url)
+    broken = _write_reports(report, targets, options, html_url)
     for name, path in targets:
         if path is not None:
             click.echo(f"wrote {name}: {path}")
+    if broken:
+        sys.exit(EXIT_MEASUREMENT)
 
 
 def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], bandwidth: str, peak: str) -> dict[str, Any]:

@@ -618,6 +618,7 @@ class DraftInfo:
     num_draft_tokens: int | None = None
     probability_info: str | None = None
     modifies_target: bool = False  # its kind ships a changed target (gate.drafts.interface.DraftKind.modifies_target)
+    sweep_of: str | None = None  # a num_draft_tokens_sweep's runner: the declared draft it varies (None: declared)
 
 
 @dataclass

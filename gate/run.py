@@ -340,7 +340,8 @@ class Loop:
         server may have been started again for it). A probe window whose requests were too often contended or client delayed is rerun (up to
         measurement.contention_reruns times). Once measurement.max_wall_s has run out, what was
         found is recorded and interrupt.OutOfTime raised; after a signal (KeyboardInterrupt) during a
-        probe, what was found is recorded and the interrupt raised again."""
+        probe, what was found is recorded and the interrupt raised again. The runners of a
+        num_draft_tokens_sweep are not searched (their best K is read at the load points)."""
         plan = self.s.search
         assert plan is not None
         prompts, lengths, seed = self.session.prompts, self.s.max_new_tokens, self.s.seed
@@ -349,6 +350,9 @@ class Loop:
             if not self.mine(law.name, self.points[0]):  # a law's search runs in the shard of its first load point
                 continue
             for name in names:
+                info = (self.session.draft_infos or {}).get(name)
+                if info is not None and info.sweep_of is not None:
+                    continue  # a num_draft_tokens_sweep runner is measured at the load points, not searched
                 figures: dict[float, dict[str, Any]] = {}
                 if self.s.warmup:  # a managed server may have been started again for this runner: warm it first
                     self._warmup(name, window_requests(name, law, prompts, lengths, 0, seed), plan.strategy(plan.start),

@@ -61,12 +61,12 @@ def _measurements(requests: int) -> Measurements:
 
 
 def test_the_builtin_kinds_are_registered_in_schema_order():
-    assert rule_kinds.names() == ["metric", "exactness", "envelope"]
+    assert rule_kinds.names() == ["metric", "exactness", "envelope", "best_num_draft_tokens"]
     assert rule_kinds.get("metric").reads_metric and not rule_kinds.get("metric").needs_exactness
     assert rule_kinds.get("exactness").needs_exactness and not rule_kinds.get("exactness").reads_metric
     assert not rule_kinds.get("envelope").needs_exactness and not rule_kinds.get("envelope").reads_metric
     assert policy_schema()["$defs"]["RuleSpec"]["properties"]["kind"]["enum"] == rule_kinds.names()
-    with pytest.raises(KeyError, match="unknown rule kind 'exactnes'; known: metric, exactness, envelope .did you mean 'exactness'"):
+    with pytest.raises(KeyError, match="unknown rule kind 'exactnes'; known: metric, exactness, envelope, best_num_draft_tokens .did you mean 'exactness'"):
         rule_kinds.get("exactnes")
 
 
@@ -75,7 +75,7 @@ def test_an_unknown_kind_reads_like_a_literal_error(tmp_path):
         load_policy(write_policy(tmp_path, BASE + "  - {id: r, kind: exactnes}\n"))
     problem = info.value.problems[0]
     assert problem.path == "rules[0].kind"
-    assert problem.message == "Input should be 'metric', 'exactness' or 'envelope', got 'exactnes' (did you mean 'exactness'?)"
+    assert problem.message == "Input should be 'metric', 'exactness', 'envelope' or 'best_num_draft_tokens', got 'exactnes' (did you mean 'exactness'?)"
 
 
 def test_a_registered_kind_is_parsed_checked_and_evaluated(tmp_path, toy):

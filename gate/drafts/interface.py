@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,6 +100,10 @@ class DraftSpecBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
+    num_draft_tokens_sweep: list[Annotated[int, Field(ge=0, le=64)]] | None = Field(
+        None, min_length=1, description="Also measure this draft with each of these num_draft_tokens (0: speculation "
+        "off, which is the fallback): each value runs as its own runner '<name>.k<K>' (a managed server restarted "
+        "with that K), and the report picks the best K per load point (gate.rules.schedule).")
 
 
 @dataclass(frozen=True)

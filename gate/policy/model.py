@@ -11,7 +11,7 @@ import re
 from datetime import date
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gate.drafts import registry as draft_kinds
@@ -652,6 +652,10 @@ class MeasurementSpec(_Strict):
         "plus its last attempt's stays within this share of the first attempts' time over the whole run (the cells not "
         "yet run estimated at the mean so far), so the timed requests of a busy run take at most 1 + this times their "
         "time without reruns (1.5x at the default 0.5; 0: never rerun).")
+    sweep_max_spread: float = Field(
+        0.2, gt=0.0, le=10.0, description="num_draft_tokens_sweep: a K is chosen as a load point's best only when its "
+        "repetitions agree, their throughput ratios to the fallback spreading (max - min) by at most this share of "
+        "their median (a stability check, as vLLM's bench sweep makes); wider cells are shown, never chosen.")
     max_client_lag_ms: float | None = Field(
         DEFAULT_MAX_CLIENT_LAG_MS, ge=0.0, description="A served request is client delayed when the client began it "
         "more than this many ms late against when it was due (schedule lag), or its client worker's event loop ran more "
@@ -746,10 +750,41 @@ class Policy(_Strict):
     load: LoadSpec | None = Field(None, description="Served runners: the load points (default: concurrency 1).")
     rules: list[RuleSpec] = Field(..., min_length=1, description="A gate without rules would pass anything.")
     waivers: list[WaiverSpec] = Field(default_factory=list)
+    _sweep: dict[str, tuple[str, int]] = PrivateAttr(default_factory=dict)
 
     @property
     def laws(self) -> list[LawSpec]:
         return list(self.law) if isinstance(self.law, list) else [self.law]
+
+    @model_validator(mode="after")
+    def _sweeps(self) -> "Policy":
+        """Each draft's num_draft_tokens_sweep becomes runners of their own: '<name>.k<K>' for
+        every swept K other than 0 (the fallback) and the declared num_draft_tokens (the draft
+        itself), the same spec with that num_draft_tokens. A name already taken is left to
+        _check_names to report."""
+        for name, d in list(self.drafts.items()):
+            for k in sorted(set(d.num_draft_tokens_sweep or ()) - {0, d.num_draft_tokens}):
+                variant = sweep_name(name, k)
+                if variant not in self.drafts:
+                    self.drafts[variant] = d.model_copy(update={"num_draft_tokens": k, "num_draft_tokens_sweep": None})
+                    self._sweep[variant] = (name, k)
+        return self
+
+    @property
+    def sweep(self) -> dict[str, tuple[str, int]]:
+        """The runners a num_draft_tokens_sweep added: '<name>.k<K>' -> (the draft's name, K)."""
+        return dict(self._sweep)
+
+    @property
+    def declared_drafts(self) -> list[str]:
+        """The drafts the policy names (not the sweep's runners): what a rule without a
+        scope.drafts applies to."""
+        return [n for n in self.drafts if n not in self.sweep]
+
+
+def sweep_name(draft: str, k: int) -> str:
+    """The runner of `draft` at num_draft_tokens `k` in a sweep: 'lookup.k2'."""
+    return f"{draft}.k{k}"
 
 
 def _check_names(policy: Policy) -> list[tuple[str, str]]:
@@ -813,6 +848,18 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                 if value not in known:
                     hint = _did_you_mean(value, known)
                     problems.append((f"rules[{i}].scope.{key}[{j}]", f"unknown {key[:-1]} {value!r}; known: {', '.join(known)}{hint}"))
+    for name, d in policy.drafts.items():
+        if not d.num_draft_tokens_sweep:
+            continue
+        at = f"drafts.{name}.num_draft_tokens_sweep"
+        taken = [sweep_name(name, k) for k in sorted(set(d.num_draft_tokens_sweep) - {0, d.num_draft_tokens})
+                 if policy.sweep.get(sweep_name(name, k)) != (name, k)]
+        if taken:
+            problems.append((at, f"the sweep's runner {taken[0]!r} is a draft the policy declares; rename that draft "
+                             f"(a sweep names its runners '<draft>.k<K>')"))
+        if policy.measurement.repetitions < 2:
+            problems.append((at, "a sweep needs measurement.repetitions of at least 2: the best K is chosen only where "
+                             "its repetitions agree (measurement.sweep_max_spread)"))
     ids = [r.id for r in policy.rules]
     for i, w in enumerate(policy.waivers):
         if w.rule not in ids:

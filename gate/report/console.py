@@ -11,12 +11,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gate.records import FALLBACK
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
 from gate.rules.status import Change, Status
+from gate.rules.schedule import schedule_lines
 from gate.units import Dimension, format_value
 
 _STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold magenta", Status.WARN: "yellow",
@@ -59,7 +61,7 @@ class ConsoleReport(ReportFormat):
             rules.add_column(col, overflow="fold")
         for o in report.outcomes:
             rules.add_row(f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]", escape(o.name), o.level, escape(o.message))
-        served = load_tables(report)
+        served = load_tables(report) + schedule_tables(report)
         tables = [summary, *slices, *served, rules] if report.measurements.requests else [rules]
         if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.measure.identity)
             ident = Table(title="Target identity", title_justify="left", show_header=False)
@@ -129,6 +131,28 @@ def load_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+PREDICTION_COLUMNS = ("draft", "law", "load", "in flight (Little)", "verified tok/step", "accept rate", "E[acc len] (alpha)",
+                      "tok/step (measured)", "step cost (x decode)", "predicted", "measured")
+
+
+def prediction_rows(report: Report) -> list[list[str]]:
+    """One row per draft, law and load point with the speedup model at load
+    (gate.rules.load_points: predicted = E[accepted length] / step cost ratio) beside the
+    measured speedup; only rows where the model has its figures."""
+    k = {name: d.num_draft_tokens for name, d in report.measurements.drafts.items()}
+    rows = []
+    for p in report.load:
+        if p.runner == FALLBACK or p.predicted_speedup is None:
+            continue
+        batch = p.effective_batch
+        verified = "-" if batch is None or not k.get(p.runner) else f"{batch * (k[p.runner] + 1):.1f}"
+        rows.append([p.runner, p.law, p.label, _f(batch, ".2f"), verified, _f(p.acceptance_rate, ".3f"),
+                     _f(p.expected_accepted_length, ".2f"), _f(p.tokens_per_step, ".2f"),
+                     _f(p.step_cost_ratio, ".2f"), f"{p.predicted_speedup:.2f}x",
+                     "-" if p.speedup is None else f"{p.speedup:.2f}x"])
+    return rows
+
+
 CLIENT_COLUMNS = ("runner", "law", "load", "rep", "req", "workers", "schedule lag p50/p99/max", "loop lag p99/max",
                   "send p50", "worker CPU", "delayed", "tokens != server", "TTFT - server")
 
@@ -174,6 +198,45 @@ def envelope_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+SCHEDULE_COLUMNS = ("draft", "law", "load", "K", "runner", "speedup per repetition", "median", "spread", "pooled speedup [CI]",
+                    "chosen")
+
+
+def schedule_rows(report: Report) -> list[list[str]]:
+    """One row per swept draft, law, load point and K (num_draft_tokens_sweep,
+    gate.rules.schedule): the per-repetition speedups, their median and spread, the pooled
+    speedup with its interval, and which K is the best there."""
+    rows = []
+    for c in report.schedule:
+        for x in c.cells:
+            reps = ", ".join("-" if v is None else f"{v:.2f}" for v in x.per_repetition) if x.k else "1 (the fallback)"
+            ci = "-" if x.speedup is None else f"{x.speedup:.2f}x" + (
+                f" [{x.speedup_low:.2f}, {x.speedup_high:.2f}]" if x.k and x.speedup_low is not None else "")
+            mark = "best" if x.k == c.best_k else ("unstable" if x.k and x.spread is not None and not x.stable else "")
+            if x.k == c.declared_k:
+                mark = f"{mark}, declared" if mark else "declared"
+            rows.append([c.draft, c.law, c.label, str(x.k), x.runner, reps, _f(x.score, ".2f"),
+                         "-" if x.spread is None or not x.k else f"{x.spread:.0%}", ci, mark])
+    return rows
+
+
+def schedule_tables(report: Report) -> list[Table | Text]:
+    """The num_draft_tokens sweep's table and its K schedule (none without a sweep)."""
+    if not report.schedule:
+        return []
+    table = Table(title="num_draft_tokens per load (num_draft_tokens_sweep): the best stable K at each load point",
+                  title_justify="left")
+    for col in SCHEDULE_COLUMNS:
+        table.add_column(col, justify="left" if col in ("draft", "law", "load", "runner", "chosen") else "right")
+    for row in schedule_rows(report):
+        table.add_row(*(escape(x) for x in row))
+    lines = Table(title="K schedule", title_justify="left", show_header=False)
+    lines.add_column("schedule", overflow="fold")
+    for line in schedule_lines(report.schedule) + [c.message for c in report.schedule]:
+        lines.add_row(escape(line))
+    return [table, lines]
+
+
 def client_warnings(report: Report) -> list[str]:
     """The client self-check's warnings, each with its window."""
     return [f"{c.runner} {c.law} {c.load}" + (f" rep {c.repetition}" if c.repetition is not None else "") + f": {w}"
@@ -198,6 +261,14 @@ def load_tables(report: Report) -> list[Table | Text]:
         for c in report.crossovers:
             cross.add_row(escape(c.message))
         out.append(cross)
+    if predicted := prediction_rows(report):
+        model = Table(title="Predicted at load: E[accepted length] from alpha over the step cost (a verification step "
+                            "in decode steps of the fallback at that load), beside the measured speedup", title_justify="left")
+        for col in PREDICTION_COLUMNS:
+            model.add_column(col, justify="left" if col in ("draft", "law", "load") else "right")
+        for row in predicted:
+            model.add_row(*(escape(x) for x in row))
+        out.append(model)
     if report.equal_interactivity:
         eq = Table(title="At equal interactivity (output throughput at the same per-user speed, read off each runner's "
                          "Pareto front)", title_justify="left", show_header=False)

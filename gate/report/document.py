@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 from gate.measure.client_check import ClientCheck
 from gate.records import Measurements
 from gate.rules.interactivity import EqualInteractivity, InteractivityPoint
+from gate.rules.schedule import KChoice
 from gate.rules.load_points import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
 from gate.rules.summary import SummaryRow
@@ -41,6 +42,7 @@ class Report:
     client: list[ClientCheck] = field(default_factory=list)  # served runs: the client's check of itself, per window
     interactivity: list[InteractivityPoint] = field(default_factory=list)  # served: throughput against per-user speed
     equal_interactivity: list[EqualInteractivity] = field(default_factory=list)  # drafts vs fallback at load.per_user_tokens_s
+    schedule: list[KChoice] = field(default_factory=list)  # num_draft_tokens_sweep: every K per load point, the best K
     shard: str | None = None  # "i/n": this report measured the i-th of n shards of the run (gate check --shard; gate merge)
     merged_from: list[str] = field(default_factory=list)  # gate merge: the shard reports this one joins
 

@@ -36,11 +36,13 @@ from typing import Any, Callable, Iterable
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
-from gate.report.console import (CLIENT_COLUMNS, CONSTRAINT_FIGURES, ENVELOPE_COLUMNS, client_rows, client_warnings,
-                                 constraint_labels, constraint_rows, envelope_rows)
+from gate.report.console import (CLIENT_COLUMNS, CONSTRAINT_FIGURES, ENVELOPE_COLUMNS, PREDICTION_COLUMNS, SCHEDULE_COLUMNS,
+                                 client_rows, client_warnings, constraint_labels, constraint_rows, envelope_rows,
+                                 prediction_rows, schedule_rows)
 from gate.report.document import Report
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
+from gate.rules.schedule import schedule_lines
 from gate.rules.status import Status
 from gate.units import Dimension, format_value
 
@@ -227,6 +229,8 @@ class HtmlReport(ReportFormat):
             out.append("</ul>")
         out.append("</section>")
         out += self._envelope(report)
+        out += self._prediction(report)
+        out += self._schedule(report)
         out += self._client(report)
         out += self._tail(report)
         out += ["</body>", "</html>"]
@@ -342,6 +346,35 @@ class HtmlReport(ReportFormat):
                "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in ENVELOPE_COLUMNS) + "</tr></thead><tbody>"]
         out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in envelope_rows(report)]
         out += ["</tbody></table>", "</section>"]
+        return out
+
+    def _prediction(self, report: Report) -> list[str]:
+        """The speedup model at each load point beside the measured speedup (gate.rules.load_points)."""
+        rows = prediction_rows(report)
+        if not rows:
+            return []
+        out = ['<section id="predicted-at-load"><h2>Predicted at load</h2>',
+               "<p>A verification step commits E[accepted length] = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs "
+               "as many decode steps of the fallback as the step cost says (the draft's TPOT x its measured tokens per "
+               "decode step over the fallback's TPOT, at the same load); predicted = E / cost. In flight: request throughput x mean E2EL "
+               "(Little's law); verified tokens per step: in flight x (K + 1).</p>",
+               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in PREDICTION_COLUMNS) + "</tr></thead><tbody>"]
+        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
+        out += ["</tbody></table>", "</section>"]
+        return out
+
+    def _schedule(self, report: Report) -> list[str]:
+        """num_draft_tokens per load (num_draft_tokens_sweep): every K's speedup and the best K."""
+        if not report.schedule:
+            return []
+        out = ['<section id="num-draft-tokens"><h2>num_draft_tokens per load</h2>',
+               "<p>Each swept K's speedup over the fallback per repetition, their median (the score) and spread (max - min "
+               "over the median); the best K is the stable K of highest score, K=0 being speculation off.</p>",
+               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in SCHEDULE_COLUMNS) + "</tr></thead><tbody>"]
+        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in schedule_rows(report)]
+        out += ["</tbody></table>", '<ul class="schedule">']
+        out += [f"<li>{esc(x)}</li>" for x in schedule_lines(report.schedule) + [c.message for c in report.schedule]]
+        out += ["</ul>", "</section>"]
         return out
 
     def _client(self, report: Report) -> list[str]:

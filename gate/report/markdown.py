@@ -6,10 +6,12 @@ from __future__ import annotations
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
-from gate.report.console import (BREAKDOWN_COLUMNS, CLIENT_COLUMNS, ENVELOPE_COLUMNS, LOAD_COLUMNS, breakdown_rows,
-                                 client_rows, client_warnings, constraint_rows, envelope_rows, load_rows)
+from gate.report.console import (BREAKDOWN_COLUMNS, CLIENT_COLUMNS, ENVELOPE_COLUMNS, LOAD_COLUMNS, PREDICTION_COLUMNS,
+                                 SCHEDULE_COLUMNS, breakdown_rows, client_rows, client_warnings, constraint_rows, envelope_rows,
+                                 load_rows, prediction_rows, schedule_rows)
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
+from gate.rules.schedule import schedule_lines
 from gate.rules.status import Status
 from gate.units import Dimension, format_value
 
@@ -71,6 +73,20 @@ class MarkdownReport(ReportFormat):
                     "| " + " | ".join(LOAD_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(LOAD_COLUMNS) - 3)]
             out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in load_rows(report)]
             out += [""] + [f"- {_cell(c.message)}" for c in report.crossovers] + [""]
+            if predicted := prediction_rows(report):
+                out += ["### Predicted at load", "", "The speedup model at each load point: a verification step commits "
+                        "E[accepted length] = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs as many decode steps of the "
+                        "fallback as the step cost says (the draft's TPOT x its measured tokens per decode step over the fallback's TPOT); "
+                        "predicted = E / cost. In flight: request throughput x mean E2EL (Little's law).", "",
+                        "| " + " | ".join(PREDICTION_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(PREDICTION_COLUMNS) - 3)]
+                out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in predicted] + [""]
+        if report.schedule:
+            out += ["### num_draft_tokens per load", "", "Each swept K's speedup over the fallback per repetition, their "
+                    "median (the score) and spread; the best K is the stable K of highest score (K=0: speculation off).",
+                    "", "| " + " | ".join(SCHEDULE_COLUMNS) + " |", "|" + "---|" * len(SCHEDULE_COLUMNS)]
+            out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in schedule_rows(report)] + [""]
+            out += [f"- {_cell(line)}" for line in schedule_lines(report.schedule)]
+            out += [f"- {_cell(c.message)}" for c in report.schedule] + [""]
         if report.equal_interactivity:
             out += ["### At equal interactivity", "", "Output throughput at the same per-user speed (1000 / TPOT), read off "
                     "each runner's Pareto front over the load points and search probes:", ""]

@@ -10,6 +10,24 @@ cancels. In an open loop below saturation both runners carry the offered rate, a
 ratio is how much faster each request streams at that rate. Output and request throughput
 and goodput are measured over the windows themselves (tokens or requests / window duration).
 
+Predicted at load. With i.i.d. acceptance alpha and K proposals a verification step commits
+(1 - alpha^(K+1)) / (1 - alpha) tokens on average, and the speedup is that over the step's cost
+relative to one decode step of the target (Leviathan et al. 2023, Eq. 1 and Thm 3.8: cost
+gamma c + 1 at batch 1). At load the cost is not gamma c + 1: the server verifies K + 1 tokens
+of every sequence in flight, and once the batch's tokens near the compute roof a verification
+step costs several decode steps. So at each load point gate measures it: the step cost ratio is
+one verification step (the draft's mean TPOT x its measured tokens per decode step: every step
+commits one token plus the proposals it accepted, so (output - first tokens) / (that -
+accepted), the accepted proposals from the server's counters) over one decode step of the
+fallback (its mean TPOT) at the same load, and the predicted speedup is the expected accepted
+length from alpha over that ratio. The effective batch beside it is the mean number of
+requests in flight, by Little's law (L = lambda W: request throughput x mean E2EL), so a row
+reads: at B requests in flight a step verifies B (K + 1) tokens, costs r decode steps, commits
+E tokens, and E / r is the speedup the model predicts (measured tokens per step / r is what was
+measured). Prediction and measurement differ where acceptance is not i.i.d. across positions,
+where steps make no proposal (prompt lookup without a match: alpha's E assumes every step
+proposes K) and by the prefill, which TPOT leaves out.
+
 The crossover of a draft is the lowest load point at which its whole speedup interval lies
 below 1.0x: from there on the draft costs more than it saves (vLLM #50851: 2.1x at
 concurrency 1, 0.77x at 8).
@@ -20,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gate.measure.roofline import expected_committed
 from gate.records import FALLBACK, Measurements
 from gate.rules.confidence import bootstrap_interval, estimand
 from gate.rules.samples import pooled
@@ -56,6 +75,12 @@ class LoadPoint:
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
+    # The speedup model at load (module docstring, "Predicted at load"); drafts only, None where a figure is missing
+    effective_batch: float | None = None  # requests in flight on average (Little's law: request throughput x mean E2EL)
+    expected_accepted_length: float | None = None  # (1 - alpha^(K+1)) / (1 - alpha): tokens per step, i.i.d. acceptance
+    tokens_per_step: float | None = None  # measured tokens per decode step: (output - first tokens) / (that - accepted)
+    step_cost_ratio: float | None = None  # one verification step's time over one fallback decode step's, at this load
+    predicted_speedup: float | None = None  # expected_accepted_length / step_cost_ratio
 
     @property
     def label(self) -> str:
@@ -159,8 +184,50 @@ def load_summary(m: Measurements, confidence: float = 0.95, resamples: int = 200
                         interval = bootstrap_interval(est, confidence, resamples, seed)
                         if interval is not None:
                             row.speedup_low, row.speedup_high = interval.low, interval.high
+                reqs_s = row.request_throughput
+                e2el = aggregate([r.e2el_ms for r in reqs], "mean")
+                if reqs_s is not None and e2el is not None and math.isfinite(e2el):
+                    row.effective_batch = reqs_s * e2el / 1000.0
                 rows.append(row)
+    for row in rows:
+        row.tokens_per_step = _tokens_per_step(m, row)
+        fallback = next((r for r in rows if (r.runner, r.law, r.kind, r.value) == (FALLBACK, row.law, row.kind, row.value)), None)
+        info = m.drafts.get(row.runner)
+        if row.runner != FALLBACK and fallback is not None and info is not None and info.num_draft_tokens:
+            predict_at_load(row, fallback, info.num_draft_tokens)
     return rows, crossovers(rows, confidence)
+
+
+def _tokens_per_step(m: Measurements, row: LoadPoint) -> float | None:
+    """Tokens one decode step of `row`'s runner committed on average over its windows at its
+    load point: every step commits one token plus the proposals it accepted, so over the
+    decode steps (the first token of each request is the prefill's) it is
+    (output - requests) / (output - requests - accepted). The fallback's is 1. None where a
+    draft's window has no counters (a server without spec-decode counts)."""
+    committed = requests = accepted = 0
+    for w in m.runs:
+        at = w.load.concurrency if row.kind == "concurrency" else w.load.request_rate
+        if w.runner != row.runner or w.law != row.law or at is None or float(at) != row.value or \
+                (row.kind == "concurrency" and w.load.request_rate is not None):
+            continue
+        if w.counters is None and row.runner != FALLBACK:
+            return None
+        committed, requests = committed + w.committed_tokens, requests + w.requests
+        accepted += w.counters.num_accepted_tokens if w.counters is not None else 0
+    steps = committed - requests - accepted
+    return (committed - requests) / steps if steps > 0 else None
+
+
+def predict_at_load(row: LoadPoint, fallback: LoadPoint, num_draft_tokens: int) -> None:
+    """The speedup model at load for one draft row (module docstring): fills
+    expected_accepted_length, step_cost_ratio and predicted_speedup where the figures exist."""
+    alpha = row.acceptance_rate
+    if alpha is not None and 0.0 <= alpha <= 1.0:
+        row.expected_accepted_length = expected_committed(alpha, num_draft_tokens)
+    if row.tpot_mean_ms and fallback.tpot_mean_ms and row.tokens_per_step:
+        row.step_cost_ratio = row.tpot_mean_ms * row.tokens_per_step / fallback.tpot_mean_ms
+    if row.expected_accepted_length is not None and row.step_cost_ratio:
+        row.predicted_speedup = row.expected_accepted_length / row.step_cost_ratio
 
 
 def crossovers(rows: list[LoadPoint], confidence: float = 0.95) -> list[Crossover]:

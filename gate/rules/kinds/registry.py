@@ -22,6 +22,7 @@ BUILTIN = (
     "gate.rules.kinds.metric",
     "gate.rules.kinds.exactness",
     "gate.rules.kinds.envelope",
+    "gate.rules.kinds.best_num_draft_tokens",
 )
 
 _KINDS: Registry[RuleKind] = Registry("rule kind", lambda: BUILTIN, name_of=lambda kind: kind.name,
