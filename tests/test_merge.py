@@ -38,8 +38,10 @@ def test_shards_merged_decide_as_one_run(tmp_path: Path, tiny_model_dir: Path, p
         code_full, _ = run("check", str(policy), "--json", str(full), "--junit", str(tmp_path / "full.xml"), "--no-progress")
         for i, out in ((1, one), (2, two)):
             code, output = run("check", str(policy), "--shard", f"{i}/2", "--json", str(out), "--junit",
-                               str(tmp_path / f"s{i}.xml"), "--no-progress")
+                               str(tmp_path / f"s{i}.xml"), "--markdown", str(tmp_path / f"s{i}.md"), "--no-progress")
             assert code == 0, output  # a shard decides no rule: its exit code says its measurements were made
+            heading = (tmp_path / f"s{i}.md").read_text().splitlines()[0]
+            assert heading == f"## gate: shard {i}/2, measurements only, no verdict"  # never "passed"
         code, output = run("check", str(policy), "--shard", "4/4", "--json", str(tmp_path / "s4.json"), "--junit",
                            str(tmp_path / "s4.xml"), "--no-progress")
         assert code == 0 and "holds no (law, load point) cell" in output  # 3 cells, dealt to shards 1-3

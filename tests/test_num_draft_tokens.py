@@ -63,6 +63,11 @@ def test_a_sweep_adds_a_runner_per_k_and_is_checked(tmp_path: Path, tiny_model_d
         f"  fast: {DRAFT}\n", f"  fast: {DRAFT}\n  fast.k1: {{kind: prompt_lookup}}\n")
     with pytest.raises(InputError, match="the sweep's runner 'fast.k1' is a draft the policy declares"):
         load_policy(write_policy(tmp_path, taken))
+    envelope = sweep_policy(tiny_model_dir, prompts_file, urls).replace(
+        "load: {concurrency: [1, 2]}", "load: {concurrency: [1], search: {max: 4}}") + \
+        "  - {id: env, kind: envelope, comparison: '>=', threshold: 2, scope: {drafts: [fast.k3]}}\n"
+    with pytest.raises(InputError, match=r"rules\[1\].scope.drafts\[0\]: fast.k3 is a num_draft_tokens_sweep runner"):
+        load_policy(write_policy(tmp_path, envelope))
     unswept = sweep_policy(tiny_model_dir, prompts_file, urls).replace(", num_draft_tokens_sweep: [0, 1, 3, 6]", "") + \
         "  - {id: best, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x}\n"
     with pytest.raises(InputError, match="needs a draft with num_draft_tokens_sweep"):
@@ -79,7 +84,10 @@ BEST_RULES = """\
 
 def test_gate_check_finds_the_known_best_k_and_decides_the_rule_on_every_k(tmp_path: Path, tiny_model_dir: Path,
                                                                         prompts_file: Path, monkeypatch) -> None:
-    stubs = {name: Stub(ttft_s=0.02, itl_s=itl, tokens_per_event=n) for name, (n, itl) in SPEEDS.items()}
+    # every draft stub reports proposals (llama.cpp's timings.draft_n) but fast.k1, which made none: no candidate
+    stubs = {name: Stub(ttft_s=0.02, itl_s=itl, tokens_per_event=n,
+                        draft_n={"fallback": None, "fast.k1": 0}.get(name, 12), draft_n_accepted=8)
+             for name, (n, itl) in SPEEDS.items()}
     for s in stubs.values():
         s.start()
     try:
@@ -100,14 +108,16 @@ def test_gate_check_finds_the_known_best_k_and_decides_the_rule_on_every_k(tmp_p
         assert set(cells) == {0, 1, 3, 6} and c["declared_k"] == 6
         assert c["best_k"] == 3, [(x["k"], x["score"], x["spread"]) for x in c["cells"]]
         assert 1.8 < cells[3]["score"] < 2.05 and 1.4 < cells[1]["score"] < 1.6 and 1.7 < cells[6]["score"] < 1.9
-        assert all(x["stable"] and len(x["per_repetition"]) == 2 for x in c["cells"] if x["k"])
-        assert "best K=3" in c["message"] and "declared K=6" in c["message"]
+        assert all(x["stable"] and len(x["per_repetition"]) == 2 for x in c["cells"] if x["k"] in (3, 6))
+        assert not cells[1]["stable"] and "no proposal" in cells[1]["no_proposal"]  # fast.k1 never proposed
+        assert "best K=3" in c["message"] and "declared K=6" in c["message"] and "made no proposal" in c["message"]
     status = {o["scope"]: (o["rule_id"], o["status"]) for o in report["outcomes"]}
     assert {k: v for k, v in status.items() if v[0] == "speedup"} == {"fast/greedy": ("speedup", "pass")}  # declared only
     pays = [o for o in report["outcomes"] if o["rule_id"] == "pays"]
     assert [(o["scope"], o["status"]) for o in pays] == [("fast/greedy/concurrency=1", "pass"),
                                                         ("fast/greedy/concurrency=2", "pass")]
-    assert all("K=3 meets it" in o["message"] and "Bonferroni" in o["message"] and "98.33%" in o["message"] for o in pays)
+    assert all("K=3 meets it" in o["message"] and "Bonferroni" in o["message"] and "97.50%" in o["message"]
+               and "not candidates, their runner made no proposal: K=1" in o["message"] for o in pays)
     never = next(o for o in report["outcomes"] if o["rule_id"] == "pays-2.5x")
     assert never["status"] == "fail" and "no K meets it" in never["message"]
     md, html = (tmp_path / "out.md").read_text(), (tmp_path / "out.html").read_text()
@@ -170,3 +180,36 @@ def test_ks_that_all_lose_to_the_fallback_schedule_speculation_off() -> None:
     by_load = {c.value: c for c in schedule(m, max_spread=0.5)}
     assert by_load[1.0].best_k == 0 and "best K=0 (speculation off)" in by_load[1.0].message
     assert by_load[4.0].best_k in (2, 4) and by_load[4.0].cell(4).score == pytest.approx(1.3, rel=0.1)
+
+    # a rule per request rate on a closed loop only: every K is "does not apply", so the rule is skipped there
+    from gate.policy.model import RuleSpec
+    from gate.rules.evaluate import Settings, evaluate
+
+    rule = RuleSpec(id="best", kind="best_num_draft_tokens", metric="speedup", aggregation="pooled", comparison=">=",
+                    threshold="1.0x", per="concurrency", scope={"drafts": ["d"]})
+    m.drafts["d"] = replace(m.drafts["d"], swept=True)
+    by_scope = {o.scope: o for o in evaluate([rule], m, Settings(load_points={"concurrency": (1, 4), "request_rate": (2.0,)}))}
+    assert by_scope["d/greedy/concurrency=4"].status == "pass" and by_scope["d/greedy/concurrency=1"].status == "fail"
+    assert by_scope["d/greedy/request_rate=2"].status == "skipped"
+
+
+def test_a_problem_of_a_sweep_runner_is_placed_at_the_sweep() -> None:
+    """A K llama.cpp's ngram-simple can never propose with (below max_ngram_size) is refused, and
+    an error raised on a sweep runner's path names the sweep and the K."""
+    from gate.drafts.prompt_lookup import PromptLookupDraftSpec, _llama_server
+    from gate.errors import PolicyValueError
+    from gate.policy.model import Policy, placed, sweep_path
+
+    with pytest.raises(PolicyValueError, match="num_draft_tokens 2 would never propose") as e:
+        _llama_server("lookup.k2", PromptLookupDraftSpec(kind="prompt_lookup", max_ngram_size=3, num_draft_tokens=2), None)
+    policy = Policy.model_validate({"version": 1, "drafts": {"lookup": {"kind": "prompt_lookup", "num_draft_tokens": 4,
+                                                                          "num_draft_tokens_sweep": [2, 8]}},
+                                    "measurement": {"repetitions": 2},
+                                    "rules": [{"id": "r", "metric": "speedup", "aggregation": "pooled", "comparison": ">=",
+                                               "threshold": "1x"}]})
+    assert sweep_path(policy, e.value.path, e.value.message) == (
+        "drafts.lookup.num_draft_tokens_sweep", f"K=2 (runner lookup.k2): {e.value.message}")
+    assert sweep_path(policy, "drafts.lookup.kind", "x") == ("drafts.lookup.kind", "x")
+    # a problem of the draft that every K shares is reported once, at the draft
+    assert placed(policy, [("drafts.lookup", "same"), ("drafts.lookup.k2", "same"), ("drafts.lookup.k8.kind", "other")]) == [
+        ("drafts.lookup", "same"), ("drafts.lookup.num_draft_tokens_sweep", "K=8 (runner lookup.k8): other")]

@@ -96,27 +96,38 @@ def test_crossover_is_the_lowest_load_whose_interval_lies_below_one():
 
 
 def test_the_speedup_model_at_load_predicts_from_alpha_and_the_measured_step_cost():
-    """Counters per window of 8 requests x 16 tokens: 80 of 160 proposals accepted (alpha 0.5 at
-    K=4), so the 120 decode tokens took 40 steps, 3.0 tokens a step; the draft's TPOT is the
-    fallback's / s, so a step costs 3 / s decode steps and the model predicts E / (3 / s) with
-    E = (1 - 0.5^5) / 0.5 = 1.9375. In flight: c requests (Little's law on the windows)."""
+    """Counters per window of 8 requests x 16 tokens: 40 steps with a proposal (K=4) committed 80
+    proposals, 10 of them all 4 (per position 30, 25, 15, 10), so the 120 decode tokens took 40
+    steps (3.0 tokens a step, every step proposing) and alpha (i.i.d.) = 80 / (80 + 30). The
+    draft's TPOT is the fallback's / s, so a step costs 3 / s decode steps. In flight: c."""
+    from gate.measure.roofline import expected_committed
+
     m = run({1: 1.5, 4: 0.8})
     for w in m.runs:
         if w.runner == "d":
             w.counters = SpecDecodeCounters(num_drafts=40, num_draft_tokens=160, num_accepted_tokens=80,
-                                            num_committed_tokens=120)
+                                            num_accepted_tokens_per_pos=[30, 25, 15, 10], num_committed_tokens=120)
     rows, _ = load_summary(m, 0.95, 300, 0)
+    alpha = 80 / 110
     for c, s in ((1, 1.5), (4, 0.8)):
         d = next(r for r in rows if r.runner == "d" and r.value == c)
-        assert d.expected_accepted_length == pytest.approx(1.9375) and d.tokens_per_step == pytest.approx(3.0)
+        assert d.alpha_iid == pytest.approx(alpha) and d.proposal_share == pytest.approx(1.0)
+        assert d.tokens_per_step == pytest.approx(3.0) and d.expected_tokens_per_step == pytest.approx(expected_committed(alpha, 4))
         assert d.step_cost_ratio == pytest.approx(3.0 / s, rel=0.05)
-        assert d.predicted_speedup == pytest.approx(1.9375 * s / 3.0, rel=0.05)
+        assert d.predicted_speedup == pytest.approx(expected_committed(alpha, 4) * s / 3.0, rel=0.05)
         assert d.effective_batch == pytest.approx(c, rel=0.15)
+        assert d.verified_per_step == pytest.approx(d.effective_batch * (1 + 160 / 40))
     fallback = next(r for r in rows if r.runner == "fallback")
     assert fallback.predicted_speedup is None and fallback.effective_batch is not None
     text = ConsoleReport().render(make_report("p.yaml", {}, m, [], summarize(m), 0, rows, []))
     predicted = next(r for r in rows if r.runner == "d" and r.value == 1).predicted_speedup
     assert "Predicted at load" in text and f"{predicted:.2f}x" in text
+    for w in m.runs:  # a server without per-position counts: alpha cannot be estimated, so nothing is predicted
+        if w.counters is not None:
+            w.counters.num_accepted_tokens_per_pos = []
+    rows, _ = load_summary(m, 0.95, 300, 0)
+    d = next(r for r in rows if r.runner == "d" and r.value == 1)
+    assert d.alpha_iid is None and d.predicted_speedup is None and d.tokens_per_step == pytest.approx(3.0)
 
 
 def test_window_metrics_are_tokens_and_requests_over_window_time():

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 
 from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, ServedContext, ServedDraft, VLLMContext, VLLMDraft
 from gate.law import Law
+from gate.errors import PolicyValueError
 
 
 def lookup(context: list[int], max_ngram_size: int, n: int) -> list[int]:
@@ -75,7 +76,15 @@ def _build(name: str, spec: PromptLookupDraftSpec, ctx: BuildContext) -> BuiltDr
 def _llama_server(name: str, spec: PromptLookupDraftSpec, ctx: ServedContext) -> ServedDraft:
     """llama.cpp's ngram-simple: look up the last max_ngram_size tokens in the context and
     propose the num_draft_tokens that followed. gate's in-process lookup also tries shorter
-    suffixes (max_ngram_size down to 1), llama.cpp only the one length."""
+    suffixes (max_ngram_size down to 1), llama.cpp only the one length, and it proposes only
+    when it can copy at least max_ngram_size tokens (common/ngram-map.cpp: copy_max <
+    n_draft_min gives no draft), so a num_draft_tokens below max_ngram_size never proposes.
+    Raises PolicyValueError at drafts.<name>.num_draft_tokens for that."""
+    if spec.num_draft_tokens < spec.max_ngram_size:
+        raise PolicyValueError(f"drafts.{name}.num_draft_tokens", (
+            f"llama.cpp's ngram-simple proposes only when it can copy at least max_ngram_size ({spec.max_ngram_size}) "
+            f"tokens, so num_draft_tokens {spec.num_draft_tokens} would never propose (speculation would never run): "
+            f"use num_draft_tokens >= {spec.max_ngram_size} or a smaller max_ngram_size"))
     return ServedDraft(None, "ngram-simple", ("--spec-ngram-simple-size-n", str(spec.max_ngram_size),
                                               "--spec-ngram-simple-size-m", str(spec.num_draft_tokens)))
 

@@ -787,6 +787,32 @@ def sweep_name(draft: str, k: int) -> str:
     return f"{draft}.k{k}"
 
 
+def placed(policy: Policy, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`problems` with those of num_draft_tokens_sweep runners placed by sweep_path, and a
+    runner's problem left out where its draft has the same one (it does not depend on K)."""
+    own = set(problems)
+    out = []
+    for path, message in problems:
+        for variant, (draft, _) in policy.sweep.items():
+            at = f"drafts.{variant}"
+            if (path == at or path.startswith(at + ".")) and (f"drafts.{draft}" + path[len(at):], message) in own:
+                break
+        else:
+            out.append(sweep_path(policy, path, message))
+    return out
+
+
+def sweep_path(policy: Policy, path: str, message: str) -> tuple[str, str]:
+    """A problem found on a num_draft_tokens_sweep runner ('drafts.lookup.k2.kind'), placed where
+    the user wrote it: (drafts.lookup.num_draft_tokens_sweep, 'K=2 (runner lookup.k2): ...').
+    Any other (path, message) is returned as it is."""
+    for variant, (draft, k) in policy.sweep.items():
+        at = f"drafts.{variant}"
+        if path == at or path.startswith(at + ".") or path.startswith(at + "["):
+            return f"drafts.{draft}.num_draft_tokens_sweep", f"K={k} (runner {variant}): {message}"
+    return path, message
+
+
 def _check_names(policy: Policy) -> list[tuple[str, str]]:
     """Cross-field checks pydantic cannot place: returns (YAML path, message) pairs."""
     problems: list[tuple[str, str]] = []

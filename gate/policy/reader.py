@@ -433,7 +433,7 @@ class LoadedPolicy:
 
     def error(self, exc: PolicyValueError) -> InputError:
         """Turn an error raised while using a value into one that names file, path and line."""
-        return InputError([self.source.problem(exc.path, exc.message)])
+        return InputError([self.source.problem(*policy_model.sweep_path(self.policy, exc.path, exc.message))])
 
     def resolve(self, relative: str) -> Path:
         """A path written in the policy, relative to the policy file's folder."""
@@ -475,7 +475,7 @@ def load_policy(path: str | Path) -> LoadedPolicy:
         policy = Policy.model_validate(data)
     except ValidationError as e:
         raise InputError(_problems(e, data, source)) from None
-    problems = [source.problem(p, m) for p, m in policy_model._check_names(policy)]
+    problems = [source.problem(p, m) for p, m in policy_model.placed(policy, policy_model._check_names(policy))]
     if problems:
         raise InputError(problems)
     return LoadedPolicy(policy, path, source)

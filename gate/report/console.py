@@ -131,25 +131,22 @@ def load_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-PREDICTION_COLUMNS = ("draft", "law", "load", "in flight (Little)", "verified tok/step", "accept rate", "E[acc len] (alpha)",
-                      "tok/step (measured)", "step cost (x decode)", "predicted", "measured")
+PREDICTION_COLUMNS = ("draft", "law", "load", "in flight (Little)", "verified tok/step", "alpha (i.i.d.)", "steps proposing",
+                      "tok/step (model)", "tok/step (measured)", "step cost (x decode)", "predicted", "measured")
 
 
 def prediction_rows(report: Report) -> list[list[str]]:
     """One row per draft, law and load point with the speedup model at load
-    (gate.rules.load_points: predicted = E[accepted length] / step cost ratio) beside the
-    measured speedup; only rows where the model has its figures."""
-    k = {name: d.num_draft_tokens for name, d in report.measurements.drafts.items()}
+    (gate.rules.load_points: predicted = the model's tokens per step / the step cost ratio)
+    beside the measured speedup; only rows where the model has its figures."""
     rows = []
     for p in report.load:
         if p.runner == FALLBACK or p.predicted_speedup is None:
             continue
-        batch = p.effective_batch
-        verified = "-" if batch is None or not k.get(p.runner) else f"{batch * (k[p.runner] + 1):.1f}"
-        rows.append([p.runner, p.law, p.label, _f(batch, ".2f"), verified, _f(p.acceptance_rate, ".3f"),
-                     _f(p.expected_accepted_length, ".2f"), _f(p.tokens_per_step, ".2f"),
-                     _f(p.step_cost_ratio, ".2f"), f"{p.predicted_speedup:.2f}x",
-                     "-" if p.speedup is None else f"{p.speedup:.2f}x"])
+        rows.append([p.runner, p.law, p.label, _f(p.effective_batch, ".2f"), _f(p.verified_per_step, ".1f"),
+                     _f(p.alpha_iid, ".3f"), "-" if p.proposal_share is None else f"{p.proposal_share:.0%}",
+                     _f(p.expected_tokens_per_step, ".2f"), _f(p.tokens_per_step, ".2f"), _f(p.step_cost_ratio, ".2f"),
+                     f"{p.predicted_speedup:.2f}x", "-" if p.speedup is None else f"{p.speedup:.2f}x"])
     return rows
 
 
@@ -212,7 +209,8 @@ def schedule_rows(report: Report) -> list[list[str]]:
             reps = ", ".join("-" if v is None else f"{v:.2f}" for v in x.per_repetition) if x.k else "1 (the fallback)"
             ci = "-" if x.speedup is None else f"{x.speedup:.2f}x" + (
                 f" [{x.speedup_low:.2f}, {x.speedup_high:.2f}]" if x.k and x.speedup_low is not None else "")
-            mark = "best" if x.k == c.best_k else ("unstable" if x.k and x.spread is not None and not x.stable else "")
+            mark = "best" if x.k == c.best_k else ("no proposal" if x.no_proposal else
+                                                   "unstable" if x.k and x.spread is not None and not x.stable else "")
             if x.k == c.declared_k:
                 mark = f"{mark}, declared" if mark else "declared"
             rows.append([c.draft, c.law, c.label, str(x.k), x.runner, reps, _f(x.score, ".2f"),
@@ -262,8 +260,9 @@ def load_tables(report: Report) -> list[Table | Text]:
             cross.add_row(escape(c.message))
         out.append(cross)
     if predicted := prediction_rows(report):
-        model = Table(title="Predicted at load: E[accepted length] from alpha over the step cost (a verification step "
-                            "in decode steps of the fallback at that load), beside the measured speedup", title_justify="left")
+        model = Table(title="Predicted at load: the model's tokens per step (i.i.d. alpha, the share of steps proposing) "
+                            "over the step cost (a step in decode steps of the fallback at that load), beside the measured "
+                            "speedup", title_justify="left")
         for col in PREDICTION_COLUMNS:
             model.add_column(col, justify="left" if col in ("draft", "law", "load") else "right")
         for row in predicted:

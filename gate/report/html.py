@@ -354,10 +354,11 @@ class HtmlReport(ReportFormat):
         if not rows:
             return []
         out = ['<section id="predicted-at-load"><h2>Predicted at load</h2>',
-               "<p>A verification step commits E[accepted length] = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs "
-               "as many decode steps of the fallback as the step cost says (the draft's TPOT x its measured tokens per "
-               "decode step over the fallback's TPOT, at the same load); predicted = E / cost. In flight: request throughput x mean E2EL "
-               "(Little's law); verified tokens per step: in flight x (K + 1).</p>",
+               "<p>A step with a proposal commits (1 - alpha^(K+1)) / (1 - alpha) tokens (i.i.d. acceptance alpha), a step "
+               "without one 1 token; a step costs as many decode steps of the fallback as the step cost says (the draft's "
+               "TPOT x its measured tokens per step over the fallback's TPOT, at the same load); predicted = the model's "
+               "tokens per step / cost. In flight: request throughput x mean E2EL (Little's law); verified tokens per "
+               "step: in flight x (1 + proposals per step).</p>",
                "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in PREDICTION_COLUMNS) + "</tr></thead><tbody>"]
         out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
         out += ["</tbody></table>", "</section>"]

@@ -37,6 +37,9 @@ class MarkdownReport(ReportFormat):
         counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
         verdict = {0: "passed", 1: "failed", 3: "could not measure everything", 130: "interrupted (SIGINT), not a verdict",
                    143: "interrupted (SIGTERM), not a verdict"}.get(report.exit_code, f"exit {report.exit_code}")
+        if report.shard is not None and report.exit_code in (0, 3):  # a shard decides no rule (gate merge does)
+            verdict = f"shard {report.shard}, measurements only, no verdict" + (
+                "" if report.exit_code == 0 else " (a measurement failed)")
         env = report.measurements.environment
         out = [f"## gate: {verdict}", "",
                f"`{_cell(report.policy_file)}`: {counts} (exit code {report.exit_code}); torch {env.torch}, "
@@ -74,10 +77,11 @@ class MarkdownReport(ReportFormat):
             out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in load_rows(report)]
             out += [""] + [f"- {_cell(c.message)}" for c in report.crossovers] + [""]
             if predicted := prediction_rows(report):
-                out += ["### Predicted at load", "", "The speedup model at each load point: a verification step commits "
-                        "E[accepted length] = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs as many decode steps of the "
-                        "fallback as the step cost says (the draft's TPOT x its measured tokens per decode step over the fallback's TPOT); "
-                        "predicted = E / cost. In flight: request throughput x mean E2EL (Little's law).", "",
+                out += ["### Predicted at load", "", "The speedup model at each load point: a step with a proposal commits "
+                        "(1 - alpha^(K+1)) / (1 - alpha) tokens (i.i.d. acceptance alpha), a step without one 1 token; a "
+                        "step costs as many decode steps of the fallback as the step cost says (the draft's TPOT x its "
+                        "measured tokens per step over the fallback's TPOT); predicted = model tokens per step / cost. In "
+                        "flight: request throughput x mean E2EL (Little's law).", "",
                         "| " + " | ".join(PREDICTION_COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(PREDICTION_COLUMNS) - 3)]
                 out += ["| " + " | ".join(_cell(x) for x in row) + " |" for row in predicted] + [""]
         if report.schedule:

@@ -13,20 +13,26 @@ and goodput are measured over the windows themselves (tokens or requests / windo
 Predicted at load. With i.i.d. acceptance alpha and K proposals a verification step commits
 (1 - alpha^(K+1)) / (1 - alpha) tokens on average, and the speedup is that over the step's cost
 relative to one decode step of the target (Leviathan et al. 2023, Eq. 1 and Thm 3.8: cost
-gamma c + 1 at batch 1). At load the cost is not gamma c + 1: the server verifies K + 1 tokens
-of every sequence in flight, and once the batch's tokens near the compute roof a verification
-step costs several decode steps. So at each load point gate measures it: the step cost ratio is
-one verification step (the draft's mean TPOT x its measured tokens per decode step: every step
-commits one token plus the proposals it accepted, so (output - first tokens) / (that -
-accepted), the accepted proposals from the server's counters) over one decode step of the
-fallback (its mean TPOT) at the same load, and the predicted speedup is the expected accepted
-length from alpha over that ratio. The effective batch beside it is the mean number of
-requests in flight, by Little's law (L = lambda W: request throughput x mean E2EL), so a row
-reads: at B requests in flight a step verifies B (K + 1) tokens, costs r decode steps, commits
-E tokens, and E / r is the speedup the model predicts (measured tokens per step / r is what was
-measured). Prediction and measurement differ where acceptance is not i.i.d. across positions,
-where steps make no proposal (prompt lookup without a match: alpha's E assumes every step
-proposes K) and by the prefill, which TPOT leaves out.
+gamma c + 1 at batch 1). alpha is estimated under that model from the server's per-position
+counters: each step with a proposal is a run of acceptances ended by a rejection or by the
+K-th acceptance, so the estimate is accepted / (accepted + steps ended by a rejection) (not
+accepted / proposed, which counts the proposals after a rejection that were never tested).
+A step that carries no proposal (prompt lookup without a match) commits one token, so with
+the share s of decode steps that carry one the model commits 1 + s (E - 1) tokens a step. At
+load the cost is not gamma c + 1: the server verifies 1 + its proposals for every sequence in
+flight, and once the batch's tokens near the compute roof a verification step costs several
+decode steps. So at each load point gate measures it: the step cost ratio is one decode step
+of the draft's runner (its mean TPOT x its measured tokens per decode step; each step commits
+one token plus the proposals it accepted, so decode tokens / (decode tokens - accepted)) over
+one decode step of the fallback (its mean TPOT) at the same load point, and the predicted
+speedup is the model's tokens per step over that ratio (the measured tokens per step over it
+is what was measured). The requests in flight beside it come from Little's law (L = lambda W:
+request throughput x mean E2EL), and in flight x (1 + proposals per step) is the tokens a step
+verifies, so a row reads: at B in flight a step verifies V tokens, costs r decode steps of the
+fallback and commits E tokens. Prediction and measurement differ where acceptance is not
+i.i.d. across positions and by the prefill, which TPOT leaves out. In an open loop the two
+runners may hold different numbers in flight at the same offered rate, so the ratio compares
+steps at the same offered load, not at the same batch.
 
 The crossover of a draft is the lowest load point at which its whole speedup interval lies
 below 1.0x: from there on the draft costs more than it saves (vLLM #50851: 2.1x at
@@ -77,10 +83,13 @@ class LoadPoint:
     speedup_high: float | None = None
     # The speedup model at load (module docstring, "Predicted at load"); drafts only, None where a figure is missing
     effective_batch: float | None = None  # requests in flight on average (Little's law: request throughput x mean E2EL)
-    expected_accepted_length: float | None = None  # (1 - alpha^(K+1)) / (1 - alpha): tokens per step, i.i.d. acceptance
-    tokens_per_step: float | None = None  # measured tokens per decode step: (output - first tokens) / (that - accepted)
+    alpha_iid: float | None = None  # per-proposal acceptance, i.i.d. model: accepted / (accepted + steps ended by a rejection)
+    proposal_share: float | None = None  # share of decode steps that carried a proposal
+    expected_tokens_per_step: float | None = None  # the model: 1 + share x ((1 - alpha^(K+1)) / (1 - alpha) - 1)
+    tokens_per_step: float | None = None  # measured: decode tokens / decode steps (each step: 1 + its accepted proposals)
+    verified_per_step: float | None = None  # tokens a step verifies: in flight x (1 + proposals per step)
     step_cost_ratio: float | None = None  # one verification step's time over one fallback decode step's, at this load
-    predicted_speedup: float | None = None  # expected_accepted_length / step_cost_ratio
+    predicted_speedup: float | None = None  # expected_tokens_per_step / step_cost_ratio
 
     @property
     def label(self) -> str:
@@ -190,44 +199,74 @@ def load_summary(m: Measurements, confidence: float = 0.95, resamples: int = 200
                     row.effective_batch = reqs_s * e2el / 1000.0
                 rows.append(row)
     for row in rows:
-        row.tokens_per_step = _tokens_per_step(m, row)
         fallback = next((r for r in rows if (r.runner, r.law, r.kind, r.value) == (FALLBACK, row.law, row.kind, row.value)), None)
         info = m.drafts.get(row.runner)
         if row.runner != FALLBACK and fallback is not None and info is not None and info.num_draft_tokens:
-            predict_at_load(row, fallback, info.num_draft_tokens)
+            predict_at_load(m, row, fallback, info.num_draft_tokens)
     return rows, crossovers(rows, confidence)
 
 
-def _tokens_per_step(m: Measurements, row: LoadPoint) -> float | None:
-    """Tokens one decode step of `row`'s runner committed on average over its windows at its
-    load point: every step commits one token plus the proposals it accepted, so over the
-    decode steps (the first token of each request is the prefill's) it is
-    (output - requests) / (output - requests - accepted). The fallback's is 1. None where a
-    draft's window has no counters (a server without spec-decode counts)."""
-    committed = requests = accepted = 0
+@dataclass
+class _Steps:
+    """A runner's decode steps at one load point, from its windows: output tokens less each
+    request's first (the prefill's), and the server's spec-decode counter sums (None: a draft
+    window without counters)."""
+
+    decode_tokens: int = 0
+    accepted: int | None = 0
+    drafts: int | None = 0
+    proposed: int | None = 0
+    full: int | None = 0  # steps whose every one of K proposals was committed (None: no per-position counts)
+
+
+def _steps(m: Measurements, row: LoadPoint, k: int) -> _Steps:
+    out = _Steps()
     for w in m.runs:
         at = w.load.concurrency if row.kind == "concurrency" else w.load.request_rate
         if w.runner != row.runner or w.law != row.law or at is None or float(at) != row.value or \
                 (row.kind == "concurrency" and w.load.request_rate is not None):
             continue
-        if w.counters is None and row.runner != FALLBACK:
-            return None
-        committed, requests = committed + w.committed_tokens, requests + w.requests
-        accepted += w.counters.num_accepted_tokens if w.counters is not None else 0
-    steps = committed - requests - accepted
-    return (committed - requests) / steps if steps > 0 else None
+        out.decode_tokens += w.committed_tokens - w.requests
+        c = w.counters
+        if row.runner == FALLBACK:
+            continue
+        if c is None:
+            out.accepted = out.drafts = out.proposed = out.full = None
+            continue
+        if out.accepted is not None:
+            out.accepted += c.num_accepted_tokens
+            out.drafts = (out.drafts or 0) + c.num_drafts
+            out.proposed = (out.proposed or 0) + c.num_draft_tokens
+        per_pos = c.num_accepted_tokens_per_pos
+        out.full = None if out.full is None or len(per_pos) < k else out.full + per_pos[k - 1]
+    return out
 
 
-def predict_at_load(row: LoadPoint, fallback: LoadPoint, num_draft_tokens: int) -> None:
-    """The speedup model at load for one draft row (module docstring): fills
-    expected_accepted_length, step_cost_ratio and predicted_speedup where the figures exist."""
-    alpha = row.acceptance_rate
-    if alpha is not None and 0.0 <= alpha <= 1.0:
-        row.expected_accepted_length = expected_committed(alpha, num_draft_tokens)
-    if row.tpot_mean_ms and fallback.tpot_mean_ms and row.tokens_per_step:
+def predict_at_load(m: Measurements, row: LoadPoint, fallback: LoadPoint, k: int) -> None:
+    """The speedup model at load for one draft row with K = `k` (module docstring): fills
+    alpha_iid, proposal_share, expected_tokens_per_step, tokens_per_step, verified_per_step,
+    step_cost_ratio and predicted_speedup where the figures exist (None where not: a server
+    without spec-decode counters, or without per-position counts for alpha)."""
+    st = _steps(m, row, k)
+    if st.accepted is None or st.drafts is None or st.proposed is None:
+        return
+    steps = st.decode_tokens - st.accepted  # each decode step commits one token plus the proposals it accepted
+    if steps <= 0:
+        return
+    row.tokens_per_step = st.decode_tokens / steps
+    row.proposal_share = st.drafts / steps
+    if row.effective_batch is not None:
+        row.verified_per_step = row.effective_batch * (1.0 + st.proposed / steps)
+    if st.full is not None and st.drafts:
+        rejected = st.drafts - st.full  # steps with a proposal that ended at a rejection
+        if st.accepted + rejected > 0:
+            row.alpha_iid = st.accepted / (st.accepted + rejected)
+            e = expected_committed(row.alpha_iid, k)  # per step with a proposal
+            row.expected_tokens_per_step = 1.0 + row.proposal_share * (e - 1.0)
+    if row.tpot_mean_ms and fallback.tpot_mean_ms:
         row.step_cost_ratio = row.tpot_mean_ms * row.tokens_per_step / fallback.tpot_mean_ms
-    if row.expected_accepted_length is not None and row.step_cost_ratio:
-        row.predicted_speedup = row.expected_accepted_length / row.step_cost_ratio
+    if row.expected_tokens_per_step is not None and row.step_cost_ratio:
+        row.predicted_speedup = row.expected_tokens_per_step / row.step_cost_ratio
 
 
 def crossovers(rows: list[LoadPoint], confidence: float = 0.95) -> list[Crossover]:

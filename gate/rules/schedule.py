@@ -30,6 +30,7 @@ from gate.measure.client_check import is_client_delayed
 from gate.measure.contention import is_contended
 from gate.records import FALLBACK, Measurements
 from gate.rules.confidence import bootstrap_interval, estimand
+from gate.rules.kinds.metric import no_proposal
 from gate.rules.selection import Selection
 
 
@@ -50,6 +51,7 @@ class KCell:
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
+    no_proposal: str | None = None  # the K's runner made no proposal here (gate.rules.kinds.metric.no_proposal): never chosen
 
 
 @dataclass
@@ -82,6 +84,8 @@ def swept_runners(m: Measurements) -> dict[str, dict[int, str]]:
     the draft itself; only drafts some sweep runner varies."""
     out: dict[str, dict[int, str]] = {}
     for name, info in m.drafts.items():
+        if info.swept:
+            out.setdefault(name, {})
         if info.sweep_of is not None and info.num_draft_tokens is not None:
             out.setdefault(info.sweep_of, {})[info.num_draft_tokens] = name
     for draft, ks in out.items():
@@ -116,6 +120,8 @@ def _finite(x: float | None) -> float | None:
 def _cell(m: Measurements, k: int, runner: str, law: str, kind: str, value: float, max_spread: float,
           confidence: float, resamples: int, seed: int) -> KCell:
     cell = KCell(k, runner)
+    if runner != FALLBACK:
+        cell.no_proposal = no_proposal("acceptance_rate", m, _selection(runner, law, kind, value))
     if runner == FALLBACK:
         cell.per_repetition, cell.score, cell.spread, cell.stable = [1.0], 1.0, 0.0, True
         cell.speedup = cell.speedup_low = cell.speedup_high = 1.0
@@ -131,7 +137,7 @@ def _cell(m: Measurements, k: int, runner: str, law: str, kind: str, value: floa
         cell.score = statistics.median(values)
     if len(values) >= 2 and cell.score:
         cell.spread = (max(values) - min(values)) / cell.score
-        cell.stable = cell.spread <= max_spread
+        cell.stable = cell.spread <= max_spread and cell.no_proposal is None  # a K that never proposed is not speculation
     est = estimand("speedup", "pooled", m, sel)
     if est is not None and all(g[0].n for g in est.groups):
         cell.speedup = _finite(est.point())
@@ -176,9 +182,13 @@ def _message(c: KChoice, max_spread: float) -> str:
     where = {"concurrency": f"concurrency {c.value:g}", "request_rate": f"request rate {c.value:g}/s"}.get(
         c.kind, "one request at a time")
     head = f"{c.draft} under {c.law} at {where}"
-    unstable = [f"K={x.k} (spread {x.spread:.0%})" for x in c.cells if x.k and x.spread is not None and not x.stable]
-    unmeasured = [f"K={x.k}" for x in c.cells if x.k and x.spread is None]
+    silent = [f"K={x.k}" for x in c.cells if x.k and x.no_proposal is not None]
+    unstable = [f"K={x.k} (spread {x.spread:.0%})" for x in c.cells
+                if x.k and x.spread is not None and not x.stable and x.no_proposal is None]
+    unmeasured = [f"K={x.k}" for x in c.cells if x.k and x.spread is None and x.no_proposal is None]
     tail = ""
+    if silent:
+        tail += f"; not chosen, made no proposal (speculation never ran): {', '.join(silent)}"
     if unstable:
         tail += f"; not chosen, repetitions disagree by more than {max_spread:.0%}: {', '.join(unstable)}"
     if unmeasured:

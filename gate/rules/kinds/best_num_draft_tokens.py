@@ -22,6 +22,7 @@ from gate.rules.kinds import metric
 from gate.rules.kinds.interface import RuleKind, Settings
 from gate.rules.outcome import Outcome
 from gate.rules.schedule import swept_runners
+from gate.rules.selection import Selection
 from gate.rules.status import Status
 
 
@@ -48,15 +49,30 @@ class BestNumDraftTokensRules(RuleKind):
         out: list[Outcome] = []
         for draft in drafts:
             declared = m.drafts.get(draft)
-            ks = {k: r for k, r in sweeps.get(draft, {declared.num_draft_tokens if declared else 0: draft}).items() if k}
-            adjusted = 1 - (1 - level) / max(len(ks), 1)
-            as_metric = rule.model_copy(update={"kind": "metric", "confidence": adjusted})
+            swept = {k: r for k, r in sweeps.get(draft, {declared.num_draft_tokens if declared else 0: draft}).items() if k}
             for law in laws:
+                # a K whose runner never proposed ran no speculation: it is no candidate (and not counted by Bonferroni)
+                silent = {k: why for k, r in swept.items() if (why := metric.no_proposal("acceptance_rate", m, Selection(r, law, None)))}
+                ks = {k: r for k, r in swept.items() if k not in silent}
+                if not ks:
+                    out.append(Outcome(rule_id=rule.id, scope=f"{draft}/{law}", draft=draft, law=law, metric=rule.metric,
+                                       aggregation=rule.aggregation, comparison=rule.comparison,
+                                       threshold=rule.threshold_value, relative_to=rule.relative_to, level=rule.level,
+                                       status=Status.SKIPPED if rule.level == "off" else Status.ERROR, measured=None,
+                                       samples=0, fallback_value=None, message="no K made a proposal, so none ran "
+                                       "speculation: " + "; ".join(f"K={k}: {why}" for k, why in silent.items())))
+                    continue
+                adjusted = 1 - (1 - level) / max(len(ks), 1)
+                as_metric = rule.model_copy(update={"kind": "metric", "confidence": adjusted})
                 by_k = {k: metric.KIND.evaluate(as_metric, m, [runner], [law], settings) for k, runner in ks.items()}
                 cells = len(next(iter(by_k.values()), []))
                 for i in range(cells):
-                    out.append(_combine(rule, draft, law, {k: outs[i] for k, outs in by_k.items() if i < len(outs)},
-                                        ks, level, adjusted))
+                    o = _combine(rule, draft, law, {k: outs[i] for k, outs in by_k.items() if i < len(outs)}, ks, level,
+                                 adjusted)
+                    if silent:
+                        o.message += "; not candidates, their runner made no proposal: " + "; ".join(
+                            f"K={k}: {why}" for k, why in silent.items())
+                    out.append(o)
         return out
 
 
@@ -77,6 +93,8 @@ def _combine(rule: Any, draft: str, law: str, by_k: dict[int, Outcome], ks: dict
     best = max(passing, key=lambda k: (by_k[k].measured or 0) * (1 if floor else -1)) if passing else None
     if rule.level == "off":
         status, why = Status.SKIPPED, "level off, not evaluated"
+    elif all(o.status == Status.SKIPPED for o in by_k.values()):
+        status, why = Status.SKIPPED, first.message  # e.g. per: concurrency at a request-rate point: does not apply
     elif best is not None:
         status, why = Status.PASS, f"K={best} meets it: {by_k[best].message}"
     elif len(failing) == len(by_k):

@@ -52,6 +52,10 @@ class EnvelopeRules(RuleKind):
     def policy_problem(self, rule: Any, policy: Any) -> tuple[str, str] | None:
         if policy.load is None or policy.load.search is None:
             return "kind", "an envelope rule needs load.search (the search for each runner's SLO load)"
+        for j, name in enumerate(rule.scope.drafts or []):
+            if name in policy.sweep:
+                return f"scope.drafts[{j}]", (f"{name} is a num_draft_tokens_sweep runner: the envelope search runs for "
+                                              f"the declared drafts only (scope {policy.sweep[name][0]!r})")
         search = policy.load.search
         q = parse_quantity(rule.threshold)
         shown = shown_threshold(rule.threshold)
