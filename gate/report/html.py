@@ -31,7 +31,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
@@ -340,59 +340,40 @@ class HtmlReport(ReportFormat):
         """The envelope search (load.search): each runner's SLO load and its probes."""
         if not report.measurements.envelopes:
             return []
-        out = ['<section id="envelope"><h2>Envelope search</h2>',
-               "<p>Each runner's SLO load: every SLO held at the interval's lower end, something failed at its upper end "
-               "(an SLO, or the throughput stopped rising: the server saturated).</p>",
-               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in ENVELOPE_COLUMNS) + "</tr></thead><tbody>"]
-        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in envelope_rows(report)]
-        out += ["</tbody></table>", "</section>"]
-        return out
+        return _table_section("envelope", "Envelope search", "Each runner's SLO load: every SLO held at the interval's "
+                              "lower end, something failed at its upper end (an SLO, or the throughput stopped rising: "
+                              "the server saturated).", ENVELOPE_COLUMNS, envelope_rows(report))
 
     def _prediction(self, report: Report) -> list[str]:
         """The speedup model at each load point beside the measured speedup (gate.rules.load_points)."""
         rows = prediction_rows(report)
         if not rows:
             return []
-        out = ['<section id="predicted-at-load"><h2>Predicted at load</h2>',
-               "<p>A step with a proposal commits (1 - alpha^(K+1)) / (1 - alpha) tokens (i.i.d. acceptance alpha), a step "
-               "without one 1 token; a step costs as many decode steps of the fallback as the step cost says (the draft's "
-               "TPOT x its measured tokens per step over the fallback's TPOT, at the same load); predicted = the model's "
-               "tokens per step / cost. In flight: request throughput x mean E2EL (Little's law); verified tokens per "
-               "step: in flight x (1 + proposals per step).</p>",
-               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in PREDICTION_COLUMNS) + "</tr></thead><tbody>"]
-        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
-        out += ["</tbody></table>", "</section>"]
-        return out
+        return _table_section("predicted-at-load", "Predicted at load", "A step with a proposal commits (1 - alpha^(K+1)) "
+                              "/ (1 - alpha) tokens (i.i.d. acceptance alpha), a step without one 1 token; a step costs as "
+                              "many decode steps of the fallback as the step cost says (the draft's TPOT x its measured "
+                              "tokens per step over the fallback's TPOT, at the same load); predicted = the model's tokens "
+                              "per step / cost. In flight: request throughput x mean E2EL (Little's law); verified tokens "
+                              "per step: in flight x (1 + proposals per step).", PREDICTION_COLUMNS, rows)
 
     def _schedule(self, report: Report) -> list[str]:
         """num_draft_tokens per load (num_draft_tokens_sweep): every K's speedup and the best K."""
         if not report.schedule:
             return []
-        out = ['<section id="num-draft-tokens"><h2>num_draft_tokens per load</h2>',
-               "<p>Each swept K's speedup over the fallback per repetition, their median (the score) and spread (max - min "
-               "over the median); the best K is the stable K of highest score, K=0 being speculation off.</p>",
-               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in SCHEDULE_COLUMNS) + "</tr></thead><tbody>"]
-        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in schedule_rows(report)]
-        out += ["</tbody></table>", '<ul class="schedule">']
-        out += [f"<li>{esc(x)}</li>" for x in schedule_lines(report.schedule) + [c.message for c in report.schedule]]
-        out += ["</ul>", "</section>"]
-        return out
+        return _table_section("num-draft-tokens", "num_draft_tokens per load", "Each swept K's speedup over the fallback per "
+                              "repetition, their median (the score) and spread (max - min over the median); the best K is "
+                              "the stable K of highest score, K=0 being speculation off.", SCHEDULE_COLUMNS,
+                              schedule_rows(report), "schedule",
+                              schedule_lines(report.schedule) + [c.message for c in report.schedule])
 
     def _client(self, report: Report) -> list[str]:
         """The client's check of itself, per served window (gate.measure.client_check)."""
         if not report.client:
             return []
-        out = ['<section id="client"><h2>Client self-check</h2>',
-               "<p>How late the client sent and read each window's requests (schedule lag: begun after it was due; loop "
-               "lag: its worker's event loop ran late while it was in flight). Requests it delayed beyond the bound are "
-               "left out of timing verdicts.</p>",
-               "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in CLIENT_COLUMNS) + "</tr></thead><tbody>"]
-        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in client_rows(report)]
-        out.append("</tbody></table>")
-        if warnings := client_warnings(report):
-            out += ['<ul class="client-warnings">'] + [f"<li>{esc(w)}</li>" for w in warnings] + ["</ul>"]
-        out.append("</section>")
-        return out
+        return _table_section("client", "Client self-check", "How late the client sent and read each window's requests "
+                              "(schedule lag: begun after it was due; loop lag: its worker's event loop ran late while it "
+                              "was in flight). Requests it delayed beyond the bound are left out of timing verdicts.",
+                              CLIENT_COLUMNS, client_rows(report), "client-warnings", client_warnings(report))
 
     def _tail(self, report: Report) -> list[str]:
         out = []
@@ -671,6 +652,20 @@ def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
     return Plot("", "", len(pts), _svg(fig, "speedup-by-load"),
                 "Served runs: each draft's speedup (paired requests, shaded: its interval) at every load point; a dotted line "
                 "marks the crossover, the lowest load whose whole interval lies below 1.0x.")
+
+
+def _table_section(section_id: str, title: str, intro: str, columns: Sequence[str], rows: list[list[str]],
+                   list_class: str | None = None, items: list[str] | None = None) -> list[str]:
+    """A report section: heading, one paragraph, a table of `rows` under `columns`, and a list
+    of `items` (class `list_class`) when there are any; every text escaped."""
+    out = [f'<section id="{section_id}"><h2>{esc(title)}</h2>', f"<p>{esc(intro)}</p>",
+           "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
+    out.append("</tbody></table>")
+    if items:
+        out += [f'<ul class="{list_class}">'] + [f"<li>{esc(x)}</li>" for x in items] + ["</ul>"]
+    out.append("</section>")
+    return out
 
 
 def _interactivity(report: Report, colors: dict[str, Any]) -> Plot | str:

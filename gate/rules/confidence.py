@@ -159,6 +159,19 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     return None
 
 
+def speedup_interval(m: Measurements, where: Selection, level: float, resamples: int,
+                     seed: int) -> tuple[float | None, float | None, float | None]:
+    """A runner's pooled speedup over the fallback on the paired requests of `where` (x), with
+    its bootstrap interval at `level`: (point, low, high); None for what cannot be formed (no
+    paired request; fewer than MIN_UNITS units for the interval; a non-finite point)."""
+    est = estimand("speedup", "pooled", m, where)
+    if est is None or not all(g[0].n for g in est.groups):
+        return None, None, None
+    point = est.point()
+    interval = bootstrap_interval(est, level, resamples, seed)
+    return (point if math.isfinite(point) else None, *((interval.low, interval.high) if interval else (None, None)))
+
+
 def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, level: float) -> Exceedance:
     """Bound the share of samples beyond `threshold` for a percentile rule.
 

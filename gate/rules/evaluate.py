@@ -42,7 +42,7 @@ def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | No
     s = settings or Settings()
     out: list[Outcome] = []
     for rule in rules:
-        drafts = rule.scope.drafts or [n for n, d in m.drafts.items() if d.sweep_of is None]  # a sweep's runners: by name
+        drafts = rule.scope.drafts or [n for n, d in m.drafts.items() if getattr(d, "sweep_of", None) is None]  # a sweep's runners: by name
         laws = rule.scope.laws or m.laws
         out += rule_kinds.get(rule.kind).evaluate(rule, m, drafts, laws, s)
     for o in out:

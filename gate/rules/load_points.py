@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from gate.measure.roofline import expected_committed
 from gate.records import FALLBACK, Measurements
-from gate.rules.confidence import bootstrap_interval, estimand
+from gate.rules.confidence import speedup_interval
 from gate.rules.samples import pooled
 from gate.rules.selection import Selection, aggregate
 
@@ -187,12 +187,7 @@ def load_summary(m: Measurements, confidence: float = 0.95, resamples: int = 200
                     row.acceptance_rate = _clean(pooled("acceptance_rate", m, sel)[0])
                     row.mean_acceptance_length = _clean(pooled("mean_acceptance_length", m, sel)[0])
                     row.acceptance_per_pos = _per_position(m, runner, law, kind, value)
-                    est = estimand("speedup", "pooled", m, sel)
-                    if est is not None and all(g[0].n for g in est.groups):
-                        row.speedup = _clean(est.point())
-                        interval = bootstrap_interval(est, confidence, resamples, seed)
-                        if interval is not None:
-                            row.speedup_low, row.speedup_high = interval.low, interval.high
+                    row.speedup, row.speedup_low, row.speedup_high = speedup_interval(m, sel, confidence, resamples, seed)
                 reqs_s = row.request_throughput
                 e2el = aggregate([r.e2el_ms for r in reqs], "mean")
                 if reqs_s is not None and e2el is not None and math.isfinite(e2el):

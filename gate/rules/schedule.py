@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from gate.measure.client_check import is_client_delayed
 from gate.measure.contention import is_contended
 from gate.records import FALLBACK, Measurements
-from gate.rules.confidence import bootstrap_interval, estimand
+from gate.rules.confidence import estimand, speedup_interval
 from gate.rules.kinds.metric import no_proposal
 from gate.rules.selection import Selection
 
@@ -84,6 +84,8 @@ def swept_runners(m: Measurements) -> dict[str, dict[int, str]]:
     the draft itself; only drafts some sweep runner varies."""
     out: dict[str, dict[int, str]] = {}
     for name, info in m.drafts.items():
+        if info is None:  # a draft known by name only (recorded samples, hand-made measurements)
+            continue
         if info.swept:
             out.setdefault(name, {})
         if info.sweep_of is not None and info.num_draft_tokens is not None:
@@ -138,12 +140,7 @@ def _cell(m: Measurements, k: int, runner: str, law: str, kind: str, value: floa
     if len(values) >= 2 and cell.score:
         cell.spread = (max(values) - min(values)) / cell.score
         cell.stable = cell.spread <= max_spread and cell.no_proposal is None  # a K that never proposed is not speculation
-    est = estimand("speedup", "pooled", m, sel)
-    if est is not None and all(g[0].n for g in est.groups):
-        cell.speedup = _finite(est.point())
-        interval = bootstrap_interval(est, confidence, resamples, seed)
-        if interval is not None:
-            cell.speedup_low, cell.speedup_high = interval.low, interval.high
+    cell.speedup, cell.speedup_low, cell.speedup_high = speedup_interval(m, sel, confidence, resamples, seed)
     return cell
 
 
