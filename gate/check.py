@@ -261,9 +261,7 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     """Measurements with the environment, laws and drafts but no record (every rule: error)."""
     policy = loaded.policy
     m = Measurements(environment=environment(device, policy.workload.seed), laws=[law.label for law in policy.laws])
-    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, sweep_of=policy.sweep[name][0] if name in policy.sweep else None,
-                                swept=name not in policy.sweep and bool(d.num_draft_tokens_sweep))
-                for name, d in policy.drafts.items()}
+    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, **policy.sweep_fields(name)) for name, d in policy.drafts.items()}
     return m
 
 

@@ -41,11 +41,8 @@ class InputError(GateError):
     exit_code = EXIT_USAGE
 
     def __init__(self, problems: list[Problem]):
-        # One problem once: the same message at the same line of the same file (a draft and its
-        # num_draft_tokens_sweep runners, drafts.x and drafts.x.k2, share the draft's lines).
-        seen: set[tuple[str, int | None, str]] = set()
-        self.problems = [p for p in problems if (key := (p.file, p.line, p.message)) not in seen and not seen.add(key)]
-        super().__init__("\n".join(str(p) for p in self.problems))
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
 
 
 class PolicyValueError(GateError):

@@ -125,19 +125,12 @@ def open_session(plan: Plan, step: Any = None) -> Session:
             infos.append(built.info)
     step("loading models", 1, 1)
     draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info, draft_kinds.get(d.kind).modifies_target,
-                                   **_sweep_of(policy, name)) for name, d in drafts.items()}
+                                   **policy.sweep_fields(name)) for name, d in drafts.items()}
     compared = [c for d in drafts.values() if (c := getattr(d, "tokenizer_comparison", None)) is not None]
     return Session(device, target, tokenizer, cls.from_plan(plan, LocalModels(t, drafts)), oracle, drafts, list(plan.laws),
                    list(plan.workload.prompts), infos, plan.workload.info, plan.release, t.grammars, plan,
                    draft_infos,
                    compared)
-
-
-def _sweep_of(policy: Any, name: str) -> dict[str, Any]:
-    """DraftInfo's sweep fields: the declared draft a num_draft_tokens_sweep runner varies
-    (sweep_of; None for a declared draft) and whether a declared draft has a sweep (swept)."""
-    return {"sweep_of": policy.sweep[name][0] if name in policy.sweep else None,
-            "swept": name not in policy.sweep and bool(policy.drafts[name].num_draft_tokens_sweep)}
 
 
 def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
@@ -148,7 +141,7 @@ def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
     session = Session(torch.device("cpu"), None, plan.tokenizer, runner, None, {}, list(plan.laws), list(plan.workload.prompts),
                       [], plan.workload.info, None, None, plan)
     session.draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info,
-                                           draft_kinds.get(d.kind).modifies_target, **_sweep_of(policy, name))
+                                           draft_kinds.get(d.kind).modifies_target, **policy.sweep_fields(name))
                            for name, d in policy.drafts.items()}
     if plan.exactness.pairs:
         try:

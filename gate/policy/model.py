@@ -775,6 +775,13 @@ class Policy(_Strict):
         """The runners a num_draft_tokens_sweep added: '<name>.k<K>' -> (the draft's name, K)."""
         return dict(self._sweep)
 
+    def sweep_fields(self, name: str) -> dict[str, Any]:
+        """gate.records.DraftInfo's sweep fields of runner `name`: `sweep_of` (the declared draft
+        a sweep runner varies; None for a declared draft) and `swept` (a declared draft with a
+        num_draft_tokens_sweep)."""
+        return {"sweep_of": self._sweep[name][0] if name in self._sweep else None,
+                "swept": name not in self._sweep and bool(self.drafts[name].num_draft_tokens_sweep)}
+
     @property
     def declared_drafts(self) -> list[str]:
         """The drafts the policy names (not the sweep's runners): what a rule without a
@@ -787,17 +794,24 @@ def sweep_name(draft: str, k: int) -> str:
     return f"{draft}.k{k}"
 
 
+def _on_sweep_runner(policy: Policy, path: str) -> tuple[str, str, int, str] | None:
+    """(runner, draft, K, the rest of the path) when `path` lies on a num_draft_tokens_sweep
+    runner ('drafts.lookup.k2.kind' -> ('lookup.k2', 'lookup', 2, '.kind')), else None."""
+    for variant, (draft, k) in policy.sweep.items():
+        at = f"drafts.{variant}"
+        if path == at or path.startswith(at + ".") or path.startswith(at + "["):
+            return variant, draft, k, path[len(at):]
+    return None
+
+
 def placed(policy: Policy, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """`problems` with those of num_draft_tokens_sweep runners placed by sweep_path, and a
     runner's problem left out where its draft has the same one (it does not depend on K)."""
     own = set(problems)
     out = []
     for path, message in problems:
-        for variant, (draft, _) in policy.sweep.items():
-            at = f"drafts.{variant}"
-            if (path == at or path.startswith(at + ".")) and (f"drafts.{draft}" + path[len(at):], message) in own:
-                break
-        else:
+        on = _on_sweep_runner(policy, path)
+        if on is None or (f"drafts.{on[1]}{on[3]}", message) not in own:
             out.append(sweep_path(policy, path, message))
     return out
 
@@ -806,11 +820,11 @@ def sweep_path(policy: Policy, path: str, message: str) -> tuple[str, str]:
     """A problem found on a num_draft_tokens_sweep runner ('drafts.lookup.k2.kind'), placed where
     the user wrote it: (drafts.lookup.num_draft_tokens_sweep, 'K=2 (runner lookup.k2): ...').
     Any other (path, message) is returned as it is."""
-    for variant, (draft, k) in policy.sweep.items():
-        at = f"drafts.{variant}"
-        if path == at or path.startswith(at + ".") or path.startswith(at + "["):
-            return f"drafts.{draft}.num_draft_tokens_sweep", f"K={k} (runner {variant}): {message}"
-    return path, message
+    on = _on_sweep_runner(policy, path)
+    if on is None:
+        return path, message
+    variant, draft, k, _ = on
+    return f"drafts.{draft}.num_draft_tokens_sweep", f"K={k} (runner {variant}): {message}"
 
 
 def _check_names(policy: Policy) -> list[tuple[str, str]]:

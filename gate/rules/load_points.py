@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 
 from gate.measure.roofline import expected_committed
-from gate.records import FALLBACK, Measurements
+from gate.records import FALLBACK, Measurements, RunRecord
 from gate.rules.confidence import speedup_interval
 from gate.rules.samples import pooled
 from gate.rules.selection import Selection, aggregate
@@ -128,17 +128,26 @@ def _points(m: Measurements) -> list[tuple[str, float]]:
     return sorted(out)
 
 
+def _windows_at(m: Measurements, runner: str, law: str, kind: str, value: float) -> list[RunRecord]:
+    """The measured windows of `runner` under `law` at one load point (a closed loop's point
+    takes no window of an open loop with that concurrency cap)."""
+    out = []
+    for w in m.runs:
+        at = w.load.concurrency if kind == "concurrency" else w.load.request_rate
+        if w.runner == runner and w.law == law and at is not None and float(at) == value and not (
+                kind == "concurrency" and w.load.request_rate is not None):
+            out.append(w)
+    return out
+
+
 def _per_position(m: Measurements, runner: str, law: str, kind: str, value: float) -> list[float] | None:
     """Acceptance at each proposal position (num_accepted_tokens_per_pos / num_drafts, as
     vLLM's `vllm bench serve` reports it) over the runner's windows at one load point; None
     where the server gives no per-position counts."""
     total = None
-    for w in m.runs:
-        at = w.load.concurrency if kind == "concurrency" else w.load.request_rate
-        if w.runner != runner or w.law != law or w.counters is None or at is None or float(at) != value or \
-                (kind == "concurrency" and w.load.request_rate is not None):
-            continue
-        total = w.counters if total is None else total + w.counters
+    for w in _windows_at(m, runner, law, kind, value):
+        if w.counters is not None:
+            total = w.counters if total is None else total + w.counters
     if total is None or not total.num_drafts or not total.num_accepted_tokens_per_pos:
         return None
     return [round(x, 4) for x in total.acceptance_rate_per_pos]
@@ -216,11 +225,7 @@ class _Steps:
 
 def _steps(m: Measurements, row: LoadPoint, k: int) -> _Steps:
     out = _Steps()
-    for w in m.runs:
-        at = w.load.concurrency if row.kind == "concurrency" else w.load.request_rate
-        if w.runner != row.runner or w.law != row.law or at is None or float(at) != row.value or \
-                (row.kind == "concurrency" and w.load.request_rate is not None):
-            continue
+    for w in _windows_at(m, row.runner, row.law, row.kind, row.value):
         out.decode_tokens += w.committed_tokens - w.requests
         c = w.counters
         if row.runner == FALLBACK:

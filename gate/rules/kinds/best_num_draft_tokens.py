@@ -62,7 +62,7 @@ class BestNumDraftTokensRules(RuleKind):
                                        samples=0, fallback_value=None, message="no K made a proposal, so none ran "
                                        "speculation: " + "; ".join(f"K={k}: {why}" for k, why in silent.items())))
                     continue
-                adjusted = 1 - (1 - level) / max(len(ks), 1)
+                adjusted = 1 - (1 - level) / len(ks)
                 as_metric = rule.model_copy(update={"kind": "metric", "confidence": adjusted})
                 by_k = {k: metric.KIND.evaluate(as_metric, m, [runner], [law], settings) for k, runner in ks.items()}
                 cells = len(next(iter(by_k.values()), []))
