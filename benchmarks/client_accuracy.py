@@ -1,7 +1,8 @@
 """Does gate's served client measure the server, or itself, at concurrency? (issue 26)
 
-Starts tests/served_stub.py (its own process) streaming /v1/completions on a known schedule:
-the first step `--ttft-ms` after the request is read, then one step every `--step-ms`, each
+Starts tests/served_stub.py (its own process, on uvloop where installed) streaming
+/v1/completions on a known schedule: the first step `--ttft-ms` after the request's bytes
+were delivered to the stub's event loop, then one step every `--step-ms`, each
 of `--tokens-per-step` tokens, `--tokens` in all; either one SSE event per step or one event
 per token (the step's events back to back, as llama-server streams a speculative step). In
 one run it drives that stub with gate's client (gate.runners.openai.OpenAIRunner: its worker

@@ -483,7 +483,7 @@ class Loop:
     def _attempt(self, unit: list[Request], load: LoadStrategy, at: str, into: _Attempt, tally: bool = True) -> None:
         """One attempt at `unit` through the runner: a counter scrape of each of its runners,
         the requests, a second scrape. A request's record (or Failure, stage "request") is
-        kept in `into` as it ends, so an interrupt keeps them. Raises interrupt.OutOfTime
+        kept in `into` as its result is read (Done), so an interrupt keeps them. Raises interrupt.OutOfTime
         between requests once measurement.max_wall_s has run out. `tally`: count the requests
         that end in `ended` (the load points' progress; not the envelope search's probes)."""
         c, r = self._labels(load)
@@ -492,10 +492,19 @@ class Loop:
         before = {name: self._scrape(name, into) for name in names}
         into.scraped.update(name for name, b in before.items() if b is not None)
 
+        count = 0
+
+        def ended(i: int) -> None:
+            nonlocal count
+            count += 1
+            if tally:
+                req = unit[i]
+                self.ended[req.draft, req.law.name, c, r] += 1
+            if count < len(unit):
+                interrupt.check_budget()  # between requests: the next one is not sent once the budget ran out
+
         def done(i: int, result: RequestResult) -> None:
             req = unit[i]
-            if tally:
-                self.ended[req.draft, req.law.name, c, r] += 1
             if isinstance(result, BaseException):  # recorded, the run goes on
                 into.failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}{where}",
                                              describe_error(result), c, r))
@@ -504,17 +513,15 @@ class Loop:
                 rec = request_record(req, result, (info.num_draft_tokens or 0) if info is not None else 0, c, r)
                 into.starts[id(rec)] = result.started_s
                 into.records.append(rec)
-            if i + 1 < len(unit):
-                interrupt.check_budget()  # between requests: the next one is not sent once the budget ran out
 
         interrupt.check_budget()
         probe = Probe()
         started = probe.start()
         try:
-            self.runner.run(unit, load, done)
+            self.runner.run(unit, load, done, ended)
         except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
-            ended = len(into.records) + len(into.failures)
-            left = unit[ended:]
+            kept = len(into.records) + len(into.failures)
+            left = unit[kept:]
             for req in left if tally else []:
                 self.ended[req.draft, req.law.name, c, r] += 1
             if left:

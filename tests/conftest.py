@@ -16,6 +16,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# A suite started as a background job (a non-interactive shell's `&`, nohup) inherits SIGINT
+# ignored, and so would every gate process it starts: the tests that Ctrl-C gate need it delivered.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 VOCAB = 96
 WORDS = [f"w{i}" for i in range(VOCAB - 4)]
 CHAT_TEMPLATE = (

@@ -3,8 +3,9 @@
 (/completion with tokens, stop_type and timings), plus /metrics (Prometheus text),
 /props, /version, /v1/models and /log (what it received and when it sent each event).
 
-Tokens stream on a known schedule: the first event `ttft_s` after the request is read,
-then one event every `itl_s`, each carrying `tokens_per_event` tokens (ids 10, 11, ... up
+Tokens stream on a known schedule: the first event `ttft_s` after the request arrived (the
+event loop's delivery of its first bytes, so the stub's own backlog of reading requests at
+concurrency does not count against the client), then one event every `itl_s`, each carrying `tokens_per_event` tokens (ids 10, 11, ... up
 to max_tokens / n_predict). Event times are absolute from the request's arrival
 (time.perf_counter, CLOCK_MONOTONIC: comparable across processes on Linux), so the
 schedule does not drift.
@@ -79,6 +80,7 @@ class Stub:
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._slots: asyncio.Semaphore | None = None
+        self._events: dict[tuple[Any, ...], str] = {}  # an event's JSON by what it carries (_event)
 
     @property
     def url(self) -> str:
@@ -138,10 +140,21 @@ class Stub:
     # -- HTTP -------------------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        arrived: list[float] = []  # when the bytes of the next request began to arrive (perf_counter s)
+        feed = reader.feed_data
+
+        def stamped(data: bytes) -> None:  # the protocol's data_received calls it as the loop delivers the bytes
+            if not reader._buffer and not arrived:
+                arrived.append(time.perf_counter())
+            feed(data)
+
+        reader.feed_data = stamped  # type: ignore[method-assign]
         try:
             while True:
+                if reader._buffer and not arrived:  # delivered before this handler ran (a new connection's first request)
+                    arrived.append(time.perf_counter())
                 head = await reader.readuntil(b"\r\n\r\n")
-                t_recv = time.perf_counter()
+                t_recv = arrived.pop() if arrived else time.perf_counter()
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
@@ -282,12 +295,22 @@ class Stub:
                 await self._chunk(writer, self._event(native, [], True, fault, 0))
             usage = {"prompt_tokens": len(prompt or []), "completion_tokens": len(ids),
                      "total_tokens": len(prompt or []) + len(ids)}
-            await self._chunk(writer, "data: " + json.dumps({"id": "cmpl-stub", "choices": [], "usage": usage}) + "\n\n")
-            await self._chunk(writer, "data: [DONE]\n\n")
+            # the usage event, [DONE] and the last chunk in one write (the stub's CPU per request, at concurrency)
+            writer.write(self._frame("data: " + json.dumps({"id": "cmpl-stub", "choices": [], "usage": usage}) + "\n\n")
+                         + self._frame("data: [DONE]\n\n") + b"0\r\n\r\n")
+            await writer.drain()
+            return True
         await self._end(writer)
         return True
 
     def _event(self, native: bool, group: list[int], last: bool, fault: str | None, n: int) -> str:
+        key = (native, tuple(group), last, fault, n, self.with_ids)
+        event = self._events.get(key)
+        if event is None:  # each event's JSON once (the stub keeps its schedule at concurrency 64 on 2 cores)
+            event = self._events[key] = self._encode(native, group, last, fault, n)
+        return event
+
+    def _encode(self, native: bool, group: list[int], last: bool, fault: str | None, n: int) -> str:
         text = "".join(f" t{t}" for t in group)
         if native:
             obj: dict[str, Any] = {"index": 0, "content": text, "tokens": group, "stop": False, "id_slot": 0,
@@ -320,9 +343,13 @@ class Stub:
                "stopping_word": "</end>" if fault == "word" else "", "tokens_cached": n + n_prompt, "timings": timings}
         return "data: " + json.dumps(obj) + "\n\n"
 
-    async def _chunk(self, writer: asyncio.StreamWriter, text: str) -> None:
+    @staticmethod
+    def _frame(text: str) -> bytes:
         data = text.encode()
-        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+    async def _chunk(self, writer: asyncio.StreamWriter, text: str) -> None:
+        writer.write(self._frame(text))
         await writer.drain()
 
     async def _end(self, writer: asyncio.StreamWriter) -> None:
@@ -342,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     stub = Stub(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, tokens_per_event=args.tokens_per_event,
                 port=args.port, split_events=args.split_events, slots=args.slots)
     try:
-        asyncio.run(stub.serve())
+        try:
+            import uvloop  # the process's loop reads and writes sockets in C: the stub keeps its schedule at concurrency
+            run = uvloop.run
+        except ImportError:
+            run = asyncio.run
+        run(stub.serve())
     except KeyboardInterrupt:
         pass
     return 0

@@ -247,7 +247,7 @@ class FakeRunner(Runner):
     def __init__(self, busy) -> None:
         self.busy, self.last, self.first, self.reruns = busy, None, 0, 0
 
-    def run(self, cell, load, done) -> None:
+    def run(self, cell, load, done, ended=None) -> None:
         key = cell[0].prompt.id
         rerun = key == self.last
         self.last = key
@@ -258,6 +258,8 @@ class FakeRunner(Runner):
             done(i, StreamResult([10, 11, 12], [40.0, 70.0, 100.0], "length", 100.0, started_s=float(self.first),
                                  step_committed=[1, 1, 1], step_proposed=[0, 0, 0], step_accepted=[0, 0, 0],
                                  cpu_stall_ms=100.0 if stalled else 1.0))
+            if ended is not None:
+                ended(i)
 
 
 def run_cells(busy, cells: int = 20, reruns: int = 2, budget: float = 0.5) -> tuple[Measurements, FakeRunner]:

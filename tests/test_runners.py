@@ -23,7 +23,7 @@ from gate.oracle import TargetOracle
 from gate.plan import PlannedPrompt, Request
 from gate.records import (FALLBACK, DraftInfo, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord,
                           RunRecord, busy_seconds)
-from gate.runners.interface import Capabilities, Done, RequestResult, Runner, StreamResult
+from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, StreamResult
 from gate.runners.registry import register, runner_class, runner_kinds
 from gate.runners.transformers import TransformersRunner
 
@@ -102,7 +102,7 @@ class StreamOnly(Runner):
     capabilities = Capabilities(token_ids=True)
     sent = 0
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None, ended: Ended | None = None) -> list[RequestResult]:
         self.check_load(load)
         out: list[RequestResult] = []
         for i, req in enumerate(requests):
@@ -112,6 +112,8 @@ class StreamOnly(Runner):
             out.append(result)
             if done:
                 done(i, result)
+            if ended:
+                ended(i)
         return out
 
 

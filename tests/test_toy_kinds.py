@@ -40,7 +40,7 @@ from gate.rules.status import Status
 from gate.runners import registry as runners
 from gate.runners.engines import registry as engines
 from gate.runners.engines.interface import Engine, ServerSnapshot
-from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase, StreamResult
+from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.units import Dimension
 from gate.workloads import registry as workloads
 from gate.workloads.interface import Prompt, WorkloadSource
@@ -98,7 +98,7 @@ class ToyRunner(Runner):
 
         check_law_refusals(plan, cls.from_plan(plan))
 
-    def run(self, requests: Sequence[Any], load: Any, done: Done | None = None) -> list[RequestResult]:
+    def run(self, requests: Sequence[Any], load: Any, done: Done | None = None, ended: Ended | None = None) -> list[RequestResult]:
         self.check_load(load)
         out: list[RequestResult] = []
         for i, req in enumerate(requests):
@@ -110,6 +110,8 @@ class ToyRunner(Runner):
             out.append(result)
             if done is not None:
                 done(i, result)
+            if ended is not None:
+                ended(i)
         return out
 
     def counters(self, runner: str) -> ServerSnapshot:

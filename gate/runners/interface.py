@@ -97,7 +97,15 @@ RequestResult = Union[StreamResult, Exception]
 """A request's StreamResult, or the exception it raised."""
 
 Done = Callable[[int, RequestResult], None]
-"""Called as each request ends: (its index in the requests given, its result)."""
+"""Called with each request's result once it is read: (its index in the requests given, its
+result). A runner that reads results as they end calls it as each ends; a served client,
+whose reading (parsing the streams) takes CPU the requests still in flight need, reads them
+once run()'s requests have ended (or the run stopped), in the order they ended."""
+
+Ended = Callable[[int], None]
+"""Called as each request ends, before its result is read: (its index in the requests
+given). What it raises (the wall-time budget, an interrupt) stops run(): nothing more is
+sent, what ended is still read and given to Done, then the exception propagates."""
 
 
 class Runner(ABC):
@@ -142,11 +150,13 @@ class Runner(ABC):
                              f"{load.kind} load asks for {load.concurrency or 'unbounded'}")
 
     @abstractmethod
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
+            ended: Ended | None = None) -> list[RequestResult]:
         """Send `requests` under `load`; per request, in the order given, its StreamResult
-        or the Exception it raised (the others still run). `done` is called as each ends
-        (so a caller interrupted by KeyboardInterrupt keeps what ended before). Raises
-        ValueError for a load beyond the capabilities (check_load)."""
+        or the Exception it raised (the others still run). `ended` is called as each ends
+        and `done` with each result once read (Done, Ended): a caller stopped by
+        KeyboardInterrupt or the budget keeps what ended before. Raises ValueError for a
+        load beyond the capabilities (check_load)."""
 
     def notes(self) -> list[str]:
         """What the runner saw beside the requests' results that a report should say (e.g.

@@ -42,7 +42,7 @@ import httpx
 from gate.load.interface import LoadStrategy
 from gate.requests import Request
 from gate.runners.client.transport import ServedError
-from gate.runners.interface import Done, RequestResult
+from gate.runners.interface import Done, Ended, RequestResult
 from gate.runners.openai import Endpoint, OpenAIRunner
 from gate.runners.server_metrics import ServerSnapshot
 
@@ -362,7 +362,8 @@ class ManagedServerRunner(OpenAIRunner):
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
+            ended: Ended | None = None) -> list[RequestResult]:
         """Start the server of the requests' runner (their common `draft`) and send them
         under `load` (OpenAIRunner.run). Raises ValueError for mixed drafts or a load above
         `parallel`, ServedError when the server cannot start or cannot apply a request's law
@@ -380,7 +381,7 @@ class ManagedServerRunner(OpenAIRunner):
         self.start(runner)
         server = self._server
         assert server is not None
-        results = super().run(requests, load, done)
+        results = super().run(requests, load, done, ended)
         code = server.proc.poll()
         if code is None and any(isinstance(r, Exception) for r in results):
             # a killed server closes its sockets a moment before it can be reaped

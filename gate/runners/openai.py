@@ -48,7 +48,7 @@ from gate.runners.client.stream import StreamClient
 from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
 from gate.runners.engines.interface import Engine
 from gate.runners.engines.registry import engine, engine_names
-from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase
+from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase
 from gate.runners.netstat import listen_counters, listen_note
 from gate.runners.registry import register
 from gate.records import UNKNOWN_ID, ClientWorkerRecord, ServerRecord
@@ -343,9 +343,14 @@ class OpenAIRunner(Runner):
 
     # -- requests --------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
+            ended: Ended | None = None) -> list[RequestResult]:
         """Send `requests` (all for one runner name) under `load`; per request its
-        StreamResult or the ServedError it raised. Raises ValueError for requests of several
+        StreamResult or the ServedError it raised. `ended` is called as each request ends;
+        the responses are read (parsed) once the requests have all ended or the run stopped,
+        each then given to `done` (Done): reading 32 events costs ~0.5 ms of gate's process,
+        which at concurrency 64 on 2 cores delayed the next requests' first tokens by ~2 ms
+        (benchmarks/client_accuracy.py). Raises ValueError for requests of several
         runners, an unknown runner or a load beyond max_concurrency; ServedError (before
         sending anything) for a law or constraint the server cannot apply as gate does
         (law_refusals), or a missing API key.
@@ -362,7 +367,7 @@ class OpenAIRunner(Runner):
         self._refuse(runner, ep.url, requests)
         before = listen_counters()
         try:
-            return self._run(runner, ep, list(requests), load, done)
+            return self._run(runner, ep, list(requests), load, done, ended)
         finally:
             note = listen_note(before, listen_counters(), runner, f"{describe_load(load)} ({len(requests)} requests)")
             if note:
@@ -397,9 +402,10 @@ class OpenAIRunner(Runner):
         return max(1, min(client_workers(load.concurrency or n), n))
 
     def _run(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
-             done: Done | None) -> list[RequestResult]:
+             done: Done | None, ended: Ended | None) -> list[RequestResult]:
         """The requests sent by the client's worker processes (gate.runners.client.workers),
-        each response read here as it ends. Past the run's time limit (request_timeout_s per
+        each held raw as it ends and read here once they have all ended (or the run stopped:
+        a PoolError, or what `ended` or an interrupt raised). Past the run's time limit (request_timeout_s per
         request that may have to wait for a slot, plus the open loop's arrival span, plus
         60 s) the requests that have not ended are errors and the workers are ended."""
         n = len(requests)
@@ -418,57 +424,81 @@ class OpenAIRunner(Runner):
             size = sum(map(len, bodies.values())) * (workers if closed else 1)
             start = time.perf_counter() + START_LEAD_S + size / DISPATCH_BYTES_PER_S
             common = dict(job_id=job_id, start_s=start, runner=runner, url=ep.url, api=ep.api,
-                          headers=self._headers(runner), timeout_s=self.request_timeout_s,
-                          tls=ep.base_url.startswith("https://"))
+                          headers=self._headers(runner), timeout_s=self.request_timeout_s)
             shares = split(n, load, workers, start)
             jobs = [Job(worker=k, slots=x.slots, arrivals=x.arrivals, capped=x.capped,
                         bodies=bodies if closed else {i: bodies[i] for i, _ in x.arrivals}, **common)
                     for k, x in enumerate(shares)]
-            ended: dict[int, RequestResult] = {}
+            held: dict[int, Any] = {}  # request index -> what ended (RawStream unread, ServedError), in end order
             stopped = False
 
             def on_result(i: int, raw: Any) -> None:
                 nonlocal stopped
-                if raw == NOT_SENT:
-                    result: RequestResult = breaker.refusal()
-                elif isinstance(raw, RawStream):
-                    try:
-                        result = streams.read(raw)
-                    except ServedError as e:
-                        result = e
-                else:
-                    result = raw
-                breaker.ended(result)
+                held[i] = breaker.refusal() if raw == NOT_SENT else raw
+                breaker.ended(held[i])  # a RawStream, read or not, is an answer: it resets the streak
                 if breaker.open and not stopped:
                     stopped = True
                     pool.stop(job_id)
-                ended[i] = result
-                if done is not None:
-                    done(i, result)
+                if ended is not None:
+                    ended(i)
+
+            def fill(result: ServedError | str, raised: list[BaseException]) -> None:
+                """What never came back: `result` for every request not held (NOT_SENT: refused);
+                what `ended` raises goes to `raised`, once every one is held."""
+                for i in range(n):
+                    if i not in held:
+                        try:
+                            on_result(i, result)
+                        except BaseException as e:  # noqa: BLE001 - raised by the caller, once all are read
+                            raised.append(e)
 
             waves = math.ceil(n / (load.concurrency or n))
             span_s = max((at for x in shares for _, at in x.arrivals), default=start) - start
             limit_s = waves * self.request_timeout_s + span_s + 60.0
             self._workers = []
+            raised: list[BaseException] = []
             try:
-                if closed:
-                    pool.put_indices(range(n))
-                elif load.concurrency is not None:
-                    pool.put_slots(load.concurrency, start)
-                self._workers = pool.run(jobs, on_result, limit_s)
+                try:
+                    if closed:
+                        pool.put_indices(range(n))
+                    elif load.concurrency is not None:
+                        pool.put_slots(load.concurrency, start)
+                    self._workers = pool.run(jobs, on_result, limit_s)
+                finally:
+                    pool.drain_indices()
+                    pool.drain_slots()
+                fill(NOT_SENT, raised)  # a closed loop's index no slot took once the breaker opened
             except PoolError as e:
-                stuck = ServedError(runner, ep.url, f"{e}; the requests that had not ended are errors")
-                for i in range(n):
-                    if i not in ended:
-                        on_result(i, stuck)
-                return [ended[i] for i in range(n)]
-            finally:
-                pool.drain_indices()
-                pool.drain_slots()
-            for i in range(n):
-                if i not in ended:  # a closed loop's index no slot took once the breaker opened
-                    on_result(i, NOT_SENT)
-            return [ended[i] for i in range(n)]
+                fill(ServedError(runner, ep.url, f"{e}; the requests that had not ended are errors"), raised)
+            except BaseException:  # an interrupt, or what `ended` raised (the budget): what ended is still read
+                self._read(streams, held, done, raised)
+                raise
+            results = self._read(streams, held, done, raised)
+            if raised:
+                raise raised[0]
+            return [results[i] for i in range(n)]
+
+    @staticmethod
+    def _read(streams: StreamClient, held: dict[int, Any], done: Done | None,
+              raised: list[BaseException]) -> dict[int, RequestResult]:
+        """Each held result read (a RawStream parsed by `streams`, a ServedError as it is) and
+        given to `done`, in the order they ended; what `done` raises goes to `raised` (every
+        result is read first)."""
+        results: dict[int, RequestResult] = {}
+        for i, raw in held.items():
+            if isinstance(raw, RawStream):
+                try:
+                    results[i] = streams.read(raw)
+                except ServedError as e:
+                    results[i] = e
+            else:
+                results[i] = raw
+            if done is not None:
+                try:
+                    done(i, results[i])
+                except BaseException as e:  # noqa: BLE001 - raised by the caller, once every result is read
+                    raised.append(e)
+        return results
 
     def client_stats(self) -> list[ClientWorkerRecord]:
         """What the client's workers measured of themselves over the last run() call (one

@@ -34,7 +34,7 @@ from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.requests import Request
 from gate.records import FALLBACK
-from gate.runners.interface import Capabilities, Done, RequestResult, Runner, RunnerSpecBase, StreamResult
+from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.registry import register
 from gate.runners.stop import StopStrings
 from gate.speculative import Verdict, sample, verify
@@ -97,8 +97,10 @@ class TransformersRunner(Runner):
     def close(self) -> None:
         self._probe = None
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None) -> list[RequestResult]:
-        """Every request in the order given, one at a time (sequential load only)."""
+    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
+            ended: Ended | None = None) -> list[RequestResult]:
+        """Every request in the order given, one at a time (sequential load only); each
+        result is read as it ends (`done`, then `ended`)."""
         self.check_load(load)
         self.open()
         out: list[RequestResult] = []
@@ -110,6 +112,8 @@ class TransformersRunner(Runner):
             out.append(result)
             if done is not None:
                 done(i, result)
+            if ended is not None:
+                ended(i)
         return out
 
     def _request(self, req: Request) -> StreamResult:

@@ -1,16 +1,15 @@
 """One served request's bytes, as a client worker moves them (gate.runners.client.worker):
-POST the body, stamp every response chunk with the time its bytes were read from the socket
-(the connection's last read, before HTTP parsing), keep the chunks raw. Nothing is
-parsed here: a worker's event loop only sends and stamps, so one stream's parsing never
-delays the stamp of another's bytes; gate's own process parses the chunks afterwards
-(gate.runners.client.stream.StreamClient.read).
+POST the body (gate.runners.client.wire), stamp every response chunk with the time its bytes
+were delivered by the event loop (before HTTP parsing), keep the chunks raw. Nothing is
+parsed here beyond HTTP: a worker's event loop only sends and stamps, so one stream's
+parsing never delays the stamp of another's bytes; gate's own process parses the chunks
+afterwards (gate.runners.client.stream.StreamClient.read).
 
-Clock: `begin_s` when the client began the request; `sent_s` when it left: the one write of
-its headers and body was handed to the transport (gate.runners.client.pool.CoalescingStream;
-else httpcore's trace when its headers began to go out, where guidellm's clock starts); the
-clock of TTFT starts there; `connect_ms` the TCP/TLS set-up when the request opened its
-connection. All time.perf_counter() seconds
-(CLOCK_MONOTONIC on Linux: one clock for every process of the machine).
+Clock: `begin_s` when the client began the request; `sent_s` when it left: its one write
+(headers and body) was handed to the transport; the clock of TTFT starts there;
+`connect_ms` the TCP/TLS set-up when the request opened its connection. All
+time.perf_counter() seconds (CLOCK_MONOTONIC on Linux: one clock for every process of the
+machine).
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
 from gate.measure.contention import load_average, read_pressure
 from gate.runners.client.events import arrived
 from gate.runners.client.protocol import Protocol
-from gate.runners.client.transport import RequestProgress, ServedError, classify_transport
+from gate.runners.client.transport import RemoteProtocolError, RequestProgress, ServedError, TransportError, classify_transport
+from gate.runners.client.wire import COMPRESSED, NO_RESPONSE, Connections
 
 
 @dataclass
@@ -65,52 +63,59 @@ class Transfer:
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 120.0
 
-    async def send(self, client: httpx.AsyncClient, body: bytes, scheduled_s: float, due_s: float) -> RawStream:
-        """POST `body` (JSON bytes) on `client`; the response's chunks, stamped. A kept-alive
-        connection the server closed as the request went out is retried once on a new one
-        (its time counts from its own send). Raises ServedError for an HTTP error status or a
-        transport failure (kind set: classify_transport; a malformed or error event that
-        arrived before the failure names it instead)."""
+    async def send(self, conns: Connections, body: bytes, scheduled_s: float, due_s: float) -> RawStream:
+        """POST `body` (JSON bytes) on a connection of `conns` (a kept-alive one, else a new
+        one); the response's chunks, stamped. A kept-alive connection the server closed as the
+        request went out is retried once on a new one (its time counts from its own send).
+        Raises ServedError for an HTTP error status, a compressed body or a transport failure
+        (kind set: classify_transport; a malformed or error event that arrived before the
+        failure names it instead)."""
         progress = RequestProgress()
         chunks: list[tuple[float, bytes]] = []
+        request = conns.request(self.headers, body)
         try:
             try:
-                return await asyncio.wait_for(self._send(client, body, scheduled_s, due_s, progress, chunks), self.timeout_s)
-            except httpx.RemoteProtocolError as e:
-                if "without sending a response" not in str(e) or progress.fresh:
+                return await asyncio.wait_for(self._send(conns, request, scheduled_s, due_s, progress, chunks),
+                                              self.timeout_s)
+            except RemoteProtocolError as e:
+                if str(e) != NO_RESPONSE or progress.fresh:
                     raise
                 progress.restart()
                 chunks.clear()
-                return await asyncio.wait_for(self._send(client, body, scheduled_s, due_s, progress, chunks), self.timeout_s)
+                return await asyncio.wait_for(self._send(conns, request, scheduled_s, due_s, progress, chunks),
+                                              self.timeout_s)
         except ServedError:
             raise
-        except (asyncio.TimeoutError, httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
+        except (asyncio.TimeoutError, TransportError) as e:
             arrived(self.runner, self.url, self.protocol, chunks, progress)
             kind, what = classify_transport(e, progress, time.perf_counter(), self.timeout_s)
             raise ServedError(self.runner, self.url, what, kind=kind) from None
-        except httpx.HTTPError as e:
-            raise ServedError(self.runner, self.url, f"{type(e).__name__}: {e}") from None
 
-    async def _send(self, client: httpx.AsyncClient, body: bytes, scheduled_s: float, due_s: float,
+    async def _send(self, conns: Connections, request: bytes, scheduled_s: float, due_s: float,
                     progress: RequestProgress, chunks: list[tuple[float, bytes]]) -> RawStream:
         started_s = time.time()
         pressure0 = read_pressure()  # the machine's CPU pressure over the request's wall time (contention)
         begin = progress.begin_s = time.perf_counter()
-        async with client.stream("POST", self.url, content=body, headers=self.headers,
-                                 extensions={"trace": progress.trace}) as resp:
-            progress.headers_s = time.perf_counter()
-            stream = resp.extensions.get("network_stream")
-            if getattr(stream, "sent_s", None) is not None:  # a CoalescingStream: the write that sent the request
-                progress.sending_s = stream.sent_s
-            if resp.status_code >= 400:
-                text = (await resp.aread()).decode("utf-8", errors="replace")
-                raise ServedError(self.runner, self.url, f"HTTP {resp.status_code}: {text[:200]}")
-            reads = stream if getattr(stream, "read_s", None) is not None else None
-            async for chunk in resp.aiter_bytes():
-                # stamped when its bytes were read from the socket (before HTTP parsing), where known
-                progress.last_s = now = reads.read_s if reads is not None else time.perf_counter()
-                chunks.append((now, chunk))
-        end = time.perf_counter()
+        conn = conns.take()
+        if conn is None:
+            progress.phase, progress.fresh, progress.connect_s = "connecting", True, time.perf_counter()
+            conn = await conns.connect()
+            progress.phase, progress.connected_s = "connected", time.perf_counter()
+        try:
+            response = conn.begin(request, progress, chunks)
+            await response.done
+        except BaseException:
+            conn.close()  # never reused after a failure, a timeout or a cancel
+            raise
+        conns.give(conn)
+        end = response.ended_s or time.perf_counter()
+        if response.status >= 400:
+            text = b"".join(c for _, c in chunks).decode("utf-8", errors="replace")
+            raise ServedError(self.runner, self.url, f"HTTP {response.status}: {text[:200]}")
+        encoding = response.headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding in COMPRESSED:
+            raise ServedError(self.runner, self.url, f"the server compressed its stream (Content-Encoding: "
+                              f"{encoding.decode('latin-1')}) although the request asked for identity")
         pressure1 = read_pressure()
         stall = (pressure1.total_us - pressure0.total_us) / 1e3 if pressure0 is not None and pressure1 is not None else None
         connect = ((progress.connected_s - progress.connect_s) * 1e3

@@ -1,5 +1,6 @@
 """How a served request's transport failed, named for its ServedError: the request's
-progress as httpcore reports it (RequestProgress), the failure's kind and wording
+progress (RequestProgress), the transport's exceptions (ConnectError, ReadError,
+RemoteProtocolError: gate.runners.client.wire raises them), the failure's kind and wording
 (classify_transport), and the breaker that stops sending after consecutive transport
 failures (Breaker)."""
 
@@ -8,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 if TYPE_CHECKING:
     from gate.runners.interface import RequestResult
@@ -50,15 +48,33 @@ the time limit, stalled after the response began. These, and only these, count t
 OpenAIRunner.max_consecutive_failures."""
 
 
+class TransportError(Exception):
+    """A served request's connection failed (gate.runners.client.wire); the OSError behind
+    it, where there is one, is its __cause__."""
+
+
+class ConnectError(TransportError):
+    """The connection could not be made (refused, unreachable, TLS handshake)."""
+
+
+class ReadError(TransportError):
+    """The connection failed after it was made (reset, broken pipe)."""
+
+
+class RemoteProtocolError(TransportError):
+    """The server closed the connection before its response was complete, or sent bytes
+    that are not HTTP/1.1."""
+
+
 @dataclass
 class RequestProgress:
     """How far one request got, for naming a transport failure (classify_transport) and for
-    the client's own timing (gate.runners.result.ClientTiming): the phase httpcore last
-    reported (its trace extension: "connecting", "connected", "sending", "sent", "headers";
-    None before anything) and perf_counter seconds at its milestones: the client began the
-    request (`begin_s`), began and completed the TCP/TLS set-up (`connect_s`,
-    `connected_s`), began writing the request (`sending_s`), wrote its last byte
-    (`sent_s`), read the response headers and the last body byte; and the SSE events and tokens (ids) parsed."""
+    the client's own timing (gate.runners.result.ClientTiming): the phase it last reached
+    ("connecting", "connected", "sending", "sent", "headers"; None before anything) and
+    perf_counter seconds at its milestones: the client began the request (`begin_s`),
+    began and completed the TCP/TLS set-up (`connect_s`, `connected_s`), handed its one
+    write to the transport (`sending_s`) and returned from it (`sent_s`), read the response
+    headers and the last body byte; and the SSE events and tokens (ids) parsed."""
 
     phase: str | None = None
     fresh: bool = False  # this attempt opened its connection (else it reused a kept-alive one)
@@ -74,10 +90,8 @@ class RequestProgress:
 
     @property
     def t0(self) -> float | None:
-        """When the request left: its one write handed to the transport (`sending_s`, set
-        from the connection, gate.runners.client.pool.CoalescingStream), else when its
-        headers began to go out (httpcore's trace, where guidellm's clock starts), else when
-        its body was written, else when the client began it."""
+        """When the request left: its one write handed to the transport (`sending_s`;
+        guidellm's clock starts when its headers go out), else when the client began it."""
         for t in (self.sending_s, self.sent_s, self.begin_s):
             if t is not None:
                 return t
@@ -89,22 +103,9 @@ class RequestProgress:
         self.connect_s = self.connected_s = self.sending_s = self.sent_s = None
         self.events = self.tokens = 0
 
-    async def trace(self, name: str, info: dict[str, Any]) -> None:
-        """httpcore's trace callback ("connection.connect_tcp.started", "http11.send_request_headers.started", ...)."""
-        if name.endswith("connect_tcp.started"):
-            self.phase, self.fresh, self.connect_s = "connecting", True, time.perf_counter()
-        elif name.endswith(("connect_tcp.complete", "start_tls.complete")):
-            self.phase, self.connected_s = "connected", time.perf_counter()
-        elif name.endswith("send_request_headers.started"):
-            self.phase, self.sending_s = "sending", time.perf_counter()
-        elif name.endswith("send_request_body.complete"):
-            self.phase, self.sent_s = "sent", time.perf_counter()
-        elif name.endswith("receive_response_headers.complete"):
-            self.phase = "headers"
-
 
 def _os_error(e: BaseException) -> OSError | None:
-    """The first OSError with an errno in `e`'s chain of causes (httpx wraps httpcore's, which wraps the socket's)."""
+    """The first OSError with an errno in `e`'s chain of causes (a TransportError's cause is the socket's)."""
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
@@ -128,34 +129,29 @@ def _cause(e: BaseException) -> str:
 
 
 def classify_transport(e: BaseException, progress: RequestProgress, now_s: float, timeout_s: float) -> tuple[str, str]:
-    """(kind, what) of a request whose transport failed with `e` (an httpx.TimeoutException,
-    NetworkError or RemoteProtocolError, or asyncio.TimeoutError: the request's time
-    limit), given how far it got (`progress`) and perf_counter `now_s` (s); `timeout_s`:
-    the request's time limit (s). `kind` is one of TRANSPORT_KINDS; `what` names it with a
-    non-empty detail: the exception's class and errno name and strerror (or its message),
-    the events and tokens received, the seconds waited (a timeout: the time limit, which
-    it reached; else the seconds since the send). Raises nothing."""
+    """(kind, what) of a request whose transport failed with `e` (a TransportError, or
+    asyncio.TimeoutError: the request's time limit), given how far it got (`progress`) and
+    perf_counter `now_s` (s); `timeout_s`: the request's time limit (s). `kind` is one of
+    TRANSPORT_KINDS; `what` names it with a non-empty detail: the exception's class and
+    errno name and strerror (or its message), the events and tokens received, the seconds
+    waited (a timeout: the time limit, which it reached; else the seconds since the send).
+    Raises nothing."""
     waited = now_s - progress.t0 if progress.t0 is not None else None
     after = f"{waited:.2f} s after the send" if waited is not None else "before the send"
     got = f"{progress.events} event(s), {progress.tokens} token(s)"
     started = progress.headers_s is not None
-    if isinstance(e, (asyncio.TimeoutError, httpx.TimeoutException)):
-        if isinstance(e, httpx.ConnectTimeout):
-            which = f"ConnectTimeout: the TCP handshake did not complete within {timeout_s:g} s"
-        else:
-            which = _cause(e) if isinstance(e, httpx.TimeoutException) else f"the request's time limit of {timeout_s:g} s"
+    if isinstance(e, asyncio.TimeoutError):
+        which = f"the request's time limit of {timeout_s:g} s"
         if not started:
             where = {"connecting": "connecting", None: "before connecting", "connected": "connected, sending",
                      "sending": "sending the request", "sent": "the request was sent"}.get(progress.phase, progress.phase)
-            if isinstance(e, httpx.ConnectTimeout):
-                where = "connecting"
             return "timeout_before_first_byte", (f"timed out before the first byte after {_s(timeout_s)} s "
                                                  f"({which}; {where}, no response byte)")
         last = f"; the last byte {now_s - progress.last_s:.2f} s before" if progress.last_s is not None else \
             "; nothing after the response headers"
         return "timeout_mid_stream", (f"timed out mid-stream after {_s(timeout_s)} s ({which}; the response "
                                       f"headers, then {got}{last})")
-    if isinstance(e, httpx.ConnectError):
+    if isinstance(e, ConnectError):
         os_err = _os_error(e)
         code = os_err.errno if os_err is not None else None
         if code == errno.ECONNREFUSED:
@@ -164,8 +160,7 @@ def classify_transport(e: BaseException, progress: RequestProgress, now_s: float
             return "reset_before_response", f"connection reset before the response ({_cause(e)}; at connect, {after})"
         return "connect_failed", f"connection failed at connect ({_cause(e)}; {after}: the host is unreachable or unknown)"
     if not started:
-        where = "while sending the request" if progress.phase in ("connected", "sending") or isinstance(e, httpx.WriteError) \
-            else "after the request was sent"
+        where = "while sending the request" if progress.phase in ("connected", "sending") else "after the request was sent"
         return "reset_before_response", (f"connection reset before the response ({_cause(e)}; {where}, no response "
                                          f"byte, {after})")
     return "reset_mid_stream", (f"connection reset mid-stream ({_cause(e)}; after the response headers and {got}, "

@@ -37,13 +37,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import httpx
-
 from gate.records import ClientWorkerRecord
-from gate.runners.client.pool import Clients
 from gate.runners.client.protocol import PROTOCOLS
 from gate.runners.client.transfer import RawStream, Transfer
 from gate.runners.client.transport import TRANSPORT_KINDS, ServedError
+from gate.runners.client.wire import Connections
 
 TICK_S = 0.002  # the event-loop lag timer's period (s)
 NOT_SENT = "not_sent"  # a request the worker did not begin: its job was stopped (the breaker opened)
@@ -56,7 +54,7 @@ class Job:
     streams this worker keeps in flight (each takes the next index from the index pipe);
     `arrivals`: an open loop's (index, perf_counter s due) for this worker, `capped`: each
     waits for a token of the slot pipe; `start_s`: perf_counter s the closed loop's slots
-    begin (every worker's at once); `tls`: the server is https."""
+    begin (every worker's at once)."""
 
     job_id: int
     worker: int
@@ -65,7 +63,6 @@ class Job:
     api: str
     headers: dict[str, str]
     timeout_s: float
-    tls: bool
     bodies: dict[int, bytes]
     start_s: float = 0.0
     slots: int = 0
@@ -244,8 +241,7 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
     wall0, cpu0 = time.perf_counter(), time.process_time()
     transfer = Transfer(job.runner, job.url, PROTOCOLS[job.api], {**job.headers, "Content-Type": "application/json"},
                         job.timeout_s)
-    clients = Clients(httpx.Timeout(job.timeout_s), job.tls)
-    clients.prepare(max(job.slots, min(len(job.arrivals), 512)))
+    conns = Connections(job.url)
     begun = 0
 
     def emit(i: int, result: Any) -> None:
@@ -256,17 +252,14 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
         one more request after a transport failure (a go)."""
         nonlocal begun
         begun += 1
-        client = clients.take()
         mark = len(lag.lags)
         try:
-            raw: Any = await transfer.send(client, job.bodies[i], scheduled_s, due_s)
+            raw: Any = await transfer.send(conns, job.bodies[i], scheduled_s, due_s)
             raw.loop_lag_ms, raw.worker, raw.index = lag.since(mark), job.worker, i
         except ServedError as e:
             raw = e
         except Exception as e:  # noqa: BLE001 - a request's failure is its result, never the worker's end
             raw = ServedError(job.runner, job.url, f"client error: {type(e).__name__}: {e}")
-        finally:
-            clients.give(client)
         emit(i, raw)
         granted = False
         if isinstance(raw, ServedError) and raw.kind in TRANSPORT_KINDS and not stopped.is_set():
@@ -333,7 +326,7 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
         ticker.cancel()
         loop.remove_reader(stdin_fd)
         os.set_blocking(stdin_fd, True)  # an event loop may leave a watched fd non-blocking (uvloop does)
-        await clients.aclose()
+        conns.close()
     p50, p99, mx = lag.stats()
     write_frame(out, ("done", job.job_id, ClientWorkerRecord(job.worker, time.perf_counter() - wall0,
                                                              time.process_time() - cpu0, begun, p50, p99, mx,
@@ -353,9 +346,10 @@ async def prime() -> None:
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with httpx.AsyncClient(trust_env=False) as client:
-        transfer = Transfer("prime", f"http://127.0.0.1:{port}/", PROTOCOLS["completions"], {})
-        await transfer.send(client, b"{}", time.perf_counter(), time.perf_counter())
+    url = f"http://127.0.0.1:{port}/"
+    conns = Connections(url)
+    await Transfer("prime", url, PROTOCOLS["completions"], {}).send(conns, b"{}", time.perf_counter(), time.perf_counter())
+    conns.close()
     server.close()
     await server.wait_closed()
 
