@@ -3,6 +3,8 @@ built here, as gate.run writes them), and the policy's runner and load sections.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -130,6 +132,82 @@ def test_the_speedup_model_at_load_predicts_from_alpha_and_the_measured_step_cos
     assert d.alpha_iid is None and d.predicted_speedup is None and d.tokens_per_step == pytest.approx(3.0)
 
 
+def _drifted(m: Measurements, factor: dict[tuple[int, int], float]) -> Measurements:
+    """The draft's window at (concurrency, repetition) slowed by factor[...] (the machine drifting
+    between windows: every request of the window together)."""
+    for r in m.requests:
+        if r.draft == "d":
+            f = factor[(r.concurrency, r.repetition)]
+            r.e2el_ms *= f
+            r.token_times_ms = [t * f for t in r.token_times_ms]
+    return m
+
+
+def _speedup_by_window(m: Measurements, c: int) -> list[float]:
+    """Each repetition's pooled speedup at concurrency c, from the records (tokens / E2E time)."""
+    def rate(runner: str, rep: int) -> float:
+        rs = [r for r in m.requests if (r.draft, r.concurrency, r.repetition) == (runner, c, rep)]
+        return sum(r.output_tokens for r in rs) / sum(r.e2el_ms for r in rs)
+    return [rate("d", rep) / rate("fallback", rep) for rep in sorted({r.repetition for r in m.requests})]
+
+
+def test_drift_between_windows_widens_an_a_a_comparison_that_the_requests_alone_would_decide():
+    """A/A: the draft is the fallback (speedup 1.0 in law), but its windows ran on a machine
+    drifting by -6% to +8% between repetitions. A bootstrap over the 8 paired requests of one
+    window pair excludes 1.0; the interval widened by the drift between windows (its sd pooled
+    over both load points, 2 x (3 - 1) = 4 df) holds it, and the verdict is inconclusive."""
+    from gate.rules.confidence import between_windows, bootstrap_interval, compared_runners, estimand
+    from gate.rules.selection import Selection
+
+    m = _drifted(run({1: 1.0, 4: 1.0}, reps=3, seed=3),
+                 {(1, 0): 1.08, (1, 1): 0.94, (1, 2): 1.0, (4, 0): 0.95, (4, 1): 1.06, (4, 2): 1.01})
+    by_scope = {o.scope: o for o in evaluate([rule(per="concurrency")], m, Settings())}
+    for c in (1, 4):
+        o = by_scope[f"d/greedy/concurrency={c}"]
+        assert o.status == Status.INCONCLUSIVE and o.interval.low < 1.0 < o.interval.high, o.message
+        assert "widened to the drift between windows (t, 4 df)" in o.interval.method
+        assert "between windows: sd" in o.message and "over 4 df" in o.message
+        one = Selection("d", "greedy", None, concurrency=(c,))
+        rep0 = replace(m, requests=[r for r in m.requests if r.repetition == 0])
+        alone = bootstrap_interval(estimand("speedup", "pooled", rep0, one), 0.95, 500, 0)
+        assert alone.high < 1.0 or alone.low > 1.0  # the requests of one window pair alone decide it
+    logs = {c: np.log(_speedup_by_window(m, c)) for c in (1, 4)}
+    sd = np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in logs.values()) / 4)
+    where = Selection("d", "greedy", None, concurrency=(1,))
+    peers = [estimand("speedup", "pooled", m, replace(where, runner=r, concurrency=None)) for r in compared_runners(m)]
+    drift = between_windows(estimand("speedup", "pooled", m, where), peers, 0.95)
+    assert drift.sd == pytest.approx(sd) and drift.df == 4 and drift.windows == 3
+
+
+def test_the_drift_between_windows_is_measured_on_the_requests_the_verdict_keeps():
+    """Another job slowed 3 requests of the fallback's window at concurrency 4, repetition 1,
+    3x (half their wall time without a CPU): they are left out as contended, and the drift
+    between windows, measured without them, stays that of the quiet windows."""
+    m = run({1: 1.6, 4: 1.6}, reps=3, seed=1)
+    quiet = evaluate([rule(per="concurrency")], m, Settings(max_cpu_stall=0.1))
+    for r in m.requests:
+        r.cpu_stall_ms = 0.0
+        if (r.draft, r.concurrency, r.repetition) == ("fallback", 4, 1) and r.prompt_id in ("p0", "p1", "p2"):
+            r.e2el_ms *= 3
+            r.token_times_ms = [t * 3 for t in r.token_times_ms]
+            r.cpu_stall_ms = 0.5 * r.e2el_ms
+    busy = evaluate([rule(per="concurrency")], m, Settings(max_cpu_stall=0.1))
+    sd = [o.message.split("between windows: sd ")[1].split(" ")[0] for o in quiet + busy]
+    assert "contended" in busy[1].message and len(set(sd[2:])) == 1
+    assert abs(float(sd[2].rstrip("%")) - float(sd[0].rstrip("%"))) < 2.0  # percentage points: the quiet drift, not 3x
+
+
+def test_one_repetition_says_the_drift_between_windows_is_not_measured_and_in_process_has_none():
+    m = run({1: 1.6}, reps=1)
+    (o,) = evaluate([rule()], m, Settings())
+    assert o.status == Status.PASS and "the drift between the runners' windows is not measured" in o.message
+    for r in m.requests:  # gate's own loop: no load point, the runners ran cell by cell
+        r.concurrency = None
+    m.runs = []
+    (o,) = evaluate([rule()], m, Settings())
+    assert o.status == Status.PASS and "between windows" not in o.message and "widened" not in o.interval.method
+
+
 def test_window_metrics_are_tokens_and_requests_over_window_time():
     m = run({1: 1.0, 4: 1.0}, reps=1)
     ws = [w for w in m.runs if w.runner == "fallback" and w.load.concurrency == 4]
@@ -220,6 +298,21 @@ def test_runner_and_load_sections_are_checked_at_their_yaml_path(tmp_path, tiny_
         load_policy(path)
     text = str(e.value)
     assert where in text and says in text
+
+
+def test_validate_warns_that_one_repetition_leaves_the_drift_between_windows_out(tmp_path, tiny_model_dir):
+    from gate.rules.power import underpowered
+
+    def warnings(extra: str) -> list[tuple[str, str]]:
+        rules = SPEEDUP.replace(", per: concurrency", "")
+        path = write_policy(tmp_path, POLICY.format(model=tiny_model_dir, extra=extra, rules=rules))
+        return underpowered(load_policy(path).policy, ["qa"] * 16)
+
+    served = "runner: {kind: llama_server}\nload: {concurrency: [1, 2]}\n"
+    (w,) = [w for w in warnings(served + "measurement: {repetitions: 1}") if "drift" in w[1]]
+    assert w[0] == "rules[0].metric" and "measurement.repetitions >= 2" in w[1]
+    assert not [w for w in warnings(served + "measurement: {repetitions: 2}") if "drift" in w[1]]
+    assert not [w for w in warnings("measurement: {repetitions: 1}") if "drift" in w[1]]  # in-process: cell by cell
 
 
 @pytest.mark.parametrize("gaps, control, expected", [

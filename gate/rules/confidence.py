@@ -10,6 +10,10 @@
   deflated by the design effect measured from per-request counts (Kish 1965, Survey
   Sampling, eq. 8.2.2): n_eff = n / deff, deff = cluster variance / binomial variance.
 
+- Comparisons of runners timed in windows of their own (load points): the hull of the
+  bootstrap interval and a t interval from the spread of the comparison between repetitions
+  of its window pairs, so drift of the machine between windows is in it (between_windows).
+
 Decision: pass when the whole interval satisfies the rule, fail when the whole interval
 violates it, inconclusive otherwise.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -28,6 +32,7 @@ from gate.records import FALLBACK, Measurements
 from gate.rules.selection import Selection
 from gate.rules.status import Status
 from gate.rules.resampling import UnitSet, units
+from gate.rules.samples import window_of
 
 PASS, FAIL, INCONCLUSIVE = Status.PASS, Status.FAIL, Status.INCONCLUSIVE
 # Fewer resampling units than this give no interval: with 2-4 units the bootstrap has a
@@ -162,14 +167,107 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
 def speedup_interval(m: Measurements, where: Selection, level: float, resamples: int,
                      seed: int) -> tuple[float | None, float | None, float | None]:
     """A runner's pooled speedup over the fallback on the paired requests of `where` (x), with
-    its bootstrap interval at `level`: (point, low, high); None for what cannot be formed (no
-    paired request; fewer than MIN_UNITS units for the interval; a non-finite point)."""
+    its bootstrap interval at `level`, widened by the drift between windows (between_windows):
+    (point, low, high); None for what cannot be formed (no paired request; fewer than
+    MIN_UNITS units for the interval; a non-finite point)."""
     est = estimand("speedup", "pooled", m, where)
     if est is None or not all(g[0].n for g in est.groups):
         return None, None, None
     point = est.point()
-    interval = bootstrap_interval(est, level, resamples, seed)
+    peers = [estimand("speedup", "pooled", m, replace(where, runner=r, concurrency=None, request_rate=None))
+             for r in compared_runners(m)]
+    interval = widened(bootstrap_interval(est, level, resamples, seed), between_windows(est, peers, level))
     return (point if math.isfinite(point) else None, *((interval.low, interval.high) if interval else (None, None)))
+
+
+@dataclass
+class Drift:
+    """How far a comparison of two runners moves between repetitions of their windows.
+
+    Runners at a load point are timed one window after another, so whatever drifts on the
+    machine between windows (another job, thermal state, the page cache) moves a whole
+    window's requests together, and a bootstrap over requests does not see it. Each window
+    pair (load point, repetition) gives the comparison's value on its requests alone; `sd` is
+    the standard deviation of its log between repetitions at one load point, pooled over every
+    runner and load point of the run (one-way ANOVA's error mean square), with `df` = the sum
+    of (repetitions - 1) over them. [low, high] is the value's t interval at `level`: log value
+    +- t(df) * sd * sqrt(sum w^2), w the share of the value's units in each of its `windows`
+    window pairs. df 0 (one repetition everywhere): nothing measures the drift; low, high None."""
+
+    sd: float | None
+    df: int
+    windows: int
+    low: float | None = None
+    high: float | None = None
+
+    def describe(self) -> str:
+        if self.sd is None:
+            return ("one repetition of each window: the drift between the runners' windows is not measured and not in "
+                    "the interval (measurement.repetitions >= 2 measures it)")
+        return f"between windows: sd {self.sd:.1%} over {self.df} df, t interval {self.low:.3f}x-{self.high:.3f}x"
+
+
+def compared_runners(m: Measurements) -> list[str]:
+    """The runners of a run other than the fallback (drafts and sweep runners), in record order."""
+    return list(dict.fromkeys(r.draft for r in m.requests if r.draft != FALLBACK))
+
+
+def _log_by_window(est: Estimand | None) -> dict[tuple, dict[int, tuple[float, int]]]:
+    """{load point: {repetition: (log value, units)}}: a paired estimand on each window pair's
+    units alone; empty when its units were not timed in windows (or it is not paired)."""
+    if est is None or len(est.groups) != 1 or not est.groups[0][0].n:
+        return {}
+    where = [window_of(k) for k in est.groups[0][0].keys]
+    if any(w is None for w in where):
+        return {}
+    at: dict[tuple, list[int]] = {}
+    for i, w in enumerate(where):
+        at.setdefault(w, []).append(i)
+    out: dict[tuple, dict[int, tuple[float, int]]] = {}
+    for (load, rep), idx in at.items():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = float(est.value(np.array(idx)))
+        if math.isfinite(v) and v > 0:
+            out.setdefault(load, {})[rep] = (math.log(v), len(idx))
+    return out
+
+
+def between_windows(est: Estimand | None, peers: list[Estimand | None], level: float) -> Drift | None:
+    """The drift between windows of a paired comparison (Drift), its variance pooled over
+    `peers` (the same comparison for every runner, at every load point; `est` is used when
+    there are none). None when `est`'s units were not timed in windows (gate's own loop, which
+    runs the runners cell by cell) or its value is not positive."""
+    own = _log_by_window(est)
+    if not own or est is None:
+        return None
+    point = est.point()
+    if not (math.isfinite(point) and point > 0):
+        return None
+    ss, df = 0.0, 0
+    for peer in [p for p in peers if p is not None] or [est]:
+        for reps in _log_by_window(peer).values():
+            if len(reps) >= 2:
+                v = np.array([x for x, _ in reps.values()])
+                ss += float(((v - v.mean()) ** 2).sum())
+                df += len(v) - 1
+    counts = np.array([n for reps in own.values() for _, n in reps.values()], dtype=float)
+    if df == 0:
+        return Drift(None, 0, len(counts))
+    sd = math.sqrt(ss / df)
+    half = float(stats.t.ppf((1 + level) / 2, df)) * sd * math.sqrt(float(((counts / counts.sum()) ** 2).sum()))
+    return Drift(sd, df, len(counts), point * math.exp(-half), point * math.exp(half))
+
+
+def widened(interval: Interval | None, drift: Drift | None) -> Interval | None:
+    """The interval that holds both the bootstrap interval over units and the drift's t
+    interval (so neither the noise within windows nor the drift between them is left out);
+    the bootstrap interval itself without a measured drift, None without a bootstrap interval."""
+    if interval is None or drift is None or drift.low is None or drift.high is None:
+        return interval
+    if drift.low >= interval.low and drift.high <= interval.high:
+        return interval
+    return Interval(min(interval.low, drift.low), max(interval.high, drift.high), interval.level,
+                    f"{interval.method}, widened to the drift between windows (t, {drift.df} df)", interval.units)
 
 
 def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, level: float) -> Exceedance:

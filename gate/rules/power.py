@@ -6,6 +6,8 @@
   (gate.rules.confidence.min_samples_to_pass); 367 samples for p99 at 95%.
 - A bootstrap interval needs at least 5 resampling units (gate.rules.confidence.MIN_UNITS)
   and is unreliable with fewer than 10 (it undercovers: Efron & Tibshirani 1993, An Introduction to the Bootstrap, ch. 14).
+- A comparison of runners at load points needs 2 repetitions for the drift between their
+  windows to be measured (gate.rules.confidence.between_windows).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gate.rules.samples import WINDOW_ONLY
 from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
 from gate.rules.kinds import registry as rule_kinds
+from gate.rules.scope import declared_load_points
 from gate.metrics import RESAMPLED
 
 if TYPE_CHECKING:
@@ -68,6 +71,11 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
             if points > 1 and not rule.per and not (rule.scope.concurrency or rule.scope.request_rate):
                 out.append((f"rules[{i}].per", f"{rule.metric} pools the windows of all {points} load points into one figure; "
                             "add per: concurrency (or request_rate) or a load scope to decide it at each load"))
+        elif (declared_load_points(policy) and ms.repetitions < 2 and rule.metric in RESAMPLED
+              and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup"))):
+            out.append((f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at each "
+                        "load point; with 1 repetition nothing measures how far the machine drifts between windows, and "
+                        "the interval leaves it out (set measurement.repetitions >= 2)"))
         elif rule.metric in RESAMPLED and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
             out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law{where}; a bootstrap "
                         f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} "

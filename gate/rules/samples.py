@@ -152,6 +152,17 @@ def request_key(r: RequestRecord) -> tuple:
     return key
 
 
+def window_of(key: tuple) -> tuple[tuple, int] | None:
+    """((concurrency, request_rate), repetition): the window a request_key (5 fields at a load
+    point) or window_key (4 fields) was timed in. None for a request of gate's own loop (no
+    load point: the runners ran cell by cell, back to back) and for a continuation."""
+    if len(key) == 5:
+        return (key[3], key[4]), key[2]
+    if len(key) == 4:
+        return (key[1], key[2]), key[3]
+    return None
+
+
 def paired_speedups(m: Measurements, sel: Selection) -> list[tuple[tuple, float]]:
     """(cell key, the request's committed tokens/s over its paired fallback request's) for every
     request of the selection whose fallback request on the same cell was measured (> 0 tokens/s)."""

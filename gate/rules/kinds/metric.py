@@ -20,8 +20,8 @@ from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
 from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED
 from gate.records import FALLBACK, Failure, Measurements, RequestRecord
-from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, bootstrap_interval, decide, estimand,
-                                   decide_exceedance, exceedance, ratio)
+from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, between_windows, bootstrap_interval,
+                                   compared_runners, decide, decide_exceedance, estimand, exceedance, ratio, widened)
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
 from gate.rules.samples import WINDOW_ONLY, Selection, value
@@ -227,13 +227,21 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
         detail = f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, no interval)"
     else:
         interval = bootstrap_interval(est, level, s.resamples, s.seed)
+        drift = None
+        if interval is not None and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup")):
+            # the drift measured on the requests the verdict keeps: contended and client-delayed ones left out
+            kept = _without_busy(m, s)[0] if checked and not (busy is not None and busy.whole) else m
+            peers = [_estimands(rule, kept, s.baseline, replace(where, runner=r, concurrency=None, request_rate=None), other)[0]
+                     for r in compared_runners(m)]
+            drift = between_windows(est, peers, level)
+            interval = widened(interval, drift)
         if interval is None:
             status = Status.INCONCLUSIVE
             detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS})"
         else:
             status = decide(interval, rule.comparison, threshold)
             detail = (f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
-                      f"{format_value(interval.high, dim)}{x})")
+                      f"{format_value(interval.high, dim)}{x}" + (f"; {drift.describe()}" if drift else "") + ")")
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
@@ -310,21 +318,24 @@ def _units(est: Estimand | None) -> int:
     return est.units if est is not None and all(g for g in est.groups) else 0
 
 
+def _without_busy(x: Measurements | None, s: Settings) -> tuple[Measurements | None, list[RequestRecord]]:
+    """`x` without its contended and client-delayed requests (x itself when there are none), and those requests."""
+    if x is None:
+        return None, []
+    cpus = x.environment.cpu_count
+
+    def out(r: RequestRecord) -> bool:
+        return is_contended(r, s.max_cpu_stall, cpus) or is_client_delayed(r, s.max_client_lag_ms)
+
+    busy = [r for r in x.requests if out(r)]
+    return (replace(x, requests=[r for r in x.requests if not out(r)]) if busy else x), busy
+
+
 def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
     """The rule decided without contended or client-delayed requests (a paired unit goes when
     either side of it is); None when none of its requests was."""
-    def out(r: RequestRecord, cpus: int | None) -> bool:
-        return is_contended(r, s.max_cpu_stall, cpus) or is_client_delayed(r, s.max_client_lag_ms)
-
-    def clean(x: Measurements | None) -> tuple[Measurements | None, list[RequestRecord]]:
-        if x is None:
-            return None, []
-        cpus = x.environment.cpu_count
-        busy = [r for r in x.requests if out(r, cpus)]
-        return (replace(x, requests=[r for r in x.requests if not out(r, cpus)]) if busy else x), busy
-
-    here, busy = clean(m)
-    base, busy_base = clean(s.baseline if rule.relative_to == "baseline" else None)
+    here, busy = _without_busy(m, s)
+    base, busy_base = _without_busy(s.baseline if rule.relative_to == "baseline" else None, s)
     runners = {where.runner} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup") else set())
     mine = [r for r in busy if any(where.of(x).takes(r) for x in runners)]
     mine += [r for r in busy_base if where.of(other).takes(r)]
