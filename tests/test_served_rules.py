@@ -166,7 +166,8 @@ def test_drift_between_windows_widens_an_a_a_comparison_that_the_requests_alone_
         o = by_scope[f"d/greedy/concurrency={c}"]
         assert o.status == Status.INCONCLUSIVE and o.interval.low < 1.0 < o.interval.high, o.message
         assert "widened to the drift between windows (t, 4 df)" in o.interval.method
-        assert "between windows: sd" in o.message and "over 4 df" in o.message
+        assert "widened from the requests' " in o.message and "by the drift between windows (sd " in o.message
+        assert "over 4 df)" in o.message
         one = Selection("d", "greedy", None, concurrency=(c,))
         rep0 = replace(m, requests=[r for r in m.requests if r.repetition == 0])
         alone = bootstrap_interval(estimand("speedup", "pooled", rep0, one), 0.95, 500, 0)
@@ -192,7 +193,7 @@ def test_the_drift_between_windows_is_measured_on_the_requests_the_verdict_keeps
             r.token_times_ms = [t * 3 for t in r.token_times_ms]
             r.cpu_stall_ms = 0.5 * r.e2el_ms
     busy = evaluate([rule(per="concurrency")], m, Settings(max_cpu_stall=0.1))
-    sd = [o.message.split("between windows: sd ")[1].split(" ")[0] for o in quiet + busy]
+    sd = [o.message.split("between windows (sd ")[1].split(" ")[0] for o in quiet + busy]
     assert "contended" in busy[1].message and len(set(sd[2:])) == 1
     assert abs(float(sd[2].rstrip("%")) - float(sd[0].rstrip("%"))) < 2.0  # percentage points: the quiet drift, not 3x
 
@@ -201,6 +202,9 @@ def test_one_repetition_says_the_drift_between_windows_is_not_measured_and_in_pr
     m = run({1: 1.6}, reps=1)
     (o,) = evaluate([rule()], m, Settings())
     assert o.status == Status.PASS and "the drift between the runners' windows is not measured" in o.message
+    (o,) = evaluate([rule(metric="request_speedup", aggregation="mean")], run({1: 1.6}, reps=2), Settings())
+    # request_speedup's values are written without "x" (a mean of per-request ratios): the drift's too
+    assert "x-" not in o.message and ("lies within it" in o.message or "by the drift between windows" in o.message)
     for r in m.requests:  # gate's own loop: no load point, the runners ran cell by cell
         r.concurrency = None
     m.runs = []
@@ -311,6 +315,10 @@ def test_validate_warns_that_one_repetition_leaves_the_drift_between_windows_out
     served = "runner: {kind: llama_server}\nload: {concurrency: [1, 2]}\n"
     (w,) = [w for w in warnings(served + "measurement: {repetitions: 1}") if "drift" in w[1]]
     assert w[0] == "rules[0].metric" and "measurement.repetitions >= 2" in w[1]
+    extreme = "  - {id: m, metric: tpot_ms, aggregation: max, relative_to: fallback, comparison: '<=', threshold: 1.0x}"
+    path = write_policy(tmp_path, POLICY.format(model=tiny_model_dir, extra=served + "measurement: {repetitions: 1}",
+                                                rules=extreme))
+    assert not [w for w in underpowered(load_policy(path).policy, ["qa"] * 16) if "drift" in w[1]]  # no interval to leave it out of
     assert not [w for w in warnings(served + "measurement: {repetitions: 2}") if "drift" in w[1]]
     assert not [w for w in warnings("measurement: {repetitions: 1}") if "drift" in w[1]]  # in-process: cell by cell
 

@@ -200,11 +200,16 @@ class Drift:
     low: float | None = None
     high: float | None = None
 
-    def describe(self) -> str:
+    def describe(self, bootstrap: Interval, shown: Interval, fmt: Callable[[float], str]) -> str:
+        """What the drift did to the interval `shown` (widened(bootstrap, self)), for a verdict's
+        message; `fmt` formats a value of the comparison (e.g. '0.978x')."""
         if self.sd is None:
             return ("one repetition of each window: the drift between the runners' windows is not measured and not in "
                     "the interval (measurement.repetitions >= 2 measures it)")
-        return f"between windows: sd {self.sd:.1%} over {self.df} df, t interval {self.low:.3f}x-{self.high:.3f}x"
+        what = f"the drift between windows (sd {self.sd:.1%} over {self.df} df)"
+        if (shown.low, shown.high) == (bootstrap.low, bootstrap.high):
+            return f"{what} lies within it"
+        return f"widened from the requests' {fmt(bootstrap.low)}-{fmt(bootstrap.high)} by {what}"
 
 
 def compared_runners(m: Measurements) -> list[str]:

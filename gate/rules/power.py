@@ -71,15 +71,16 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
             if points > 1 and not rule.per and not (rule.scope.concurrency or rule.scope.request_rate):
                 out.append((f"rules[{i}].per", f"{rule.metric} pools the windows of all {points} load points into one figure; "
                             "add per: concurrency (or request_rate) or a load scope to decide it at each load"))
-        elif (declared_load_points(policy) and ms.repetitions < 2 and rule.metric in RESAMPLED
-              and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup"))):
-            out.append((f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at each "
-                        "load point; with 1 repetition nothing measures how far the machine drifts between windows, and "
-                        "the interval leaves it out (set measurement.repetitions >= 2)"))
         elif rule.metric in RESAMPLED and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
             out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law{where}; a bootstrap "
                         f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} "
                         "not formed: the verdict is then inconclusive (add prompts or measurement.repetitions)"))
+        if (declared_load_points(policy) and ms.repetitions < 2 and rule.metric in RESAMPLED
+                and rule.aggregation not in ("min", "max") and rule.metric not in WINDOW_ONLY
+                and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup"))):
+            out.append((f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at each "
+                        "load point; with 1 repetition nothing measures how far the machine drifts between windows, and "
+                        "the interval leaves it out (set measurement.repetitions >= 2)"))
     return out
 
 

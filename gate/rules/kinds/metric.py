@@ -227,10 +227,10 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
         detail = f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, no interval)"
     else:
         interval = bootstrap_interval(est, level, s.resamples, s.seed)
-        drift = None
+        drift, requests_alone = None, interval
         if interval is not None and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup")):
             # the drift measured on the requests the verdict keeps: contended and client-delayed ones left out
-            kept = _without_busy(m, s)[0] if checked and not (busy is not None and busy.whole) else m
+            kept = _without_busy(m, s)[0] if rule.metric in TIMED and checked and not (busy is not None and busy.whole) else m
             peers = [_estimands(rule, kept, s.baseline, replace(where, runner=r, concurrency=None, request_rate=None), other)[0]
                      for r in compared_runners(m)]
             drift = between_windows(est, peers, level)
@@ -241,7 +241,9 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
         else:
             status = decide(interval, rule.comparison, threshold)
             detail = (f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
-                      f"{format_value(interval.high, dim)}{x}" + (f"; {drift.describe()}" if drift else "") + ")")
+                      f"{format_value(interval.high, dim)}{x}"
+                      + (f"; {drift.describe(requests_alone, interval, lambda v: format_value(v, dim) + x)}"
+                         if drift and requests_alone else "") + ")")
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
