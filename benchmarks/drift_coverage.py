@@ -21,12 +21,10 @@ windows). For each number of repetitions it prints, side by side:
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
-
 import numpy as np
 
 from gate.records import DraftInfo, Environment, Measurements, RequestRecord
-from gate.rules.confidence import between_windows, bootstrap_interval, compared_runners, estimand, widened
+from gate.rules.confidence import between_windows, bootstrap_interval, estimand, peer_selections, widened
 from gate.rules.selection import Selection
 
 TOKENS = 16
@@ -58,7 +56,7 @@ def intervals(m: Measurements, seed: int) -> list[tuple[tuple[float, float], tup
     for c in LOADS:
         where = Selection("d", "greedy", None, concurrency=(c,))
         est = estimand("speedup", "pooled", m, where)
-        peers = [estimand("speedup", "pooled", m, replace(where, runner=r, concurrency=None)) for r in compared_runners(m)]
+        peers = [estimand("speedup", "pooled", m, sel) for sel in peer_selections(m, where)]
         boot = bootstrap_interval(est, LEVEL, 500, seed)
         wide = widened(boot, between_windows(est, peers, LEVEL))
         out.append(((boot.low, boot.high), (wide.low, wide.high)))

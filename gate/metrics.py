@@ -210,3 +210,11 @@ RATIO_NOT_SHARE = MetricNames(lambda m: m.ratio_not_share)
 # One sample per request, and one per token or step of a request (gate.rules.power counts them).
 PER_REQUEST = MetricNames(lambda m: m.sampling == "request")
 PER_TOKEN = MetricNames(lambda m: m.sampling == "token")
+# Metrics that are a draft's ratio to the fallback by definition (paired requests).
+FALLBACK_RATIOS = frozenset({"speedup", "request_speedup"})
+
+
+def compares_with_fallback(metric: str, relative_to: str | None) -> bool:
+    """Whether a rule's value compares a runner with the fallback: a fallback ratio by
+    definition (FALLBACK_RATIOS) or a metric taken relative_to the fallback."""
+    return relative_to == "fallback" or metric in FALLBACK_RATIOS

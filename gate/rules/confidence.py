@@ -174,8 +174,7 @@ def speedup_interval(m: Measurements, where: Selection, level: float, resamples:
     if est is None or not all(g[0].n for g in est.groups):
         return None, None, None
     point = est.point()
-    peers = [estimand("speedup", "pooled", m, replace(where, runner=r, concurrency=None, request_rate=None))
-             for r in compared_runners(m)]
+    peers = [estimand("speedup", "pooled", m, sel) for sel in peer_selections(m, where)]
     interval = widened(bootstrap_interval(est, level, resamples, seed), between_windows(est, peers, level))
     return (point if math.isfinite(point) else None, *((interval.low, interval.high) if interval else (None, None)))
 
@@ -215,6 +214,12 @@ class Drift:
 def compared_runners(m: Measurements) -> list[str]:
     """The runners of a run other than the fallback (drafts and sweep runners), in record order."""
     return list(dict.fromkeys(r.draft for r in m.requests if r.draft != FALLBACK))
+
+
+def peer_selections(m: Measurements, where: Selection) -> list[Selection]:
+    """`where` for every compared runner of `m` at every load point: the comparisons whose
+    spread between repetitions between_windows pools."""
+    return [replace(where, runner=r, concurrency=None, request_rate=None) for r in compared_runners(m)]
 
 
 def _log_by_window(est: Estimand | None) -> dict[tuple, dict[int, tuple[float, int]]]:

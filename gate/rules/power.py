@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gate.rules.samples import WINDOW_ONLY
-from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN
+from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN, compares_with_fallback
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.scope import declared_load_points
@@ -77,7 +77,7 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
                         "not formed: the verdict is then inconclusive (add prompts or measurement.repetitions)"))
         if (declared_load_points(policy) and ms.repetitions < 2 and rule.metric in RESAMPLED
                 and rule.aggregation not in ("min", "max") and rule.metric not in WINDOW_ONLY
-                and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup"))):
+                and compares_with_fallback(rule.metric, rule.relative_to)):
             out.append((f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at each "
                         "load point; with 1 repetition nothing measures how far the machine drifts between windows, and "
                         "the interval leaves it out (set measurement.repetitions >= 2)"))

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
-from gate.metrics import COMPUTED_ONCE, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED
+from gate.metrics import COMPUTED_ONCE, FALLBACK_RATIOS, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED, compares_with_fallback
 from gate.records import FALLBACK, Failure, Measurements, RequestRecord
 from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, between_windows, bootstrap_interval,
-                                   compared_runners, decide, decide_exceedance, estimand, exceedance, ratio, widened)
+                                   decide, decide_exceedance, estimand, exceedance, peer_selections, ratio, widened)
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
 from gate.rules.samples import WINDOW_ONLY, Selection, value
@@ -182,8 +182,9 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     if rule.metric not in RESAMPLED:
         return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
     est, reference = _estimands(rule, m, s.baseline, where, other)
-    checked = s.max_cpu_stall is not None or s.max_client_lag_ms is not None
-    busy = _contention(rule, m, where, s, other, est) if rule.metric in TIMED and checked else None
+    checked = rule.metric in TIMED and (s.max_cpu_stall is not None or s.max_client_lag_ms is not None)
+    cleaned = _without_busy(m, s) if checked else (m, [])  # the run without its contended and client-delayed requests
+    busy = _contention(rule, m, cleaned, where, s, other, est) if checked else None
     if busy is not None and _only_slower_fails(rule) and not (busy.delayed and rule.metric in GAP_METRICS):
         # Contention only slows: a latency ceiling (or throughput floor) met with the contended
         # requests in is met without them. Anything else is decided on the clean requests. A
@@ -228,11 +229,10 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     else:
         interval = bootstrap_interval(est, level, s.resamples, s.seed)
         drift, requests_alone = None, interval
-        if interval is not None and (rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup")):
+        if interval is not None and compares_with_fallback(rule.metric, rule.relative_to):
             # the drift measured on the requests the verdict keeps: contended and client-delayed ones left out
-            kept = _without_busy(m, s)[0] if rule.metric in TIMED and checked and not (busy is not None and busy.whole) else m
-            peers = [_estimands(rule, kept, s.baseline, replace(where, runner=r, concurrency=None, request_rate=None), other)[0]
-                     for r in compared_runners(m)]
+            kept = m if busy is not None and busy.whole else cleaned[0]
+            peers = [_estimands(rule, kept, s.baseline, sel, other)[0] for sel in peer_selections(m, where)]
             drift = between_windows(est, peers, level)
             interval = widened(interval, drift)
         if interval is None:
@@ -311,7 +311,7 @@ GAP_METRICS = frozenset({"itl_ms", "itl_chunk_ms", "tpot_ms"})
 def _only_slower_fails(rule: RuleSpec) -> bool:
     """An absolute rule that a slower machine can only push towards failing: a ceiling on a
     latency or a floor on tokens/s (not a ratio: contention may slow either side of it)."""
-    if rule.relative_to or rule.metric not in TIMED or rule.metric in ("speedup", "request_speedup"):
+    if rule.relative_to or rule.metric not in TIMED or rule.metric in FALLBACK_RATIOS:
         return False
     return rule.comparison in ((">=", ">") if rule.metric == "committed_tokens_per_s" else ("<=", "<"))
 
@@ -333,12 +333,13 @@ def _without_busy(x: Measurements | None, s: Settings) -> tuple[Measurements | N
     return (replace(x, requests=[r for r in x.requests if not out(r)]) if busy else x), busy
 
 
-def _contention(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, other: str, est: Estimand | None) -> _Busy | None:
+def _contention(rule: RuleSpec, m: Measurements, cleaned: tuple[Measurements | None, list[RequestRecord]], where: Selection,
+                s: Settings, other: str, est: Estimand | None) -> _Busy | None:
     """The rule decided without contended or client-delayed requests (a paired unit goes when
-    either side of it is); None when none of its requests was."""
-    here, busy = _without_busy(m, s)
+    either side of it is); None when none of its requests was. `cleaned`: _without_busy(m, s)."""
+    here, busy = cleaned
     base, busy_base = _without_busy(s.baseline if rule.relative_to == "baseline" else None, s)
-    runners = {where.runner} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric in ("speedup", "request_speedup") else set())
+    runners = {where.runner} | ({FALLBACK} if compares_with_fallback(rule.metric, rule.relative_to) else set())
     mine = [r for r in busy if any(where.of(x).takes(r) for x in runners)]
     mine += [r for r in busy_base if where.of(other).takes(r)]
     total = _units(est)
