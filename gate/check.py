@@ -22,7 +22,10 @@ from gate.measure.environment import environment
 from gate.models.loading import resolve_device
 from gate.policy.reader import LoadedPolicy, load_policy
 from gate.metrics import REPEATABLE
-from gate.records import FALLBACK, DraftInfo, Failure, FailureStage, Measurements
+from gate.drafts import registry as draft_kinds
+from gate.measure import speculation
+from gate.measure.speculation import proposals
+from gate.records import DID_NOT_SPECULATE, FALLBACK, DraftInfo, Failure, FailureStage, Measurements, SpeculationStatus
 from gate.report.document import Report, make_report
 from gate.rules.status import Status
 from gate.rules.evaluate import evaluate, exit_code, settings_for
@@ -133,6 +136,7 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
                          "shard (they are decided on the whole run; gate merge decides on what the shards measured)")
         for extra in range(0 if interrupt.ran_out() or options.shard is not None else ms.extra_repetitions):
             settings_ = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
+            check_speculation(loaded, m)  # a runner that did not speculate is an error: no repetition can settle it
             pending = [o for o in evaluate(policy.rules, m, settings_)
                        if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"]
             if not pending:
@@ -265,31 +269,37 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     return m
 
 
-def speculation_off_notes(m: Measurements) -> list[str]:
-    """A note per draft that made no proposal on any of its requests, and per draft that made
-    none under one constraint label while it did under another: engines have turned
-    speculation off for structured-output requests without saying so, and acceptance there
-    then measures nothing. Proposals are gate's step counters (in-process) or the server's
-    per-request draft count (llama.cpp); requests with neither, or with one output token,
-    are not counted."""
+def speculation_notes(m: Measurements) -> list[str]:
+    """A note per draft runner, law and load point whose speculation did not run as declared
+    (m.speculation, gate.measure.speculation: its verdicts there are errors), that had nothing
+    to propose, or whose proposals were not counted; and per draft that made no proposal under
+    one constraint label while it did under another: engines have turned speculation off for
+    structured-output requests without saying so, and acceptance there then measures nothing.
+    Proposals are gate's step counters (in-process) or the server's per-request draft count
+    (llama.cpp); requests with neither, or with one output token, are not counted."""
+    out = [rec.describe() + (": every rule outcome of it there is an error" if rec.status in DID_NOT_SPECULATE else "")
+           for rec in m.speculation if rec.status != SpeculationStatus.SPECULATED]
     made: dict[str, dict[str | None, list[int]]] = {}  # draft -> constraint label -> proposals per request
     for r in m.requests:
-        n = sum(r.step_proposed) if r.step_proposed else r.server_draft_tokens
+        n = proposals(r)
         if r.draft != FALLBACK and n is not None and len(r.output_ids or []) >= 2:
             made.setdefault(r.draft, {}).setdefault(r.constraint, []).append(int(n))
-    out = []
     for draft, by_label in sorted(made.items()):
-        counts = [c for cs in by_label.values() for c in cs]
-        if not any(counts):
-            out.append(f"draft {draft} made no proposal on any of its {len(counts)} request(s) (gate's step counters or the "
-                       "server's draft count): its acceptance metrics have nothing to measure")
-            continue
+        if not any(c for cs in by_label.values() for c in cs):
+            continue  # no proposal anywhere: the records above say why
         for label, cs in sorted((lb, cs) for lb, cs in by_label.items() if lb is not None):
             if not any(cs):  # and the draft proposed elsewhere (above)
                 out.append(f"draft {draft} made no proposal on its {len(cs)} request(s) under constraint {label!r}, though it "
                            "did under the others: the engine may turn speculation off for such requests (acceptance there "
                            "measures nothing)")
     return out
+
+
+def check_speculation(loaded: LoadedPolicy, m: Measurements) -> None:
+    """m.speculation from the timed requests and each draft kind's proposal floor
+    (gate.measure.speculation): whether every draft runner speculated where it ran."""
+    floors = {name: draft_kinds.proposal_floor(d) for name, d in loaded.policy.drafts.items() if name in m.drafts}
+    m.speculation = speculation.check(m, floors)
 
 
 def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[str],
@@ -307,7 +317,8 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     busy = contention_note(m, settings.max_cpu_stall)
     if busy:
         notes = [*notes, busy]
-    notes = [*notes, *m.notes, *speculation_off_notes(m)]
+    check_speculation(loaded, m)
+    notes = [*notes, *m.notes, *speculation_notes(m)]
     rules = loaded.policy.rules if rules is None else rules
     if options.shard is not None:  # a shard's measurements decide nothing alone: gate merge decides on all of them
         i, n = options.shard

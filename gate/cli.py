@@ -129,6 +129,7 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--shard") from None
     options = Options(fail_on_warn, fail_on_inconclusive, not no_waivers, part)
+    check_report_paths([("json", json_path), ("junit", junit_path), ("markdown", markdown_path), *extra])
     try:
         with _progress(show) as progress:
             result = do_check(policy, progress=progress, options=options, warmup=not no_warmup)
@@ -152,6 +153,7 @@ def merge(policy: Path, shards: tuple[Path, ...], junit_path: Path, json_path: P
     from gate.check import Options
     from gate.merge import merge as do_merge
 
+    check_report_paths([("json", json_path), ("junit", junit_path), ("markdown", markdown_path), ("html", html_path)])
     try:
         result = do_merge(policy, list(shards), Options(fail_on_warn, fail_on_inconclusive, not no_waivers))
     except GateError as e:
@@ -191,8 +193,8 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
     from gate.report import registry as formats
 
     # a signal once every measurement was made: noted before each write, exit 128 + signal
-    broken = _write_reports(result.report, [("json", json_path), ("junit", junit_path), ("markdown", markdown_path),
-                                            *(extra or [])], options, html_url, lambda: interrupt.mark_late(result))
+    targets = [("json", json_path), ("junit", junit_path), ("markdown", markdown_path), *(extra or [])]
+    broken, unwritable = _write_reports(result.report, targets, options, html_url, lambda: interrupt.mark_late(result))
     out = Console(highlight=False, emoji=False)
     if not out.is_terminal:
         out = Console(highlight=False, emoji=False, width=160)
@@ -201,22 +203,47 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
     except Exception as e:  # noqa: BLE001 - a summary that cannot be drawn: the files are written, say so
         _err.print(f"gate: internal error: the console summary could not be drawn: {describe_error(e)}", markup=False)
         broken = True
-    click.echo(f"reports: {json_path} {junit_path}")
+    click.echo("reports: " + " ".join(str(path) for name, path in targets if path is not None and name not in unwritable))
     interrupt.mark_late(result)
+    if unwritable and result.exit_code < 128:
+        sys.exit(EXIT_USAGE)
     sys.exit(max(result.exit_code, EXIT_MEASUREMENT) if broken and result.exit_code < 128 else result.exit_code)
 
 
+def check_report_paths(targets: list[tuple[str, Path | None]]) -> None:
+    """Before anything is measured: each report gets a file of its own, and each can be
+    written (its folder exists or can be made, and is writable). Raises click.UsageError
+    (exit 2) naming the option and the path."""
+    seen: dict[Path, str] = {}
+    for name, path in targets:
+        if path is None:
+            continue
+        option = f"--{name}" if name in ("json", "junit", "markdown", "html") else f"--report {name}="
+        key = path.resolve()
+        if key in seen:
+            raise click.UsageError(f"{option} {path}: {seen[key]} writes the same file; each report needs a file of its own")
+        seen[key] = option
+        if path.is_dir():
+            raise click.UsageError(f"{option} {path}: is a directory, not a file")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise click.UsageError(f"{option} {path}: cannot be written ({folder} is not a writable directory)")
+
+
 def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options: dict[str, dict[str, Any]] | None = None,
-                   html_url: str | None = None, each: Any = None) -> bool:
+                   html_url: str | None = None, each: Any = None) -> tuple[bool, list[str]]:
     """Write `report` in every (format, path) of `targets` (None paths skipped) through
-    gate.report.registry; exit 2 when a file cannot be written. `each` is called before
-    every write. A Markdown summary written beside an html page gets a link to it. A format
-    that fails on the report itself (a bug in it) is named on stderr and the others are
-    still written (nothing measured is lost); returns whether one did."""
+    gate.report.registry; `each` is called before every write. A Markdown summary written
+    beside an html page gets a link to it. A file that cannot be written, or a format that
+    fails on the report itself (a bug in it), is named on stderr and the others are still
+    written (nothing measured is lost). Returns (whether a format broke, the formats whose
+    file could not be written)."""
     from gate.report import registry as formats
 
     options = options or {}
-    broken = False
+    broken, unwritable = False, []
     html = next((path for name, path in targets if name == "html" and path is not None), None)
     for name, path in targets:
         if path is None:
@@ -230,13 +257,14 @@ def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options:
                 with path.open("a", encoding="utf-8") as f:
                     f.write(f"\nPlots: [{html.name}]({html_url or html}) (self-contained HTML report).\n")
         except OSError as e:
-            _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e}", markup=False)
-            sys.exit(EXIT_USAGE)
+            _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e} (the other reports "
+                       "are written)", markup=False)
+            unwritable.append(name)
         except Exception as e:  # noqa: BLE001 - one format's bug must not cost the other reports
             _err.print(f"gate: internal error: the {fmt.name} report to {path} could not be written: {describe_error(e)}"
                        " (the other reports are written)", markup=False)
             broken = True
-    return broken
+    return broken, unwritable
 
 
 @cli.command("report")
@@ -269,6 +297,7 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
     targets = [("html", html_path), ("markdown", markdown_path), ("junit", junit_path), *extra]
     if not any(path is not None for _, path in targets):
         raise click.UsageError("nothing to write: give --html, --markdown, --junit or --report FORMAT=PATH")
+    check_report_paths(targets)
     options: dict[str, dict[str, Any]] = {}
     try:
         data = saved.read_data(report_path)
@@ -280,10 +309,12 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
             options["html"] = _roofline_options(roofline_policy, report_path, data, bandwidth, peak)
     except GateError as e:
         _fail(e)
-    broken = _write_reports(report, targets, options, html_url)
+    broken, unwritable = _write_reports(report, targets, options, html_url)
     for name, path in targets:
-        if path is not None:
+        if path is not None and name not in unwritable:
             click.echo(f"wrote {name}: {path}")
+    if unwritable:
+        sys.exit(EXIT_USAGE)
     if broken:
         sys.exit(EXIT_MEASUREMENT)
 
@@ -493,12 +524,19 @@ def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int)
               help="Relative change within which a figure is unchanged.")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as JSON.")
+@click.option("--allow-unmatched", is_flag=True,
+              help="A draft of either report without a partner does not make the exit code 3 (it is still listed).")
+@click.option("--inconclusive", type=click.Choice(["error", "fail", "warn"]), default="error", show_default=True,
+              help="What an inconclusive figure does: exit 3 (error, as gate check), exit 1 (fail), or nothing (warn).")
 def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tolerance: float, confidence: float,
-            json_path: Path | None) -> None:
+            json_path: Path | None, allow_unmatched: bool, inconclusive: str) -> None:
     """Compare a CANDIDATE report's drafts with a BASE report's (the released draft): overlap
     per category, mean acceptance length, speedup, bill lines and exactness, each with a
-    confidence interval. Exit 0 no regression, 1 a regression, 2 bad input, 3 environments
-    or workloads differ (not comparable), nothing to compare, or a figure is missing on one side."""
+    confidence interval. Drafts pair by --draft, else by name, else (one draft in each
+    report) with each other; a draft left without a partner is listed. Exit 0 no
+    regression, 1 a regression, 2 bad input, 3 not decided: environments or workloads
+    differ, nothing to compare, a figure missing on one side, an unmatched draft (unless
+    --allow-unmatched) or an inconclusive figure (unless --inconclusive says otherwise)."""
     import json as json_module
     from dataclasses import asdict
 
@@ -517,7 +555,8 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
                 raise InputError([Problem("--draft", "", None, f"candidate draft {cand!r} is mapped twice")])
             drafts[cand] = base
         result = do_compare(saved.read_report(base_path), saved.read_report(candidate_path), drafts, tolerance, confidence,
-                            base_file=str(base_path), cand_file=str(candidate_path))
+                            base_file=str(base_path), cand_file=str(candidate_path), allow_unmatched=allow_unmatched,
+                            inconclusive=inconclusive)
     except GateError as e:
         _fail(e)
     out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
@@ -525,10 +564,17 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
     for diff in result.environment_differences:
         out.print(f"not comparable: {diff}: verdicts are inconclusive (run both with the same policy on one machine)",
                   markup=False)
+    out.print(f"paired: {', '.join(result.pairs) or 'none'}", markup=False)
+    for side_name in result.unmatched:
+        side, name = side_name.split(" ", 1)
+        hint = (f"pair it with --draft {name}=BASE" if side == "candidate" else f"pair it with --draft CANDIDATE={name}")
+        out.print(f"unmatched: the {side} draft {name} has no partner in the other report ({hint}"
+                  + (")" if allow_unmatched else ", or pass --allow-unmatched)"), markup=False)
     if not result.comparisons:
         out.print("nothing to compare: no draft and law in common (map names with --draft CANDIDATE=BASE)", markup=False)
     if json_path is not None:
         json_path.write_text(json_module.dumps(asdict(result), indent=2, default=str) + "\n", encoding="utf-8")
+    out.print(result.summary(), markup=False)
     sys.exit(result.exit_code)
 
 

@@ -8,21 +8,29 @@ independently). A line is "regressed" when its whole interval is worse than the 
 refreshing), "unchanged" when the whole interval is within it, else "inconclusive". Runs on
 different environments (device, torch, transformers, target weights) are not compared
 silently: every verdict is inconclusive and the differences are named.
+
+Every draft of either report is accounted for: paired by `--draft CANDIDATE=BASE`, else by
+name, else (one draft in each report) with each other; a draft left without a partner is
+listed as unmatched and, unless allowed, the comparison is not decided (exit 3). The exit
+code follows `gate check`'s: 1 a regression, 3 not decided (not comparable, nothing to
+compare, a figure missing on one side, an unmatched draft, an inconclusive figure), else 0.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 
 from gate.errors import InputError, Problem
-from gate.records import Environment, Measurements
+from gate.records import DID_NOT_SPECULATE, Environment, Measurements
 from gate.report.document import Report
 from gate.rules.confidence import MIN_UNITS, Interval, bootstrap_interval, estimand, ratio
 from gate.rules.samples import Selection, value
 from gate.rules.status import Change, Status
 
 HIGHER_IS_BETTER = ("overlap", "mean_acceptance_length", "speedup")
+SPECULATIVE_FIGURES = ("mean_acceptance_length", "speedup")  # what a draft runner that did not speculate leaves undecided
 
 
 @dataclass
@@ -43,9 +51,10 @@ class Comparison:
 
 @dataclass
 class CompareResult:
-    """Every comparison, the environment and workload differences, and the exit code (0 no
-    regression, 1 a regression, 3 not comparable, nothing to compare, or a figure missing
-    on one side)."""
+    """Every comparison, the environment and workload differences, how the drafts were paired
+    (`pairs`: "candidate=baseline (by name)" ...), the drafts left unmatched (`unmatched`:
+    "candidate int8", "baseline released"; `unmatched_allowed`: the user said they may be) and
+    the exit code (module docstring)."""
 
     baseline_file: str
     candidate_file: str
@@ -53,6 +62,21 @@ class CompareResult:
     environment_differences: list[str]
     comparisons: list[Comparison] = field(default_factory=list)
     exit_code: int = 0
+    pairs: list[str] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
+    unmatched_allowed: bool = False
+    inconclusive: str = "error"  # what an inconclusive figure does: error (exit 3), fail (exit 1) or warn
+
+    def counts(self) -> dict[str, int]:
+        """Figures per verdict ("regressed": 1, ...), in the order of gate.rules.status.Change."""
+        return {str(v): n for v in Change if (n := sum(1 for c in self.comparisons if c.verdict == v))}
+
+    def summary(self) -> str:
+        """The closing line: 'gate compare: 1 regressed, 12 unchanged; unmatched: candidate int8; exit code 1'."""
+        counts = ", ".join(f"{n} {v}" for v, n in self.counts().items()) or "nothing compared"
+        unmatched = (f"; unmatched{' (allowed)' if self.unmatched_allowed else ''}: {', '.join(self.unmatched)}"
+                     if self.unmatched else "")
+        return f"gate compare: {counts}{unmatched}; exit code {self.exit_code}"
 
 
 def environment_differences(base: Environment, cand: Environment) -> list[str]:
@@ -115,23 +139,51 @@ def _sampled(figure: str, metric: str, aggregation: str, base: Measurements, can
                       _verdict(interval, metric in HIGHER_IS_BETTER, tolerance), note)
 
 
+def pair_drafts(base: list[str], cand: list[str], mapping: dict[str, str]) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """Pair the candidate report's drafts with the baseline's: `mapping` (candidate ->
+    baseline) first, then equal names, then, when each report holds exactly one draft, those
+    two. Returns ([(candidate, baseline, how)], unmatched: "candidate NAME" / "baseline NAME").
+    Raises InputError (exit 2) for a mapping naming a draft a report does not hold, with the
+    closest name."""
+    problems = []
+    for c, b in mapping.items():
+        for name, side, names in ((c, "candidate", cand), (b, "baseline", base)):
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(f"{c}={b}: the {side} report has no draft {name!r}{hint}; its drafts: {', '.join(names) or 'none'}")
+    if problems:
+        raise InputError([Problem("--draft", "", None, p) for p in problems])
+    pairs = [(c, b, "--draft") for c, b in mapping.items()]
+    used_c, used_b = set(mapping), set(mapping.values())
+    pairs += [(c, c, "by name") for c in cand if c not in used_c and c in base]  # a baseline draft may partner two
+    used_c |= {c for c, _, _ in pairs}
+    used_b |= {b for _, b, _ in pairs}
+    if len(cand) == len(base) == 1 and not pairs:
+        pairs.append((cand[0], base[0], "the only draft of each report"))
+        used_c.add(cand[0])
+        used_b.add(base[0])
+    unmatched = [f"candidate {c}" for c in cand if c not in used_c] + [f"baseline {b}" for b in base if b not in used_b]
+    return pairs, unmatched
+
+
 def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, tolerance: float = 0.05,
-            confidence: float = 0.95, resamples: int = 2000, base_file: str = "", cand_file: str = "") -> CompareResult:
-    """Compare every draft of the candidate report that the baseline also has (or maps to
-    through `drafts`, candidate name -> baseline name) under every law both ran: overlap
-    overall and per category, mean acceptance length, speedup, each bill line, and every
-    exactness outcome. Raises InputError (exit 2) for a mapping naming an unknown draft."""
+            confidence: float = 0.95, resamples: int = 2000, base_file: str = "", cand_file: str = "",
+            allow_unmatched: bool = False, inconclusive: str = "error") -> CompareResult:
+    """Compare every draft of the candidate report with its partner in the baseline
+    (pair_drafts: `drafts` maps candidate name -> baseline name) under every law both ran:
+    overlap overall and per category, mean acceptance length, speedup, each bill line, and
+    every exactness outcome. A draft without a partner is unmatched: exit 3 unless
+    `allow_unmatched`. `inconclusive` says what an inconclusive figure does to the exit code
+    (error: 3, fail: 1, warn: nothing). Raises InputError (exit 2) for a mapping naming an
+    unknown draft."""
     bm, cm = base.measurements, cand.measurements
-    drafts = drafts or {}
-    unknown = [f"{c}={b}" for c, b in drafts.items() if c not in cm.drafts or b not in bm.drafts]
-    if unknown:
-        raise InputError([Problem("--draft", "", None, f"{', '.join(unknown)}: the candidate's drafts are "
-                                  f"{', '.join(cm.drafts)}; the baseline's are {', '.join(bm.drafts)}")])
+    pairs, unmatched = pair_drafts(list(bm.drafts), list(cm.drafts), drafts or {})
     result = CompareResult(base_file, cand_file, tolerance, environment_differences(bm.environment, cm.environment)
-                           + workload_differences(bm, cm))
-    pairs = [(cd, drafts.get(cd, cd)) for cd in cm.drafts if drafts.get(cd, cd) in bm.drafts]
+                           + workload_differences(bm, cm), pairs=[f"{c}={b} ({how})" for c, b, how in pairs],
+                           unmatched=unmatched, unmatched_allowed=allow_unmatched, inconclusive=inconclusive)
     laws = [law for law in cm.laws if law in bm.laws]
-    for cd, bd in pairs:
+    for cd, bd, _ in pairs:
         for law in laws:
             cats = sorted({o.category for o in cm.overlaps if o.draft == cd and o.law == law}
                           | {o.category for o in bm.overlaps if o.draft == bd and o.law == law})
@@ -161,16 +213,33 @@ def compare(base: Report, cand: Report, drafts: dict[str, str] | None = None, to
             result.comparisons.append(Comparison(cd, bd, "*", f"memory: {line}", None if math.isnan(old_bytes) else old_bytes,
                                                  None if math.isnan(new_bytes) else new_bytes, r,
                                                  None, verdict, "computed, no interval"))
+    for row in result.comparisons:  # a draft that did not speculate in either run: its speculative figures decide nothing
+        silent = [side for side, m, d in (("baseline", bm, row.baseline_draft), ("candidate", cm, row.draft))
+                  if any(s.runner == d and s.status in DID_NOT_SPECULATE and row.law in ("*", s.law) for s in m.speculation)]
+        if silent and (row.figure in SPECULATIVE_FIGURES or row.figure.startswith("exactness")):
+            row.verdict = Change.INCONCLUSIVE
+            row.note = f"did not speculate in the {' and '.join(silent)} run (measurements.speculation): not compared"
     if result.environment_differences:
         for row in result.comparisons:
             if row.verdict in (Change.REGRESSED, Change.IMPROVED, Change.UNCHANGED):  # bill lines too: another config or dtype moves them
                 row.note = "not comparable: " + "; ".join(result.environment_differences)
                 row.verdict = Change.INCONCLUSIVE
-    if any(r.verdict == Change.REGRESSED for r in result.comparisons):
-        result.exit_code = 1
-    elif result.environment_differences or not result.comparisons or any(r.verdict == Change.MISSING for r in result.comparisons):
-        result.exit_code = 3
+    result.exit_code = _exit_code(result)
     return result
+
+
+def _exit_code(result: CompareResult) -> int:
+    """1 a regression (or an inconclusive figure with inconclusive: fail); 3 not decided: not
+    comparable, nothing compared, a figure missing on one side, an unmatched draft (unless
+    allowed), an inconclusive figure (inconclusive: error); else 0."""
+    verdicts = {r.verdict for r in result.comparisons}
+    if Change.REGRESSED in verdicts or (Change.INCONCLUSIVE in verdicts and result.inconclusive == "fail"):
+        return 1
+    if (result.environment_differences or not result.comparisons or Change.MISSING in verdicts
+            or (result.unmatched and not result.unmatched_allowed)
+            or (Change.INCONCLUSIVE in verdicts and result.inconclusive == "error")):
+        return 3
+    return 0
 
 
 def _bill_lines(m: Measurements, draft: str) -> list[str]:

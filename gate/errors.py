@@ -32,6 +32,8 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.file + (f":{self.line}" if self.line else "")
+        if not self.path and self.file.startswith("-"):  # a command-line option, not a file: no document to name
+            return f"{where}: {self.message}"
         return f"{where}: {self.path or '(document)'}: {self.message}"
 
 

@@ -100,8 +100,8 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
             rec.numerical_tolerance = control
             for key, hits in found.items():
                 f = fallback[key]
-                rec.divergences += [Divergence(f.prompt_id, pos, f.output_ids[pos], token, gap)
-                                    for owner, pos, token, gap in hits if owner is rec]
+                rec.divergences += [Divergence(f.prompt_id, pos, f.output_ids[pos], token, gap, f.repetition, f.concurrency,
+                                               f.request_rate) for owner, pos, token, gap in hits if owner is rec]
             notes = []
             if no_ids[d]:
                 notes.append(f"{no_ids[d]} request pair(s) came back without token ids (this api returns counts only: use "

@@ -290,6 +290,17 @@ class Divergence:
     target_token: int  # the target's argmax there
     draft_token: int  # the token the speculative run committed
     gap_logits: float
+    repetition: int | None = None  # the request's repetition (None: recorded samples)
+    concurrency: int | None = None  # served: the closed-loop load point it ran at
+    request_rate: float | None = None  # served: the open-loop load point it ran at
+
+    @property
+    def where(self) -> str:
+        """'mt_bench-137 repetition 1 at concurrency 2, output position 27'."""
+        rep = f" repetition {self.repetition}" if self.repetition is not None else ""
+        point = (f" at concurrency {self.concurrency}" if self.concurrency is not None else
+                 f" at request rate {self.request_rate:g}/s" if self.request_rate is not None else "")
+        return f"{self.prompt_id}{rep}{point}, output position {self.position}"
 
 
 @dataclass
@@ -471,6 +482,32 @@ class Failure:
         self.stage = FailureStage(self.stage)
 
 
+def describe_failures(failed: list[Failure], most: int = 3) -> str:
+    """The failures behind a missing measurement, for a rule's message: one entry per runner
+    (at most `most`), its failures counted with the load points they struck and the first
+    one's message, said once (a server that is down fails every request of every load point
+    with the same cause, and the breaker's "not sent" repeats it): 'fallback: 10 requests
+    failed at concurrency 1, 2 (first: <message>)'. The report's failures list has each."""
+    by_runner: dict[str, list[Failure]] = {}
+    for f in failed:
+        by_runner.setdefault(f.draft, []).append(f)
+    parts = []
+    for runner, fs in list(by_runner.items())[:most]:
+        if len(fs) == 1:
+            parts.append(f"{runner}: {fs[0].what}: {fs[0].message}")
+            continue
+        conc = sorted({f.concurrency for f in fs if f.concurrency is not None})
+        rates = sorted({f.request_rate for f in fs if f.request_rate is not None})
+        points = ([f"concurrency {', '.join(map(str, conc))}"] if conc else []) + (
+            [f"request rate {', '.join(f'{r:g}' for r in rates)}/s"] if rates else [])
+        at = f" at {' and '.join(points)}" if points else ""
+        others = len({f.message for f in fs}) - 1
+        more = f"; {others} other message(s) in the report's failures" if others else ""
+        parts.append(f"{runner}: {len(fs)} measurements failed{at} (first: {fs[0].what}: {fs[0].message}{more})")
+    rest = len(by_runner) - most
+    return "; ".join(parts) + (f"; and {rest} other runner(s)" if rest > 0 else "")
+
+
 @dataclass
 class WorkloadInfo:
     """Where the prompts came from and how they were chosen, to reproduce and explain a run.
@@ -620,6 +657,84 @@ class DraftInfo:
     modifies_target: bool = False  # its kind ships a changed target (gate.drafts.interface.DraftKind.modifies_target)
     sweep_of: str | None = None  # a num_draft_tokens_sweep's runner: the declared draft it varies (None: declared)
     swept: bool = False  # a declared draft with a num_draft_tokens_sweep (its K is compared with the sweep's and K=0)
+
+
+class SpeculationStatus(str, Enum):
+    """Whether a draft runner speculated in one cell (gate.measure.speculation)."""
+
+    SPECULATED = "speculated"  # it proposed about as often as its outputs imply
+    OFF = "off"  # no proposal at all where its outputs imply some: speculation did not run
+    FEW = "few"  # far fewer proposals than its outputs imply: speculation barely ran
+    SOME_OFF = "some_off"  # requests that imply proposals made none: speculation off for some requests
+    NOTHING_TO_PROPOSE = "nothing_to_propose"  # no proposal, and its outputs imply none (lookup: nothing to copy)
+    NOT_COUNTED = "not_counted"  # neither per-request counts nor server counters: cannot be told
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The statuses under which a runner's verdicts at that cell say nothing about its draft.
+DID_NOT_SPECULATE = (SpeculationStatus.OFF, SpeculationStatus.FEW, SpeculationStatus.SOME_OFF)
+
+
+@dataclass
+class SpeculationRecord:
+    """Whether draft runner `runner` speculated under `law` at one load point (`concurrency`
+    / `request_rate`; both None in-process): over its `requests` timed requests and their
+    `output_tokens`, it proposed `draft_tokens` (from `source`: "per-request counts" or
+    "server counters"; None: not counted), where its outputs imply at least `floor_steps`
+    verification steps with a proposal by `rule` (gate.measure.speculation; None: the output's
+    token ids did not come back, so it cannot be told). With per-request counts,
+    `silent_requests` of the `eligible_requests` whose own floor is 2 steps or more made no
+    proposal."""
+
+    runner: str
+    law: str
+    status: SpeculationStatus
+    requests: int
+    output_tokens: int
+    draft_tokens: int | None
+    floor_steps: int | None
+    rule: str
+    source: str
+    silent_requests: int | None = None
+    eligible_requests: int | None = None
+    concurrency: int | None = None
+    request_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        self.status = SpeculationStatus(self.status)
+
+    @property
+    def where(self) -> str:
+        """'under greedy at concurrency 2' (in-process: 'under greedy')."""
+        point = (f" at concurrency {self.concurrency}" if self.concurrency is not None else
+                 f" at request rate {self.request_rate:g}/s" if self.request_rate is not None else "")
+        return f"under {self.law}{point}"
+
+    def describe(self) -> str:
+        """What was seen and why it is (or is not) speculation, in one sentence."""
+        made = (f"{self.draft_tokens} draft tokens ({self.source})" if self.draft_tokens is not None
+                else "an uncounted number of draft tokens")
+        seen = f"draft {self.runner} made {made} over {self.requests} requests ({self.output_tokens} output tokens) {self.where}"
+        implied = f"its outputs imply at least {self.floor_steps} proposing steps ({self.rule})"
+        if self.status == SpeculationStatus.OFF:
+            return f"speculation did not run: {seen}, where {implied}"
+        if self.status == SpeculationStatus.FEW:
+            return f"speculation barely ran: {seen}, where {implied}"
+        if self.status == SpeculationStatus.SOME_OFF:
+            return (f"speculation was off for some requests: {self.silent_requests} of the {self.eligible_requests} "
+                    f"requests whose outputs imply 2 or more proposing steps made no proposal ({seen}; {self.rule})")
+        if self.status == SpeculationStatus.NOTHING_TO_PROPOSE:
+            return (f"nothing to propose: {seen}, and its outputs imply {self.floor_steps} proposing steps ({self.rule}): "
+                    "the draft found nothing to propose on these prompts; its verdicts stand as measured")
+        if self.status == SpeculationStatus.NOT_COUNTED and self.draft_tokens is None:
+            return (f"speculation not verified: draft {self.runner} {self.where}: neither per-request draft counts nor "
+                    "server spec-decode counters were recorded (give the endpoint a metrics_url)")
+        if self.status == SpeculationStatus.NOT_COUNTED:
+            return (f"speculation not verified: {seen}, and its output token ids did not come back, so what they imply "
+                    "cannot be told (an api that returns token ids, such as llama_cpp, lets gate tell)")
+        return f"speculated: {seen} ({implied})"
 
 
 @dataclass
@@ -868,3 +983,4 @@ class Measurements:
     notes: list[str] = field(default_factory=list)  # what the measuring said about itself (contention reruns stopped); reported
     envelopes: list[EnvelopeRecord] = field(default_factory=list)  # load.search: one per runner and law
     probe_requests: list[RequestRecord] = field(default_factory=list)  # load.search: its probes' requests, raw
+    speculation: list[SpeculationRecord] = field(default_factory=list)  # did each draft runner speculate (per law, load point)

@@ -57,8 +57,9 @@ def validate(path: str | Path) -> Plan:
         workload = build_workload(loaded, workload_source(loaded), tokenizer, config,
                                   check_categories=lambda known: _check_categories(policy, known))
         weak = underpowered(policy, [p.category for p in workload.questions])
-        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in weak)
+        loaded.warnings.extend(loaded.source.problem(w.path, w.message) for w in weak)
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in load_gaps(policy))
+        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in policy.runner.policy_warnings(policy))
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
         vocab_size = int(getattr(config, "vocab_size", None) or len(tokenizer))
         _check_logit_bias(policy, vocab_size)

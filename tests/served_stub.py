@@ -21,6 +21,7 @@ Faults, chosen per request by the first prompt token id (Stub.faults: id -> faul
   "reset" the request is read, then the socket is closed with an RST (SO_LINGER 0)
   "stall_mid" 2 events, then nothing (headers and events came: a stall mid-stream)
 Stub.fault_all, when set, is the fault of every generation request (whatever its prompt).
+Stub.cycle, when set, makes the output ids repeat with that period (a text prompt lookup can copy).
 Stub.slots, when set, is the server's capacity: at most that many requests generate at once,
 the others wait (first come, first served) and their schedule starts when they get a slot, so
 closed-loop throughput rises with concurrency up to `slots` and stays flat beyond it.
@@ -65,6 +66,7 @@ class Stub:
     replay: dict[int, str] = field(default_factory=dict)  # first prompt id -> SSE text sent verbatim, an event per itl
     fault_all: str | None = None   # the fault of every generation request (None: by first prompt id, `faults`)
     slots: int | None = None       # most requests generating at once (a server's capacity); the rest wait, FIFO
+    cycle: int | None = None       # output ids repeat with this period (10, 11, 12, 10, ...): text a lookup can copy
     metrics_text: str = "# no metrics\n"
     host: str = "127.0.0.1"
     port: int = 0
@@ -253,7 +255,7 @@ class Stub:
         if fault == "slow":
             await asyncio.sleep(60)
             return False
-        ids = list(range(FIRST_ID, FIRST_ID + n))
+        ids = [FIRST_ID + (i % self.cycle if self.cycle else i) for i in range(n)]
         if fault == "eos" and ids:
             ids[-1] = EOS_ID
         k = max(1, self.tokens_per_event)

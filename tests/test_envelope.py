@@ -117,7 +117,7 @@ RULES = """\
 
 
 def run_search(tmp_path: Path, model: Path, prompts: Path, ttft: str) -> dict:
-    with Stub(ttft_s=0.02, itl_s=0.005, slots=4) as fallback, Stub(ttft_s=0.02, itl_s=0.005, slots=4) as draft:
+    with Stub(ttft_s=0.02, itl_s=0.005, slots=4) as fallback, Stub(ttft_s=0.02, itl_s=0.005, slots=4, draft_n=8, draft_n_accepted=4) as draft:
         text = stub_policy(model, prompts, fallback.url, draft.url, load=SEARCH % ttft, rules=RULES)
         out = tmp_path / "out.json"
         result = CliRunner().invoke(cli, ["check", str(write_policy(tmp_path, text)), "--json", str(out),

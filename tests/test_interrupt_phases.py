@@ -155,7 +155,7 @@ def test_sigterm_during_served_requests_keeps_the_requests_measured(tmp_path: Pa
 def test_a_signal_during_the_served_exactness_pass_writes_every_request(tmp_path: Path, wide_model_dir: Path,
                                                                         signame: str) -> None:
     prompts = long_prompts(tmp_path, 24, 400)  # a teacher-forced pass long enough for the signal to land in it
-    with Stub(ttft_s=0.02, itl_s=0.002) as fallback, Stub(ttft_s=0.02, itl_s=0.002) as draft:
+    with Stub(ttft_s=0.02, itl_s=0.002) as fallback, Stub(ttft_s=0.02, itl_s=0.002, draft_n=8, draft_n_accepted=4) as draft:
         policy = write_policy(tmp_path, served_policy(wide_model_dir, prompts, fallback.url, draft.url))
         code, text, after = signalled(tmp_path, policy, starts("exactness"), signum=getattr(signal, signame))
     report = assert_interrupted(tmp_path, code, text, "the served exactness pass", signame)

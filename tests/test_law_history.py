@@ -215,7 +215,8 @@ def test_a_tokenizer_the_engine_cannot_read_is_one_clear_error():
 
 
 def test_a_draft_silent_under_one_constraint_gets_a_note():
-    from gate.check import speculation_off_notes
+    from gate.check import speculation_notes
+    from gate.measure import speculation
     from gate.records import Measurements, RequestRecord
 
     def rec(draft, constraint, proposed):
@@ -225,13 +226,18 @@ def test_a_draft_silent_under_one_constraint_gets_a_note():
                              num_draft_tokens=3, kv_cache_tokens=6, kv_cache_bytes=0, draft_kv_cache_bytes=0,
                              constraint=constraint)
 
-    m = Measurements(environment=None)
+    m = Measurements(environment=None, laws=["g"])
     m.requests = [rec("fallback", "none", 0), rec("d", "none", 3), rec("d", "prompt", 0), rec("e", "none", 3), rec("e", "prompt", 2)]
-    notes = speculation_off_notes(m)
+    notes = speculation_notes(m)
     assert len(notes) == 1 and "draft d made no proposal" in notes[0] and "'prompt'" in notes[0]
     m.requests = [rec("fallback", "none", 0), rec("d", "none", 0), rec("d", "prompt", 0)]
-    assert speculation_off_notes(m) == ["draft d made no proposal on any of its 2 request(s) (gate's step counters or the "
-                                        "server's draft count): its acceptance metrics have nothing to measure"]
+    m.speculation = speculation.check(m, {"d": speculation.every_step(3)})
+    # two 3-token outputs at K=3 imply no proposing step: nothing to propose, not speculation off
+    assert speculation_notes(m) == ["nothing to propose: draft d made 0 draft tokens (per-request counts) over 2 requests "
+                                    "(6 output tokens) under g, and its outputs imply 0 proposing steps (a draft with a model "
+                                    "proposes at every verification step, and a step commits at most num_draft_tokens + 1 = 4 "
+                                    "tokens): the draft found nothing to propose on these prompts; its verdicts stand as "
+                                    "measured"]
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ def statuses(path: Path) -> dict[str, str]:
 
 
 def test_shards_merged_decide_as_one_run(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
-    with Stub(ttft_s=0.02, itl_s=0.005) as fallback, Stub(ttft_s=0.02, itl_s=0.005) as draft:
+    with Stub(ttft_s=0.02, itl_s=0.005) as fallback, Stub(ttft_s=0.02, itl_s=0.005, draft_n=8, draft_n_accepted=4) as draft:
         policy = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url,
                                                     load="{concurrency: [1, 2, 4]}", rules=RULES,
                                                     measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null"))

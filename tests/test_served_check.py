@@ -72,7 +72,7 @@ def test_served_greedy_divergences_within_the_fallbacks_own_deviation_cannot_be_
                                                                                          prompts_file):
     # The stub streams ids 10, 11, ... whatever the prompt: the fallback runner itself does not follow the local
     # target, so a draft runner that differs from it (an early EOS) cannot be told apart from numerics.
-    with Stub() as good, Stub() as bad:
+    with Stub() as good, Stub(draft_n=8, draft_n_accepted=4) as bad:  # a speculating server (llama.cpp's draft_n)
         bad.faults = {i: "eos" for i in range(50_000)}  # every output of the draft runner ends early with an EOS
         code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, good.url, bad.url))
     (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
@@ -87,9 +87,13 @@ def test_a_draft_runner_whose_counters_do_not_move_had_speculation_off(tmp_path,
         code, report, out = check(tmp_path, policy(tiny_model_dir, prompts_file, fallback.url, draft.url,
                                                    draft_metrics=draft.url + "/metrics"))
     assert code == 3, out
-    off = [f for f in report["measurements"]["failures"] if "speculation was off" in f["message"]]
-    assert sorted(f["concurrency"] for f in off) == [1, 2]
-    assert all(o["status"] == "error" for o in report["outcomes"] if o["rule_id"] == "speedup")
+    off = [s for s in report["measurements"]["speculation"] if s["status"] == "off"]
+    assert sorted(s["concurrency"] for s in off) == [1, 2]
+    assert all(s["draft_tokens"] == 0 and s["floor_steps"] >= 2 for s in off)  # no draft_n in a response: 0 proposals
+    assert all(w["counters"]["num_draft_tokens"] == 0 for w in report["measurements"]["runs"] if w["runner"] == "fast")
+    outcomes = [o for o in report["outcomes"] if o["draft"] == "fast"]
+    assert outcomes and all(o["status"] == "error" and o["message"].startswith("speculation did not run: draft fast made 0 "
+                                                                               "draft tokens") for o in outcomes)
 
 
 def test_an_endpoint_that_is_down_is_an_error_naming_runner_and_load_point(tmp_path, tiny_model_dir, prompts_file):

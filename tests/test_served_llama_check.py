@@ -112,3 +112,39 @@ rules:
     samples = m["samples"]
     assert {s["runner"] for s in samples} == {"fallback", "exit1"} and {s["concurrency"] for s in samples} == {1, 2}
     assert len({s["seed"] for s in samples}) == len(samples)
+
+
+@needs_binary
+def test_a_managed_draft_server_that_does_not_speculate_decides_nothing(tmp_path, tiny_gguf, prompts_file, monkeypatch):
+    """The early-exit draft's llama-server keeps a draft token only when the draft is certain of
+    it (runner.extra_args: --spec-draft-p-min 1.0), which a draft never is: speculation is
+    configured and never happens, as with a checkpoint loaded under the wrong method. The
+    server serves the target alone, at the fallback's speed and with its tokens. Its speedup (>= 0.01x) and greedy
+    exactness would pass; every outcome of it is an error naming the cause, and the run exits 3."""
+    import gate.runners.llama_server
+
+    monkeypatch.setattr(gate.runners.llama_server, "GGUF_CACHE_DIR", tmp_path / "gguf")
+    monkeypatch.setenv("GATE_LLAMA_SERVER", BINARY)
+    path = write_policy(tmp_path, f"""\
+version: 1
+target: {{model: {tiny_gguf}, device: cpu}}
+drafts:
+  exit1: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner: {{kind: llama_server, threads: 1, ctx_size: 512, extra_args: [--spec-draft-p-min, "1.0"]}}
+load: {{concurrency: [1]}}
+workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 32, seed: 0, chat_template: true}}
+measurement: {{repetitions: 1, warmup_requests: 1, inconclusive: warn}}
+rules:
+  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.01x, per: concurrency}}
+  - {{id: exact, kind: exactness}}
+""")
+    result, report = check(tmp_path, path)
+    assert result.exit_code == 3, result.output
+    (rec,) = report["measurements"]["speculation"]
+    assert rec["status"] == "off" and rec["draft_tokens"] == 0 and rec["floor_steps"] >= 2, rec
+    (window,) = [w for w in report["measurements"]["runs"] if w["runner"] == "exit1"]
+    assert window["counters"]["num_draft_tokens"] == 0  # the server's own counters agree
+    outcomes = [o for o in report["outcomes"] if o["draft"] == "exit1"]
+    assert {o["rule_id"] for o in outcomes} == {"speedup", "exact"}
+    assert all(o["status"] == "error" and o["message"].startswith("speculation did not run: draft exit1") for o in outcomes)

@@ -304,3 +304,17 @@ def test_compare_refuses_unknown_mappings_and_names_workload_differences(tmp_pat
     assert any(d.startswith("prompts differ") and "p11" in d for d in result.environment_differences)
     assert result.exit_code == 3 and all(r.verdict in ("inconclusive", "missing") for r in result.comparisons
                                          if not r.figure.startswith("memory"))
+
+
+def test_a_request_speedup_rule_sees_a_failed_fallback_request():
+    """request_speedup compares each request with the fallback's, as speedup does: a failed
+    fallback request leaves a hole in both (it was read as `metric == "speedup"` only, so
+    request_speedup was decided on what was left)."""
+    from gate.records import Failure, FailureStage
+
+    m = run({"d": 1.3}, n=12, noise=0.05)
+    m.failures.append(Failure(FailureStage.REQUEST, "fallback", "greedy", "request p3", "HTTP 500"))
+    for metric, aggregation in (("speedup", "pooled"), ("request_speedup", "p10")):
+        rule = RuleSpec(id="r", metric=metric, aggregation=aggregation, comparison=">=", threshold="0.9x")
+        (o,) = evaluate([rule], m, Settings(resamples=200))
+        assert o.status == "error" and "fallback: request p3: HTTP 500" in o.message, (metric, o.message)

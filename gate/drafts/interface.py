@@ -25,6 +25,7 @@ from gate.law import Law
 from gate.models.loading import model_info  # noqa: F401 - what a kind records of its model (re-exported)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
+from gate.measure.speculation import ProposalFloor, every_step
 from gate.records import ModelInfo
 
 ProbabilityInfo = Literal["distribution", "point_mass"]
@@ -186,6 +187,10 @@ def bill_from_modules(name: str, draft: Draft, target: torch.nn.Module, kv_forma
     return DraftBill(name, draft.num_draft_tokens, cache, own, draft.probability_info == "distribution")
 
 
+def _every_step(spec: Any) -> ProposalFloor:
+    return every_step(spec.num_draft_tokens)
+
+
 def _no_model(name: str, spec: Any, ctx: ConfigContext) -> DraftModelConfig | None:
     return None
 
@@ -287,6 +292,8 @@ class DraftKind:
     - `file_weight_bytes(name, spec, policy_dir) -> int`: for a kind that runs no model of its own
       (model_config None) but keeps weights (trained heads): their bytes, read from its files
       without loading them, for `gate bill`; raises PolicyValueError.
+    - `proposal_floor(spec) -> ProposalFloor`: the fewest proposing steps its outputs imply if
+      speculation ran (gate.measure.speculation; default: a proposal at every step).
     - `modifies_target`: True for a kind whose draft ships a changed target (a jointly
       fine-tuned backbone, merged adapters): the policy must pin `target.release`, and the
       reports call the run's target an updated target for that draft (gate.measure.identity).
@@ -306,4 +313,5 @@ class DraftKind:
     check_tokenizer: Callable[[str, Any, Any, Path], None] = _no_tokenizer_check
     check_files: Callable[[str, Any, Path, Any], None] = _no_files
     file_weight_bytes: Callable[[str, Any, Path], int] = _no_file_weights
+    proposal_floor: Callable[[Any], ProposalFloor] = _every_step
     modifies_target: bool = False

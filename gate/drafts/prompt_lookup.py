@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, ServedContext, ServedDraft, VLLMContext, VLLMDraft
 from gate.law import Law
 from gate.errors import PolicyValueError
+from gate.measure.speculation import ProposalFloor, lookup_floor
 
 
 def lookup(context: list[int], max_ngram_size: int, n: int) -> list[int]:
@@ -96,6 +97,12 @@ def _vllm(name: str, spec: PromptLookupDraftSpec, ctx: VLLMContext) -> VLLMDraft
                       "prompt_lookup_max": spec.max_ngram_size, "prompt_lookup_min": 1})
 
 
+def _floor(spec: PromptLookupDraftSpec) -> ProposalFloor:
+    """Lookup proposes only where the context repeats an n-gram: the floor counts those
+    positions in the output (gate.measure.speculation.lookup_floor)."""
+    return lookup_floor(spec.max_ngram_size, spec.num_draft_tokens)
+
+
 # No model, no cache, no draft step: the defaults for bill, roofline and checks.
 KIND = DraftKind(name="prompt_lookup", spec=PromptLookupDraftSpec, probability_info="point_mass", build=_build,
-                 llama_server=_llama_server, vllm=_vllm)
+                 llama_server=_llama_server, vllm=_vllm, proposal_floor=_floor)

@@ -22,6 +22,7 @@ from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draf
                                    bill_from_modules)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
+from gate.measure.speculation import ProposalFloor
 from gate.registry import Registry
 
 # The registration lines: module paths whose `KIND` is registered, in this order (the order
@@ -138,6 +139,12 @@ def check_files(name: str, spec: Any, policy_dir: Any, config: Any) -> None:
     """Validate the files draft `name` reads (paths relative to `policy_dir`) against the
     target's transformers config, without loading weights. Raises PolicyValueError."""
     get(spec.kind).check_files(name, spec, policy_dir, config)
+
+
+def proposal_floor(spec: Any) -> ProposalFloor:
+    """The fewest proposing steps a draft's outputs imply if speculation ran
+    (gate.measure.speculation.ProposalFloor), by its kind."""
+    return get(spec.kind).proposal_floor(spec)
 
 
 def file_weight_bytes(name: str, spec: Any, policy_dir: Any) -> int:

@@ -38,16 +38,17 @@ def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, generator: torch.G
     return torch.where(px > 0, u, torch.full_like(u, float("nan")))
 
 
-def greedy_divergences(logits: torch.Tensor, tokens: list[int], prompt_id: str) -> list[Divergence]:
+def greedy_divergences(logits: torch.Tensor, tokens: list[int], prompt_id: str,
+                       repetition: int | None = None) -> list[Divergence]:
     """Every position where `tokens` [T] is not the argmax of teacher-forced target `logits`
     [T, V] (row i given the prefix before token i), with how far below the top logit the
-    committed token is."""
+    committed token is; `repetition`: the request's, kept on each divergence."""
     logits = logits.float()
     top, argmax = logits.max(dim=-1)
     chosen = logits.gather(-1, torch.tensor(tokens, device=logits.device)[:, None]).squeeze(-1)
     out = []
     for i in (argmax.cpu() != torch.tensor(tokens)).nonzero().flatten().tolist():
-        out.append(Divergence(prompt_id, i, int(argmax[i]), tokens[i], float(top[i] - chosen[i])))
+        out.append(Divergence(prompt_id, i, int(argmax[i]), tokens[i], float(top[i] - chosen[i]), repetition))
     return out
 
 

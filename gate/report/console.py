@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gate.records import FALLBACK
+from gate.records import DID_NOT_SPECULATE, FALLBACK
 from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.report.document import Report
@@ -46,7 +46,7 @@ class ConsoleReport(ReportFormat):
             summary.add_column(col, justify="left" if col in ("draft", "law") else "right")
         for r in report.summary:
             summary.add_row(
-                escape(r.runner), escape(r.law), str(r.requests), _f(r.overlap_mean, ".3f"), _f(r.top1_agreement, ".3f"),
+                escape(r.runner + did_not_speculate(report, r.runner, r.law)), escape(r.law), str(r.requests), _f(r.overlap_mean, ".3f"), _f(r.top1_agreement, ".3f"),
                 _f(r.acceptance_rate, ".3f"), _f(r.mean_acceptance_length, ".2f"), _f(r.committed_tokens_per_s, ".1f"),
                 _f(r.speedup, ".2f") + ("x" if r.speedup is not None else ""), _percent(r.slower_than_fallback),
                 _f(r.ttft_p50_ms, ".0f") + (" ms" if r.ttft_p50_ms is not None else ""),
@@ -96,13 +96,63 @@ class ConsoleReport(ReportFormat):
 
     def print(self, report: Report, console: Console) -> None:
         for table in self.tables(report):
-            console.print(table)
+            for part in fit(table, console.width) if isinstance(table, Table) else [table]:
+                console.print(part)
         console.print(self.footer(report))
 
     def render(self, report: Report) -> str:
         buffer = io.StringIO()
         self.print(report, Console(file=buffer, width=160, no_color=True, force_terminal=False))
         return buffer.getvalue()
+
+
+def did_not_speculate(report: Report, runner: str, law: str, axis: str | None = None, value: float | None = None) -> str:
+    """' (did not speculate)' after a runner whose speculation did not run under `law` (at the
+    load point `axis` = `value`, or at any of them), from measurements.speculation; '' otherwise.
+    Its figures are shown as measured, but no verdict rests on them."""
+    for rec in report.measurements.speculation:
+        at = rec.concurrency if axis == "concurrency" else rec.request_rate
+        if rec.runner == runner and rec.law == law and rec.status in DID_NOT_SPECULATE and (axis is None or at == value):
+            return " (did not speculate)"
+    return ""
+
+
+# Columns that name a row: a table too wide for the console repeats them in each of its parts.
+KEY_COLUMNS = ("runner", "draft", "law", "load", "rep")
+
+
+def fit(table: Table, width: int) -> list[Table]:
+    """`table` when its columns fit `width` characters, else its columns split into parts
+    that do, each led by the table's key columns (its leading KEY_COLUMNS), titled "(1/2)",
+    "(2/2)": a CI log is not a terminal, and rich would cut a too-wide table's cells ("fallba…").
+    A table without key columns, or one that cannot be split, is returned as it is."""
+    columns = list(table.columns)
+    keys = next((i for i, c in enumerate(columns) if str(c.header) not in KEY_COLUMNS), len(columns))
+
+    def need(c: Any) -> int:  # the column's natural width plus its padding and rule
+        cells = [str(c.header), *(str(x) for x in c.cells)]
+        return max(Text.from_markup(x).cell_len for x in cells) + 3
+
+    if keys == 0 or keys == len(columns) or sum(need(c) for c in columns) + 1 <= width:
+        return [table]
+    base = sum(need(c) for c in columns[:keys]) + 1
+    parts: list[list[Any]] = [[]]
+    for c in columns[keys:]:
+        if parts[-1] and base + sum(need(x) for x in parts[-1]) + need(c) > width:
+            parts.append([])
+        parts[-1].append(c)
+    if len(parts) == 1:
+        return [table]
+    out = []
+    for i, part in enumerate(parts, 1):
+        t = Table(title=f"{table.title} ({i}/{len(parts)})" if table.title else None, title_justify="left")
+        chosen = columns[:keys] + part
+        for c in chosen:
+            t.add_column(c.header, justify=c.justify, overflow="fold")
+        for row in zip(*(list(c.cells) for c in chosen)):
+            t.add_row(*row)
+        out.append(t)
+    return out
 
 
 LOAD_COLUMNS = ("runner", "law", "load", "req", "out tok/s", "req/s", "goodput", "TTFT p50", "TTFT p99", "ITL p99",
@@ -123,7 +173,7 @@ def load_rows(report: Report) -> list[list[str]]:
     for p in report.load:
         speedup = "-" if p.speedup is None else f"{p.speedup:.2f}x" + (
             f" ({p.speedup_low:.2f}-{p.speedup_high:.2f})" if p.speedup_low is not None else " (no CI)")
-        rows.append([p.runner, p.law, p.label, str(p.requests), _f(p.output_throughput, ".1f"), _f(p.request_throughput, ".2f"),
+        rows.append([p.runner + did_not_speculate(report, p.runner, p.law, p.kind, p.value), p.law, p.label, str(p.requests), _f(p.output_throughput, ".1f"), _f(p.request_throughput, ".2f"),
                      _f(p.goodput, ".2f"), ms(p.ttft_p50_ms), ms(p.ttft_p99_ms), ms(p.itl_p99_ms, ".1f"), ms(p.step_p50_ms, ".1f"),
                      ms(p.tpot_mean_ms, ".1f"), _f(p.acceptance_rate, ".3f"), _f(p.mean_acceptance_length, ".2f"),
                      "-" if not p.acceptance_per_pos else " ".join(f"{x:.2f}" for x in p.acceptance_per_pos),

@@ -5,6 +5,7 @@ Saved reports are read by gate.saved (load_report here is its read_report, kept 
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS, client_delay_ms, is_client_delayed
@@ -25,8 +26,15 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
     """Text explaining every outcome of `rule_id` (or only `scope`). Raises KeyError when absent."""
     outcomes = [o for o in report.outcomes if o.rule_id == rule_id and (scope is None or o.scope == scope)]
     if not outcomes:
+        scopes = sorted({o.scope for o in report.outcomes if o.rule_id == rule_id})
+        if scope is not None and scopes:  # the rule is there, the scope is not: name its scopes
+            close = difflib.get_close_matches(scope, scopes, n=1)
+            raise KeyError(f"no outcome for rule {rule_id!r} in scope {scope!r}"
+                           + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its scopes: {', '.join(scopes)}")
         known = sorted({o.rule_id for o in report.outcomes})
-        raise KeyError(f"no outcome for rule {rule_id!r}" + (f" in scope {scope!r}" if scope else "") + f"; rules: {', '.join(known)}")
+        close = difflib.get_close_matches(rule_id, known, n=1)
+        raise KeyError(f"no outcome for rule {rule_id!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                       + f"; rules: {', '.join(known)}")
     policy_rule = next((r for r in report.policy.get("rules", []) if r.get("id") == rule_id), {})
     keys = rule_kinds.get(policy_rule.get("kind") or rule_kinds.names()[0]).keys
     shown_rule = dict(policy_rule, scope={k: v for k, v in (policy_rule.get("scope") or {}).items() if v})
@@ -37,9 +45,10 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         if o.metric not in METRICS:  # a rule kind that decides no metric (exactness): its details explain it
             for d in o.details:
                 keys = ("name", "kind", "role", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
-                        "prompt_id", "position", "draft_token", "target_token", "gap_logits", "near_tie", "lower", "upper",
-                        "probes")
-                lines.append("  - " + ", ".join(f"{k}={_number(d[k])}" for k in keys if k in d))
+                        "prompt_id", "repetition", "concurrency", "request_rate", "position", "draft_token", "target_token",
+                        "fallback_token", "gap_logits", "near_tie", "within_server_numerics", "lower", "upper", "probes")
+                lines.append("  - " + ", ".join(f"{k}={_number(d[k])}" for k in keys
+                                                if k in d and (d[k] is not None or k not in _WHERE)))
             continue
         metric = METRICS[o.metric]
         where = parse_scope(o.scope)
@@ -96,6 +105,9 @@ def _contended(report: Report, where: Any) -> list[str]:
         out.append(f"  {where.runner}: {len(delayed)} of {len(reqs)} requests client delayed (schedule or event-loop lag "
                    f"over {bound:g} ms): {ids}")
     return out
+
+
+_WHERE = ("repetition", "concurrency", "request_rate")  # a divergence's request: shown where known
 
 
 def _number(x: object) -> object:

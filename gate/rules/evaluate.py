@@ -12,11 +12,12 @@ import datetime as dt
 import fnmatch
 from typing import TYPE_CHECKING, Iterable
 
-from gate.records import Measurements
+from gate.records import DID_NOT_SPECULATE, FALLBACK, Measurements, SpeculationStatus
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.kinds.interface import Settings
 from gate.rules.outcome import Outcome
-from gate.rules.scope import declared_load_points, inapplicable_points, not_applicable_reason
+from gate.rules.selection import Selection
+from gate.rules.scope import declared_load_points, inapplicable_points, not_applicable_reason, parse_scope
 from gate.rules.status import Status
 
 if TYPE_CHECKING:
@@ -46,9 +47,33 @@ def evaluate(rules: Iterable[RuleSpec], m: Measurements, settings: Settings | No
         laws = rule.scope.laws or m.laws
         out += rule_kinds.get(rule.kind).evaluate(rule, m, drafts, laws, s)
     for o in out:
+        _apply_speculation(o, m)
         o.inconclusive_as = s.inconclusive if o.level == "error" else "warn"
         _apply_waivers(o, s)
     return out
+
+
+def _apply_speculation(o: Outcome, m: Measurements) -> None:
+    """An outcome of a draft runner at a cell where its speculation did not run as declared
+    (m.speculation: off, barely, or off for some requests; gate.measure.speculation) is an
+    error naming the cause, whatever it measured: a speedup or an exactness verdict on a
+    draft that did not speculate says nothing about the draft. Where the draft had nothing to
+    propose, a decided outcome keeps its status and says so."""
+    if o.status == Status.SKIPPED or o.draft in ("*", FALLBACK) or not m.speculation:
+        return
+    where = parse_scope(o.scope) if "/" in o.scope else Selection(o.draft, o.law, None)
+    cells = [rec for rec in m.speculation if rec.runner == o.draft and (o.law not in m.laws or rec.law == o.law)
+             and where.takes_load(rec.concurrency, rec.request_rate)]
+    off = [rec for rec in cells if rec.status in DID_NOT_SPECULATE]
+    if off:
+        o.message = (f"{'; '.join(rec.describe() for rec in off[:3])}: no verdict rests on a draft runner that did not "
+                     f"speculate (the endpoint may serve without speculation, or the engine turned it off); measured "
+                     f"otherwise: {o.message}")
+        o.status = Status.ERROR
+        return
+    idle = [rec for rec in cells if rec.status == SpeculationStatus.NOTHING_TO_PROPOSE]
+    if idle and o.status != Status.ERROR:
+        o.message += "; " + "; ".join(rec.describe() for rec in idle[:3])
 
 
 def _apply_waivers(o: Outcome, s: Settings) -> None:

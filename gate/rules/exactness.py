@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate.records import FALLBACK, RECORDED_SAMPLES, ExactnessRecord, Measurements, NextTokenCounts, TwoSampleCounts
+from gate.records import FALLBACK, RECORDED_SAMPLES, ExactnessRecord, Measurements, NextTokenCounts, TwoSampleCounts, describe_failures
 from gate.rules.exactness_tests import (CLAIM, EVIDENCE, FAIL, ExactnessTest, decide, gtest_samples_needed,
                                         next_token_test, overall, pit_test, two_sample_test)
 from gate.rules.outcome import Outcome
@@ -133,7 +133,7 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
             outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.SKIPPED, measured=None, samples=0,
                                     message="exactness: level off, not evaluated")
         elif failed or rec is None:
-            why = "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) or "no exactness measurement for this scope"
+            why = describe_failures(failed) or "no exactness measurement for this scope"
             outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None, samples=0,
                                     message=f"exactness: measurement missing ({why})")
         elif rec.greedy:
@@ -178,8 +178,10 @@ def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: s
                                "declared target (or declare the one served)")
     tolerance = max(rule.tie_tolerance, rec.numerical_tolerance or 0.0)
     faults = [d for d in rec.divergences if d.gap_logits > tolerance]
-    ties = len(rec.divergences) - len(faults)
-    details = [asdict(d) | {"near_tie": d.gap_logits <= tolerance} for d in rec.divergences]
+    # served: the divergence is from the fallback runner's token, not from the target's argmax
+    details = [_renamed(asdict(d), rec.numerical_tolerance is not None)
+               | {"near_tie": d.gap_logits <= rule.tie_tolerance,
+                  "within_server_numerics": rule.tie_tolerance < d.gap_logits <= tolerance} for d in rec.divergences]
     if rec.compared == 0:
         why = f" ({rec.note})" if rec.note else ""
         return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=Status.ERROR, measured=None, samples=0,
@@ -188,29 +190,72 @@ def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: s
     status = Status.FAIL if faults else Status.PASS
     # within the control's noise but beyond the rule's tolerance: the server's kernels could explain them
     noise = [d for d in rec.divergences if rule.tie_tolerance < d.gap_logits <= tolerance]
+    ties = [d for d in rec.divergences if d.gap_logits <= rule.tie_tolerance]
     if status == Status.PASS and noise:
         status = Status.INCONCLUSIVE
     if status == Status.FAIL and rule.level == "warn":
         status = Status.WARN
-    worst = max(faults, key=lambda d: d.gap_logits) if faults else None
-    text = (f"exactness (greedy): {len(faults)} committed tokens in {rec.compared} requests are not the target's argmax "
-            f"beyond the {tolerance:g}-logit tie tolerance")
-    if rec.numerical_tolerance is not None:
-        text += (f" (served: the rule's {rule.tie_tolerance:g} or the fallback runner's own largest gap below the local "
-                 f"target's top, {rec.numerical_tolerance:.3f}, whichever is larger)")
-    if worst:
-        text += (f" (worst: {worst.prompt_id} at output position {worst.position}: token {worst.draft_token}, target argmax "
-                 f"{worst.target_token}, {worst.gap_logits:.3f} logits below the top)")
-    if ties:
-        text += f"; {ties} near-tie(s) within tolerance"
+    text = f"exactness (greedy): {_greedy_text(rule, rec, faults, noise, ties)}"
     if rec.note:
         text += f"; {rec.note}"
-    if status == Status.INCONCLUSIVE:
-        text += (f"; {len(noise)} of them lie beyond {rule.tie_tolerance:g} logits but within the fallback runner's own "
-                 "deviation from the local target: the server's numerics could explain them, so this cannot be decided")
     return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=status,
                    measured=float(len({d.prompt_id for d in faults})) / rec.compared, samples=rec.compared,
                    message=f"{text}: {status}", details=details)
+
+
+def _renamed(d: dict[str, Any], served: bool) -> dict[str, Any]:
+    """A divergence's fields for the report's details: served, its target_token is the fallback
+    runner's token there (fallback_token)."""
+    if served:
+        d["fallback_token"] = d.pop("target_token")
+    return d
+
+
+def _greedy_text(rule: RuleSpec, rec: ExactnessRecord, faults: list[Any], noise: list[Any], ties: list[Any]) -> str:
+    """What a greedy verdict saw, in plain words: how many requests diverged, how far below
+    the target's top logit their tokens lay, and what the rule's tie tolerance and (served)
+    the fallback runner's own deviation from the local target explain."""
+    served = rec.numerical_tolerance is not None
+    control = rec.numerical_tolerance or 0.0
+    other = "the fallback runner's" if served else "the target's argmax"
+
+    def requests(ds: list[Any]) -> int:  # in-process every diverging position is recorded, served the first of a request
+        return len({(d.prompt_id, d.repetition, d.concurrency, d.request_rate) for d in ds})
+
+    def span(ds: list[Any]) -> str:
+        lo, hi = min(d.gap_logits for d in ds), max(d.gap_logits for d in ds)
+        return f"{lo:.3g} logits" if lo == hi else f"{lo:.3g}-{hi:.3g} logits"
+
+    def worst(ds: list[Any]) -> str:
+        d = max(ds, key=lambda x: x.gap_logits)
+        return (f"worst: {d.where}, token {d.draft_token} where {other} is {d.target_token}, "
+                f"{d.gap_logits:.3g} logits below the target's top")
+
+    parts = []
+    if faults:
+        parts.append(f"{requests(faults)} of {rec.compared} requests committed tokens more than "
+                     f"{max(rule.tie_tolerance, control):.3g} logits below the target's top ({worst(faults)})")
+    elif not noise:
+        against = "the fallback runner's output" if served else "the target's argmax"
+        parts.append(f"every committed token of {rec.compared} requests matches {against}"
+                     + (f" or lies within the {rule.tie_tolerance:g}-logit tie tolerance of the target's top" if ties else ""))
+    if noise and faults:
+        parts.append(f"{requests(noise)} more diverged with tokens {span(noise)} below the top, within the {control:.3g} "
+                     "logits by which the fallback runner's own tokens stray from the local target (the server's "
+                     "numerics could explain those)")
+    elif noise:
+        parts.append(f"{requests(noise)} of {rec.compared} requests diverged from the fallback runner with tokens "
+                     f"{span(noise)} below the local target's top ({worst(noise)}): beyond the rule's "
+                     f"{rule.tie_tolerance:g}-logit tie tolerance, but within the {control:.3g} logits by which the "
+                     "fallback runner's own tokens stray from the local target (the server's dtype and kernels), so the "
+                     f"server's numerics could explain them and this cannot be decided; a token more than {control:.3g} "
+                     "logits below the top would fail")
+    if ties:
+        parts.append(f"{len(ties)} near-tie(s) within the {rule.tie_tolerance:g}-logit tie tolerance (not faults)")
+    if served and not noise:
+        parts.append("the fallback runner's own tokens are the local target's argmax throughout" if control == 0 else
+                     f"the fallback runner's own tokens stray at most {control:.3g} logits from the local target")
+    return "; ".join(parts)
 
 
 def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any],

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from gate.rules.samples import WINDOW_ONLY
 from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN, compares_with_fallback
@@ -29,15 +29,26 @@ if TYPE_CHECKING:
 RELIABLE_UNITS = 10
 
 
-def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]:
-    """(YAML path, warning) for every metric rule the planned run cannot decide with the
-    requested confidence. `categories`: the category of every prompt the workload selects.
+class Shortfall(NamedTuple):
+    """A warning about a rule's planned size: where (YAML path), what, and whether the rule can
+    never pass on the plan (`undecidable`: no interval formed, a percentile that even zero
+    exceedances cannot bound, too few windows) rather than decide on an unreliable interval."""
+
+    path: str
+    message: str
+    undecidable: bool
+    rule: int  # the rule's index in policy.rules
+
+
+def underpowered(policy: Policy, categories: list[str]) -> list[Shortfall]:
+    """A Shortfall for every metric rule the planned run cannot decide with the requested
+    confidence. `categories`: the category of every prompt the workload selects.
     Counts the cells of the rule's own scope (its categories; one value of `per`), at
     measurement.repetitions (extra repetitions run only when a verdict is inconclusive)."""
     w, ms = policy.workload, policy.measurement
     lengths = len(w.context_lengths or []) or 1
     labels = w.constraint_labels  # each prompt runs under every workload.constraints entry
-    out: list[tuple[str, str]] = []
+    out: list[Shortfall] = []
     for i, rule in enumerate(policy.rules):
         if not rule_kinds.reads_metric(rule) or rule.level == "off" or rule.metric not in METRICS:
             continue
@@ -59,28 +70,34 @@ def underpowered(policy: Policy, categories: list[str]) -> list[tuple[str, str]]
             most = cells * (max(w.max_new_tokens_list) if rule.metric in PER_TOKEN else 1)
             if most < need:
                 what = "tokens" if rule.metric in PER_TOKEN else "requests"
-                out.append((f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at {level:.0%} "
-                            f"confidence: even with no sample beyond the threshold it needs at least {need} samples, and the "
-                            f"plan has at most {most} {what} per draft and law{where} (add prompts or measurement.repetitions)"))
+                out.append(Shortfall(f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at "
+                                     f"{level:.0%} confidence: even with no sample beyond the threshold it needs at least "
+                                     f"{need} samples, and the plan has at most {most} {what} per draft and law{where} (add "
+                                     "prompts or measurement.repetitions)", True, i))
         elif rule.metric in WINDOW_ONLY:  # decided over windows: one per repetition and load point
             points = _load_points(policy)
             if ms.repetitions < MIN_UNITS:
-                out.append((f"rules[{i}].metric", f"{rule.metric} is decided over measured windows, one per repetition at "
-                            f"each load point: an interval needs at least {MIN_UNITS} repetitions and the plan has "
-                            f"{ms.repetitions}, so the verdict will be inconclusive (raise measurement.repetitions)"))
+                out.append(Shortfall(f"rules[{i}].metric", f"{rule.metric} is decided over measured windows, one per "
+                                     f"repetition at each load point: an interval needs at least {MIN_UNITS} repetitions and "
+                                     f"the plan has {ms.repetitions}, so the verdict will be inconclusive (raise "
+                                     "measurement.repetitions)", True, i))
             if points > 1 and not rule.per and not (rule.scope.concurrency or rule.scope.request_rate):
-                out.append((f"rules[{i}].per", f"{rule.metric} pools the windows of all {points} load points into one figure; "
-                            "add per: concurrency (or request_rate) or a load scope to decide it at each load"))
+                out.append(Shortfall(f"rules[{i}].per", f"{rule.metric} pools the windows of all {points} load points into "
+                                     "one figure; add per: concurrency (or request_rate) or a load scope to decide it at "
+                                     "each load", False, i))
         elif rule.metric in RESAMPLED and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
-            out.append((f"rules[{i}].metric", f"the plan has {cells} requests per draft and law{where}; a bootstrap "
-                        f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than {MIN_UNITS} "
-                        "not formed: the verdict is then inconclusive (add prompts or measurement.repetitions)"))
+            units = "continuations" if METRICS[rule.metric].sampling == "position" else "requests"
+            out.append(Shortfall(f"rules[{i}].metric", f"the plan has {cells} {units} per draft and law{where}; a bootstrap "
+                                 f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than "
+                                 f"{MIN_UNITS} not formed: the verdict is then inconclusive (add prompts"
+                                 + ("" if units == "continuations" else " or measurement.repetitions") + ")",
+                                 cells < MIN_UNITS, i))
         if (declared_load_points(policy) and ms.repetitions < 2 and rule.metric in RESAMPLED
                 and rule.aggregation not in ("min", "max") and rule.metric not in WINDOW_ONLY
                 and compares_with_fallback(rule.metric, rule.relative_to)):
-            out.append((f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at each "
-                        "load point; with 1 repetition nothing measures how far the machine drifts between windows, and "
-                        "the interval leaves it out (set measurement.repetitions >= 2)"))
+            out.append(Shortfall(f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at "
+                                 "each load point; with 1 repetition nothing measures how far the machine drifts between "
+                                 "windows, and the interval leaves it out (set measurement.repetitions >= 2)", False, i))
     return out
 
 

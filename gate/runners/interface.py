@@ -92,6 +92,11 @@ class RunnerSpecBase(BaseModel):
         without an endpoint). Default: none."""
         return []
 
+    def policy_warnings(self, policy: Any) -> list[tuple[str, str]]:
+        """(YAML path, warning) for what `policy` lets this runner run but gate cannot check
+        (e.g. a draft endpoint whose proposals cannot be counted). Default: none."""
+        return []
+
 
 RequestResult = Union[StreamResult, Exception]
 """A request's StreamResult, or the exception it raised."""

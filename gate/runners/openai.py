@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gate.load.interface import LoadStrategy
 from gate.load.schedule import split
@@ -124,6 +126,27 @@ class EndpointSpec(BaseModel):
     engine: Literal[tuple(engine_names())] = Field(  # type: ignore[valid-type]
         "generic", description="Which engine's counter names to read from metrics_url.")
 
+    @field_validator("base_url")
+    @classmethod
+    def _root_only(cls, url: str) -> str:
+        """A base_url whose path ends in an API path gate adds itself (/v1, /v1/completions,
+        /completion, ... whichever api) would be sent to '.../v1/v1/completions': refused here,
+        not as a 404 on every request. A proxy's prefix ('http://host/llm') is kept."""
+        path = urlsplit(url).path.rstrip("/").lower()
+        tail = next((t for t in API_PATHS if path.endswith(t)), None)
+        if tail is not None:
+            cut = urlsplit(url)
+            root = f"{cut.scheme}://{cut.netloc}{urlsplit(url).path.rstrip('/')[:len(path) - len(tail)]}"
+            raise ValueError(f"base_url {url!r} ends in {tail!r}, an API path gate adds itself (api completions: "
+                             f"<base_url>{PROTOCOLS['completions'].path}, api llama_cpp: "
+                             f"<base_url>{PROTOCOLS['llama_cpp'].path}): give the server root, {root!r}")
+        return url
+
+
+# Paths an OpenAI-compatible or llama.cpp server answers on, longest first: a base_url must not end in one.
+API_PATHS = tuple(sorted({"/v1", "/v1/chat/completions", "/completions", "/chat/completions",
+                          *(p.path for p in PROTOCOLS.values())}, key=len, reverse=True))
+
 
 class ServedRunnerSpec(RunnerSpecBase):
     """What every served runner kind reads from the policy: request time limits, the breaker,
@@ -166,6 +189,27 @@ class OpenAIRunnerSpec(ServedRunnerSpec):
                 problems.append((f"runner.endpoints.{name}", f"unknown runner {name!r}; runners: {', '.join(names)}"
                                  + (f" (did you mean {close[0]!r}?)" if close else "")))
         return problems
+
+    def policy_warnings(self, policy: Any) -> list[tuple[str, str]]:
+        """A draft endpoint at the fallback's own base_url (an A/A check, or a draft pointed at the
+        plain server: it cannot speculate), and one whose proposals gate cannot count (an api
+        without per-response draft counts and no metrics_url): whether it speculated cannot be
+        told, so a plain server behind it would pass (gate.measure.speculation)."""
+        out = []
+        fallback = self.endpoints.get("fallback")
+        for name, ep in self.endpoints.items():
+            if name == "fallback" or name not in policy.drafts:
+                continue
+            if fallback is not None and ep.base_url.rstrip("/") == fallback.base_url.rstrip("/"):
+                out.append((f"runner.endpoints.{name}.base_url", f"draft {name!r} is served at the fallback's own URL "
+                            f"{ep.base_url!r}: a server that serves the fallback does not speculate, so every rule on "
+                            f"{name!r} will be an error (speculation did not run), unless this is an A/A check"))
+            elif ep.metrics_url is None and not PROTOCOLS[ep.api].reports_drafts:
+                out.append((f"runner.endpoints.{name}", f"gate cannot count the proposals of draft {name!r} (api "
+                            f"{ep.api!r} returns no per-response draft counts, and no metrics_url is given): whether it "
+                            "speculated cannot be checked, so a server without speculation behind it would pass; give "
+                            "its metrics_url (or use api llama_cpp on llama-server)"))
+        return out
 
 
 # Metrics only a runner at load points measures: windows of requests in flight together.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
 from gate.metrics import COMPUTED_ONCE, FALLBACK_RATIOS, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED, compares_with_fallback
-from gate.records import FALLBACK, Failure, Measurements, RequestRecord
+from gate.records import FALLBACK, Failure, Measurements, RequestRecord, describe_failures
 from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, between_windows, bootstrap_interval,
                                    decide, decide_exceedance, estimand, exceedance, peer_selections, ratio, widened)
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
@@ -369,7 +369,7 @@ def _contention(rule: RuleSpec, m: Measurements, cleaned: tuple[Measurements | N
 
 
 def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Failure]:
-    runners = {draft, "*"} | ({FALLBACK} if rule.relative_to == "fallback" or rule.metric == "speedup" else set())
+    runners = {draft, "*"} | ({FALLBACK} if compares_with_fallback(rule.metric, rule.relative_to) else set())
     stage = METRICS[rule.metric].failure_stage
     # Overlap is measured along the fallback's continuations: a failed fallback request
     # leaves a hole in it too.
@@ -399,7 +399,7 @@ def _improved(interval: Interval, comparison: str, threshold: float) -> bool:
 
 def _unit_word(est: Estimand, rule: RuleSpec) -> str:
     u: UnitSet = est.groups[0][0]
-    if rule.relative_to == "fallback" or rule.metric == "speedup":
+    if compares_with_fallback(rule.metric, rule.relative_to):
         return f"paired {u.unit}s"
     if len(est.groups) > 1:
         return f"{u.unit}s per run"
@@ -441,7 +441,7 @@ def _missing(rule: RuleSpec, m: Measurements, where: Selection, failed: list[Fai
     proposal (acceptance over zero proposals is undefined), or "measurement missing" with
     what the records tell about the absence."""
     if failed:
-        return "measurement missing (" + "; ".join(f"{f.what}: {f.message}" for f in failed[:3]) + ")"
+        return f"measurement missing ({describe_failures(failed)})"
     return no_proposal(rule.metric, m, where) or f"measurement missing ({_no_sample(rule, m, where.runner)})"
 
 
