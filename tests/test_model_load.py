@@ -46,7 +46,39 @@ def test_gguf_model_with_the_cached_config_matches_a_plain_load(tmp_path):
                                                  local_files_only=True).eval()
     a, b = ours.state_dict(), plain.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert ours.config.to_dict() == plain.config.to_dict()
+    # the dequantized weights are kept as a Hugging Face directory: its config names that directory and the class,
+    # and no longer carries the GGUF's quantization_config; every field that decides what the network computes is equal
+    metadata = {"_name_or_path", "architectures", "quantization_config", "dtype", "torch_dtype"}
+    ours_cfg, plain_cfg = ours.config.to_dict(), plain.config.to_dict()
+    assert {k: v for k, v in ours_cfg.items() if k not in metadata} == {k: v for k, v in plain_cfg.items() if k not in metadata}
+
+
+def test_a_gguf_is_dequantized_once_and_read_from_the_cache_after(tmp_path, monkeypatch):
+    import gate.models.hf_export as hf_export
+    from gate.measure.identity import config_digest, config_fields
+
+    monkeypatch.setattr(hf_export, "DEFAULT_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(hf_export, "METADATA_CACHE", tmp_path / "metadata")
+    monkeypatch.setattr(hf_export, "UNCACHED_ROOTS", ())  # the tiny GGUF lies in a temporary folder
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", seed=5)
+    source = models.resolve_source(str(path), None, tmp_path, "target.model")
+    direct = {dtype: models.dequantize(source, dtype, torch.device("cpu")) for dtype in ("float32", "bfloat16")}
+    calls = []
+    monkeypatch.setattr(models, "dequantize", lambda *a: calls.append(a) or direct["float32"])
+    for dtype in ("float32", "bfloat16", "float32"):
+        cached = models.load_model(source, dtype, torch.device("cpu"))
+        assert models.fingerprint(cached) == models.fingerprint(direct[dtype])  # the same bytes at either dtype
+        assert config_digest(config_fields(cached.config)) == config_digest(config_fields(direct[dtype].config))
+    assert len(calls) == 1 and [p.name for p in (tmp_path / "cache").iterdir()] == [cached.config._name_or_path.split("/")[-1]]
+    # a cache that cannot be written: the GGUF is dequantized each time, nothing fails
+    monkeypatch.setattr(hf_export, "DEFAULT_CACHE", path / "not-a-folder")
+    models.load_model(source, "float32", torch.device("cpu"))
+    assert len(calls) == 2
+    # a GGUF in a temporary folder (tests write tiny ones) is never kept: dequantized each time
+    monkeypatch.setattr(hf_export, "DEFAULT_CACHE", tmp_path / "cache2")
+    monkeypatch.setattr(hf_export, "UNCACHED_ROOTS", (str(tmp_path),))
+    models.load_model(source, "float32", torch.device("cpu"))
+    assert len(calls) == 3 and not (tmp_path / "cache2").exists()
 
 
 def test_gguf_readers_are_shared_per_file_and_a_rewritten_file_gets_a_new_one(tmp_path):
@@ -62,3 +94,26 @@ def test_gguf_readers_are_shared_per_file_and_a_rewritten_file_gets_a_new_one(tm
     os.utime(path, ns=(2, 2))
     again = gguf.GGUFReader(path)
     assert again is not first and again.fields["llama.block_count"].contents() == 3
+
+
+def test_a_gguf_tokenizer_and_config_are_built_once_and_read_from_the_cache_after(tmp_path, monkeypatch):
+    import gate.models.hf_export as hf_export
+
+    monkeypatch.setattr(hf_export, "METADATA_CACHE", tmp_path / "metadata")
+    monkeypatch.setattr(hf_export, "UNCACHED_ROOTS", ())
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", seed=0)
+    source = models.resolve_source(str(path), None, tmp_path, "target.model")
+    models._gguf_tokenizer.cache_clear()
+    models._gguf_config.cache_clear()
+    built, built_config = models.load_tokenizer(source), models.load_config(source)
+    assert sorted(p.name.rsplit(".", 1)[1] for p in (tmp_path / "metadata").iterdir()) == ["config", "tokenizer"]
+    models._gguf_tokenizer.cache_clear()  # a new process: read from the folders, not from the GGUF's metadata
+    models._gguf_config.cache_clear()
+    monkeypatch.setattr(models, "share_gguf_readers", lambda: pytest.fail("the GGUF was read again"))
+    saved, saved_config = models.load_tokenizer(source), models.load_config(source)
+    assert saved_config.to_dict() == built_config.to_dict()
+    texts = ["The quick brown fox", "  spaces\n\ttabs ünïcödé 日本語 🙂", "<|im_start|>user\nhi<|im_end|>", ""]
+    assert all(built(t).input_ids == saved(t).input_ids for t in texts)
+    chat = [{"role": "user", "content": "What is 2 + 2?"}]
+    assert built.apply_chat_template(chat, add_generation_prompt=True) == saved.apply_chat_template(chat, add_generation_prompt=True)
+    assert (len(built), built.eos_token_id, built.all_special_ids) == (len(saved), saved.eos_token_id, saved.all_special_ids)

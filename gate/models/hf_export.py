@@ -20,6 +20,34 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_CACHE = Path(os.environ.get("GATE_CACHE") or Path.home() / ".cache" / "gate") / "hf"
+METADATA_CACHE = DEFAULT_CACHE.parent / "gguf-metadata"  # tokenizers and configs built from GGUF metadata (gate.models.loading)
+
+
+def _versioned(text: str) -> str:
+    """First 16 hex digits of sha256 over `text` and the transformers version: what
+    transformers reads from a GGUF may change with it."""
+    import transformers
+
+    return hashlib.sha256(f"{text}|transformers {transformers.__version__}".encode()).hexdigest()[:16]
+
+
+# Files under the system's temporary folder are temporary by nature (tests write tiny GGUFs there): what is built
+# from them is not kept, so the caches hold only models that stay.
+UNCACHED_ROOTS: tuple[str, ...] = (tempfile.gettempdir(),)
+
+
+def kept(location: str) -> bool:
+    """Whether what is built from a model at `location` is worth keeping in the caches (not
+    under UNCACHED_ROOTS)."""
+    path = Path(location).resolve()
+    return not any(path.is_relative_to(Path(root).resolve()) for root in UNCACHED_ROOTS)
+
+
+def metadata_folder(location: str, gguf_file: str, size: int, mtime_ns: int, what: str) -> Path:
+    """Where `what` ("tokenizer" or "config") of the GGUF file `location`/`gguf_file` (of that
+    size and mtime) is kept once built from its metadata."""
+    path = Path(location) / gguf_file
+    return METADATA_CACHE / f"{Path(gguf_file).stem}.{_versioned(f'{path.resolve()}|{size}|{mtime_ns}')}.{what}"
 
 
 def truncated_config(config: Any, num_layers: int) -> Any:
@@ -34,8 +62,7 @@ def truncated_config(config: Any, num_layers: int) -> Any:
 def _key(source: Any, dtype: str, num_layers: int | None) -> str:
     path = Path(source.location) / (source.gguf_file or "config.json")
     st = path.stat()
-    text = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{num_layers}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return _versioned(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{num_layers}")
 
 
 def hf_directory(source: Any, dtype: str = "float32", num_layers: int | None = None,
@@ -49,7 +76,7 @@ def hf_directory(source: Any, dtype: str = "float32", num_layers: int | None = N
     it cannot be written."""
     from transformers import AutoModelForCausalLM
 
-    from gate.models.loading import DTYPES, _quiet, load_config, load_model, load_tokenizer
+    from gate.models.loading import DTYPES, _quiet, dequantize, load_config, load_model, load_tokenizer
 
     if source.kind == "hf_dir" and num_layers is None:
         return Path(source.location)
@@ -65,7 +92,9 @@ def hf_directory(source: Any, dtype: str = "float32", num_layers: int | None = N
         raise ValueError(f"num_layers must be between 1 and {total - 1} (the model has {total} layers), got {num_layers}")
     import torch
 
-    model = load_model(source, dtype, torch.device("cpu"))  # quiet: no progress bars of its own
+    folder.mkdir(parents=True, exist_ok=True)  # a folder that cannot be made fails before the work, not after
+    # a GGUF is dequantized here, once (load_model reads what this writes); other sources load as they are
+    model = (dequantize if source.gguf_file else load_model)(source, dtype, torch.device("cpu"))
     state = model.state_dict()
     if num_layers is not None:
         config = truncated_config(config, num_layers)
@@ -73,7 +102,7 @@ def hf_directory(source: Any, dtype: str = "float32", num_layers: int | None = N
             raise ValueError(f"{type(model).__name__} is not laid out as model.layers: gate cannot cut it")
         state = {k: v for k, v in state.items()
                  if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
-    config.torch_dtype = DTYPES[dtype]
+    config.dtype = DTYPES[dtype]
     with torch.device("cpu"):
         fresh = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
     missing, unexpected = fresh.load_state_dict(state, strict=False)
@@ -81,7 +110,6 @@ def hf_directory(source: Any, dtype: str = "float32", num_layers: int | None = N
     if missing or unexpected:
         raise ValueError(f"the weights do not fit a fresh {type(fresh).__name__}: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}")
-    folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=folder))
     try:
         with _quiet():
