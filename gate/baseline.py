@@ -54,8 +54,12 @@ def load_baseline(loaded: Any) -> Baseline | None:
         raise loaded.error(e) from None
     for cand, name in spec.drafts.items():
         if name not in report.measurements.drafts:
-            raise loaded.error(PolicyValueError(f"baseline.drafts.{cand}", f"the baseline report has no draft {name!r}; its drafts: "
-                                                f"{', '.join(report.measurements.drafts)}"))
+            raise loaded.error(
+                PolicyValueError(
+                    f"baseline.drafts.{cand}",
+                    f"the baseline report has no draft {name!r}; its drafts: {', '.join(report.measurements.drafts)}",
+                )
+            )
     return Baseline(report.measurements, path)
 
 
@@ -84,10 +88,16 @@ def _release_report(path: Path, written: str, tolerance: float) -> Release:
     target = next((x for x in report.measurements.environment.models if x.role == "target"), None)
     if ident is None:
         hint = f"; pin its weights by fingerprint instead (fingerprint: {target.fingerprint})" if target else ""
-        raise PolicyValueError(at, f"the report {path} records no target identity (a report of an older gate, or of a served "
-                               f"run){hint}")
+        raise PolicyValueError(
+            at, f"the report {path} records no target identity (a report of an older gate, or of a served run){hint}"
+        )
     if not ident.probe:
         why = f" ({ident.probe_error})" if ident.probe_error else ""
-        raise PolicyValueError(at, f"the report {path} has no logit probe of its target{why}; pin its weights by fingerprint "
-                               f"instead (fingerprint: {ident.fingerprint})")
-    return Release(f"report {written}", tolerance, ident.fingerprint, dict(ident.config), ident.config_digest, list(ident.probe))
+        raise PolicyValueError(
+            at,
+            f"the report {path} has no logit probe of its target{why}; pin its weights by fingerprint "
+            f"instead (fingerprint: {ident.fingerprint})",
+        )
+    return Release(
+        f"report {written}", tolerance, ident.fingerprint, dict(ident.config), ident.config_digest, list(ident.probe)
+    )

@@ -15,27 +15,27 @@ import torch
 
 from gate import interrupt
 from gate.baseline import Baseline
+from gate.drafts import registry as draft_kinds
 from gate.errors import InputError, PolicyValueError
+from gate.load.points import load_points, search_plan
+from gate.measure import speculation
 from gate.measure.client_check import client_checks
 from gate.measure.contention import Handling, is_contended
 from gate.measure.environment import environment
+from gate.measure.speculation import proposals
+from gate.metrics import REPEATABLE
 from gate.models.loading import resolve_device
 from gate.policy.reader import LoadedPolicy, load_policy
-from gate.metrics import REPEATABLE
-from gate.drafts import registry as draft_kinds
-from gate.measure import speculation
-from gate.measure.speculation import proposals
 from gate.records import DID_NOT_SPECULATE, FALLBACK, DraftInfo, Failure, FailureStage, Measurements, SpeculationStatus
 from gate.report.document import Report, make_report
-from gate.rules.status import Status
-from gate.rules.evaluate import evaluate, exit_code, settings_for
 from gate.rules import interactivity
 from gate.rules import schedule as k_schedule
+from gate.rules.evaluate import evaluate, exit_code, settings_for
 from gate.rules.load_points import load_summary
+from gate.rules.status import Status
 from gate.rules.summary import summarize
 from gate.run import Progress, Settings, measure, measure_more
 from gate.session import open_session
-from gate.load.points import load_points, search_plan
 from gate.validate import validate
 
 
@@ -57,8 +57,9 @@ class Options:
     shard: tuple[int, int] | None = None
 
 
-def check(path: str | Path, progress: Progress | None = None, options: Options = Options(),
-          warmup: bool = True) -> CheckResult:
+def check(
+    path: str | Path, progress: Progress | None = None, options: Options = Options(), warmup: bool = True
+) -> CheckResult:
     """Run every measurement the policy needs, evaluate every rule, build the report.
     When verdicts are inconclusive and measurement.extra_repetitions allows, the drafts
     concerned (and their fallback) run further repetitions and every rule is decided again.
@@ -132,26 +133,38 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
         notes.append(budget_note())
     try:
         if options.shard is not None and ms.extra_repetitions:
-            notes.append(f"shard {options.shard[0]}/{options.shard[1]}: measurement.extra_repetitions are not run in a "
-                         "shard (they are decided on the whole run; gate merge decides on what the shards measured)")
+            notes.append(
+                f"shard {options.shard[0]}/{options.shard[1]}: measurement.extra_repetitions are not run in a "
+                "shard (they are decided on the whole run; gate merge decides on what the shards measured)"
+            )
         for extra in range(0 if interrupt.ran_out() or options.shard is not None else ms.extra_repetitions):
-            settings_ = settings_for(policy, baseline.measurements if baseline else None, waivers=options.waivers)  # waived: not rerun
+            settings_ = settings_for(
+                policy, baseline.measurements if baseline else None, waivers=options.waivers
+            )  # waived: not rerun
             check_speculation(loaded, m)  # a runner that did not speculate is an error: no repetition can settle it
-            pending = [o for o in evaluate(policy.rules, m, settings_)
-                       if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"]
+            pending = [
+                o
+                for o in evaluate(policy.rules, m, settings_)
+                if o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE and o.level != "off"
+            ]
             if not pending:
                 break
             drafts, laws = sorted({o.draft for o in pending}), sorted({o.law for o in pending})
             rep = ms.repetitions + extra
-            notes.append(f"extra repetition {extra + 1} of {ms.extra_repetitions} (repetition index {rep}) for drafts "
-                         f"{', '.join(drafts)} under {', '.join(laws)}: inconclusive {', '.join(sorted({o.name for o in pending}))}")
+            notes.append(
+                f"extra repetition {extra + 1} of {ms.extra_repetitions} (repetition index {rep}) for drafts "
+                f"{', '.join(drafts)} under {', '.join(laws)}: inconclusive "
+                f"{', '.join(sorted({o.name for o in pending}))}"
+            )
             measure_more(session, m, settings, drafts, laws, range(rep, rep + 1), progress)
             if interrupt.received() is not None or _stopped(m):
                 break
             if interrupt.ran_out():
-                notes.append(f"{interrupt.budget()} ran out during extra repetition {extra + 1}, "
-                             f"{_duration(interrupt.elapsed_s())} after gate check started: gate stopped measuring; "
-                             "the rules were decided on what was measured")
+                notes.append(
+                    f"{interrupt.budget()} ran out during extra repetition {extra + 1}, "
+                    f"{_duration(interrupt.elapsed_s())} after gate check started: gate stopped measuring; "
+                    "the rules were decided on what was measured"
+                )
                 break
     except KeyboardInterrupt:
         interrupt.caught()
@@ -169,9 +182,19 @@ def run_settings(policy: Any, warmup: bool = True, shard: tuple[int, int] | None
     goodput objectives, contention handling, resources, the envelope search and the shard."""
     ms = policy.measurement
     slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
-    return Settings(policy.workload.max_new_tokens_list, ms.repetitions, policy.workload.seed,
-                    ms.warmup_requests if warmup else 0, ms.interleave, tuple(load_points(policy)), slo, _handling(ms),
-                    policy.resources, search_plan(policy), shard)
+    return Settings(
+        policy.workload.max_new_tokens_list,
+        ms.repetitions,
+        policy.workload.seed,
+        ms.warmup_requests if warmup else 0,
+        ms.interleave,
+        tuple(load_points(policy)),
+        slo,
+        _handling(ms),
+        policy.resources,
+        search_plan(policy),
+        shard,
+    )
 
 
 def _during() -> str:
@@ -186,9 +209,11 @@ def budget_note() -> str:
     phase = interrupt.stopped_in()
     where = f" during {phase}" if phase else ""
     detail = interrupt.stop_detail()
-    return (f"{interrupt.budget()} ran out{where}, {_duration(interrupt.elapsed_s())} after gate check started: gate "
-            f"stopped measuring{f' ({detail})' if detail else ''}; what was not measured is an error (\"not measured: "
-            "...\"), and the rules were decided on what was measured (exit code 3: measurements missing)")
+    return (
+        f"{interrupt.budget()} ran out{where}, {_duration(interrupt.elapsed_s())} after gate check started: gate "
+        f'stopped measuring{f" ({detail})" if detail else ""}; what was not measured is an error ("not measured: '
+        '..."), and the rules were decided on what was measured (exit code 3: measurements missing)'
+    )
 
 
 def _duration(seconds: float | None) -> str:
@@ -213,8 +238,15 @@ def _policy_only(path: str | Path) -> LoadedPolicy:
         raise KeyboardInterrupt from None
 
 
-def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: Baseline | None,
-                 m: Measurements | None = None, session: Any = None, notes: list[str] | None = None) -> CheckResult:
+def _interrupted(
+    loaded: LoadedPolicy,
+    stage: str,
+    options: Options,
+    baseline: Baseline | None,
+    m: Measurements | None = None,
+    session: Any = None,
+    notes: list[str] | None = None,
+) -> CheckResult:
     """The result of a run stopped by SIGINT or SIGTERM `stage`: what was measured (or
     nothing), an interrupt failure so no rule passes on missing data, a note saying so, and
     the exit code 128 + signal (not a verdict)."""
@@ -222,7 +254,9 @@ def _interrupted(loaded: LoadedPolicy, stage: str, options: Options, baseline: B
     interrupt.stop_raising()
     if m is None:
         try:
-            device = session.device if session is not None else resolve_device(loaded.policy.target.device, "target.device")
+            device = (
+                session.device if session is not None else resolve_device(loaded.policy.target.device, "target.device")
+            )
         except PolicyValueError:
             device = torch.device("cpu")
         m = _nothing_measured(loaded, device)
@@ -252,10 +286,16 @@ def contention_note(m: Measurements, max_cpu_stall: float | None) -> str | None:
         return None
     share = f"{env.cpu_stall_share:.0%}" if env.cpu_stall_share is not None else "an unknown share"
     load = f", load average up to {env.load_avg_1m_max:.1f} on {cpus} CPUs" if env.load_avg_1m_max is not None else ""
-    text = (f"machine busy: some task waited for a CPU during {share} of the timed requests' wall time "
-            f"({env.cpu_pressure_source or 'no pressure source'}{load}); ")
-    text += (f"{len(busy)} of {len(m.requests)} requests contended (over {max_cpu_stall:.0%} of their wall time without "
-             f"CPU) and left out of timing verdicts" if busy else "no request left contended")
+    text = (
+        f"machine busy: some task waited for a CPU during {share} of the timed requests' wall time "
+        f"({env.cpu_pressure_source or 'no pressure source'}{load}); "
+    )
+    text += (
+        f"{len(busy)} of {len(m.requests)} requests contended (over {max_cpu_stall:.0%} of their wall time without "
+        f"CPU) and left out of timing verdicts"
+        if busy
+        else "no request left contended"
+    )
     if rerun:
         text += f"; {rerun} requests kept from cells rerun for contention"
     return text
@@ -265,7 +305,9 @@ def _nothing_measured(loaded: LoadedPolicy, device: torch.device) -> Measurement
     """Measurements with the environment, laws and drafts but no record (every rule: error)."""
     policy = loaded.policy
     m = Measurements(environment=environment(device, policy.workload.seed), laws=[law.label for law in policy.laws])
-    m.drafts = {name: DraftInfo(d.kind, d.num_draft_tokens, **policy.sweep_fields(name)) for name, d in policy.drafts.items()}
+    m.drafts = {
+        name: DraftInfo(d.kind, d.num_draft_tokens, **policy.sweep_fields(name)) for name, d in policy.drafts.items()
+    }
     return m
 
 
@@ -277,8 +319,11 @@ def speculation_notes(m: Measurements) -> list[str]:
     structured-output requests without saying so, and acceptance there then measures nothing.
     Proposals are gate's step counters (in-process) or the server's per-request draft count
     (llama.cpp); requests with neither, or with one output token, are not counted."""
-    out = [rec.describe() + (": every rule outcome of it there is an error" if rec.status in DID_NOT_SPECULATE else "")
-           for rec in m.speculation if rec.status != SpeculationStatus.SPECULATED]
+    out = [
+        rec.describe() + (": every rule outcome of it there is an error" if rec.status in DID_NOT_SPECULATE else "")
+        for rec in m.speculation
+        if rec.status != SpeculationStatus.SPECULATED
+    ]
     made: dict[str, dict[str | None, list[int]]] = {}  # draft -> constraint label -> proposals per request
     for r in m.requests:
         n = proposals(r)
@@ -289,9 +334,11 @@ def speculation_notes(m: Measurements) -> list[str]:
             continue  # no proposal anywhere: the records above say why
         for label, cs in sorted((lb, cs) for lb, cs in by_label.items() if lb is not None):
             if not any(cs):  # and the draft proposed elsewhere (above)
-                out.append(f"draft {draft} made no proposal on its {len(cs)} request(s) under constraint {label!r}, though it "
-                           "did under the others: the engine may turn speculation off for such requests (acceptance there "
-                           "measures nothing)")
+                out.append(
+                    f"draft {draft} made no proposal on its {len(cs)} request(s) under constraint {label!r}, though it "
+                    "did under the others: the engine may turn speculation off for such requests (acceptance there "
+                    "measures nothing)"
+                )
     return out
 
 
@@ -302,8 +349,14 @@ def check_speculation(loaded: LoadedPolicy, m: Measurements) -> None:
     m.speculation = speculation.check(m, floors)
 
 
-def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[str],
-           rules: list[Any] | None = None, baseline: Baseline | None = None) -> CheckResult:
+def finish(
+    loaded: LoadedPolicy,
+    m: Measurements,
+    options: Options,
+    notes: list[str],
+    rules: list[Any] | None = None,
+    baseline: Baseline | None = None,
+) -> CheckResult:
     """Evaluate `rules` (default: the policy's) on `m` and build the report and exit code."""
     from gate.compare import environment_differences
 
@@ -312,7 +365,10 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
         diffs = environment_differences(base.environment, m.environment)
         mismatch = "; ".join(diffs) or None
         if mismatch:
-            notes = [*notes, f"baseline environment differs ({mismatch}): relative_to: baseline verdicts are inconclusive"]
+            notes = [
+                *notes,
+                f"baseline environment differs ({mismatch}): relative_to: baseline verdicts are inconclusive",
+            ]
     settings = settings_for(loaded.policy, base, mismatch, waivers=options.waivers)
     busy = contention_note(m, settings.max_cpu_stall)
     if busy:
@@ -323,28 +379,43 @@ def finish(loaded: LoadedPolicy, m: Measurements, options: Options, notes: list[
     if options.shard is not None:  # a shard's measurements decide nothing alone: gate merge decides on all of them
         i, n = options.shard
         empty = "" if m.requests or m.envelopes else "; this shard holds no (law, load point) cell: it measured nothing"
-        notes = [*notes, f"shard {i}/{n}: no rule is decided in a shard (gate merge decides every rule once, on every "
-                 f"shard's measurements); its exit code says whether its measurements were made{empty}"]
+        notes = [
+            *notes,
+            f"shard {i}/{n}: no rule is decided in a shard (gate merge decides every rule once, on every "
+            f"shard's measurements); its exit code says whether its measurements were made{empty}",
+        ]
         rules = []
     outcomes = evaluate(rules, m, settings)
     code = exit_code(outcomes, m, options.fail_on_warn, options.fail_on_inconclusive)
     points, crossings = load_summary(m, settings.confidence, settings.resamples, settings.seed)
-    report = make_report(str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code,
-                         points, crossings)
+    report = make_report(
+        str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code, points, crossings
+    )
     report.shard = None if options.shard is None else f"{options.shard[0]}/{options.shard[1]}"
     report.interactivity = interactivity.points(m, points)
     load = loaded.policy.load
     report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_speed() if load else None)
-    report.schedule = k_schedule.schedule(k_schedule.clean(m, settings.max_cpu_stall, settings.max_client_lag_ms),
-                                          loaded.policy.measurement.sweep_max_spread, settings.confidence,
-                                          settings.resamples, settings.seed)
-    report.client = client_checks(m.runs, m.requests, settings.max_client_lag_ms,
-                                  {s.runner: s.slots for s in m.servers if s.slots is not None},
-                                  getattr(loaded.policy.runner, "burst_gap_ms", None))
+    report.schedule = k_schedule.schedule(
+        k_schedule.clean(m, settings.max_cpu_stall, settings.max_client_lag_ms),
+        loaded.policy.measurement.sweep_max_spread,
+        settings.confidence,
+        settings.resamples,
+        settings.seed,
+    )
+    report.client = client_checks(
+        m.runs,
+        m.requests,
+        settings.max_client_lag_ms,
+        {s.runner: s.slots for s in m.servers if s.slots is not None},
+        getattr(loaded.policy.runner, "burst_gap_ms", None),
+    )
     delayed = sum(c.delayed for c in report.client)
     if delayed:
-        notes = [*notes, f"client delayed: {delayed} of {sum(c.requests for c in report.client)} served requests were "
-                 f"begun or read more than {settings.max_client_lag_ms:g} ms late by gate's own client (schedule or "
-                 "event-loop lag) and left out of timing verdicts; see the client self-check"]
+        notes = [
+            *notes,
+            f"client delayed: {delayed} of {sum(c.requests for c in report.client)} served requests were "
+            f"begun or read more than {settings.max_client_lag_ms:g} ms late by gate's own client (schedule or "
+            "event-loop lag) and left out of timing verdicts; see the client self-check",
+        ]
     report.notes.extend([f"warning: {w}" for w in loaded.warnings] + notes)
     return CheckResult(report, code)

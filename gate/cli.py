@@ -56,9 +56,10 @@ def validate(policy: Path) -> None:
     for w in loaded.warnings:
         _err.print(f"gate: warning: {w}", markup=False, soft_wrap=True)
     swept = f" and {len(p.sweep)} num_draft_tokens_sweep runners" if p.sweep else ""
-    click.echo(f"{policy}: valid (version {p.version}; {len(p.declared_drafts)} drafts{swept}, {len(p.laws)} laws, "
-               f"{len(p.rules)} rules)"
-               + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else ""))
+    click.echo(
+        f"{policy}: valid (version {p.version}; {len(p.declared_drafts)} drafts{swept}, {len(p.laws)} laws, "
+        f"{len(p.rules)} rules)" + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else "")
+    )
     from gate.sampled_exactness import planned_cost
 
     for line in planned_cost(loaded):
@@ -73,42 +74,101 @@ def verdict_options(command: Any) -> Any:
 
 
 _VERDICT_OPTIONS = [
-    click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-junit.xml"),
-                 show_default=True, help="Where to write the JUnit XML report."),
-    click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-report.json"),
-                 show_default=True, help="Where to write the JSON report (every raw measurement)."),
-    click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-                 help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file)."),
-    click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
-                 help="Also write one self-contained HTML page with plots (linked from the Markdown summary)."),
-    click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (e.g. the CI artifact's URL; "
-                 "default: the --html path)."),
+    click.option(
+        "--junit",
+        "junit_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=Path("gate-junit.xml"),
+        show_default=True,
+        help="Where to write the JUnit XML report.",
+    ),
+    click.option(
+        "--json",
+        "json_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=Path("gate-report.json"),
+        show_default=True,
+        help="Where to write the JSON report (every raw measurement).",
+    ),
+    click.option(
+        "--markdown",
+        "markdown_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Also write a Markdown summary (e.g. $GITHUB_STEP_SUMMARY; appended to an existing file).",
+    ),
+    click.option(
+        "--html",
+        "html_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Also write one self-contained HTML page with plots (linked from the Markdown summary).",
+    ),
+    click.option(
+        "--html-url",
+        help="Where the Markdown summary's link to the HTML page points (e.g. the CI artifact's URL; "
+        "default: the --html path).",
+    ),
     click.option("--fail-on-warn", is_flag=True, help="Exit 1 when a warn-level rule is violated."),
-    click.option("--fail-on-inconclusive", is_flag=True,
-                 help="Exit 1 when a verdict is inconclusive (whatever measurement.inconclusive says)."),
+    click.option(
+        "--fail-on-inconclusive",
+        is_flag=True,
+        help="Exit 1 when a verdict is inconclusive (whatever measurement.inconclusive says).",
+    ),
     click.option("--no-waivers", is_flag=True, help="Ignore the policy's waivers: the full truth."),
-    click.option("--junit-warn", type=click.Choice(["skipped", "failure", "passed"]), default=None,
-                 help="How warn outcomes appear in JUnit [default: skipped; failure with --fail-on-warn]."),
-    click.option("--junit-inconclusive", type=click.Choice(["auto", "error", "failure", "skipped"]), default="auto",
-                 show_default=True,
-                 help="How inconclusive outcomes appear in JUnit; auto follows their effect on the exit code."),
+    click.option(
+        "--junit-warn",
+        type=click.Choice(["skipped", "failure", "passed"]),
+        default=None,
+        help="How warn outcomes appear in JUnit [default: skipped; failure with --fail-on-warn].",
+    ),
+    click.option(
+        "--junit-inconclusive",
+        type=click.Choice(["auto", "error", "failure", "skipped"]),
+        default="auto",
+        show_default=True,
+        help="How inconclusive outcomes appear in JUnit; auto follows their effect on the exit code.",
+    ),
 ]
 
 
 @cli.command()
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 @verdict_options
-@click.option("--no-progress", is_flag=True, help="No progress output (bars on a terminal; otherwise a plain line at most "
-              "every 10 s and at each phase change).")
+@click.option(
+    "--no-progress",
+    is_flag=True,
+    help="No progress output (bars on a terminal; otherwise a plain line at most every 10 s and at each phase change).",
+)
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up requests (measurement.warmup_requests).")
-@click.option("--report", "extra_reports", multiple=True, metavar="FORMAT=PATH",
-              help="Also write the report in another registered format (gate.report.registry), e.g. a plugin's; repeatable.")
-@click.option("--shard", metavar="I/N", help="Measure only the I-th of N shards of the run (its (law, load point) cells in "
-              "turn; what is not split runs in shard 1); `gate merge` joins the N JSON reports into one verdict.")
-def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path | None, html_path: Path | None,
-          html_url: str | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool, junit_warn: str | None,
-          junit_inconclusive: str, no_progress: bool, no_warmup: bool, extra_reports: tuple[str, ...],
-          shard: str | None) -> None:
+@click.option(
+    "--report",
+    "extra_reports",
+    multiple=True,
+    metavar="FORMAT=PATH",
+    help="Also write the report in another registered format (gate.report.registry), e.g. a plugin's; repeatable.",
+)
+@click.option(
+    "--shard",
+    metavar="I/N",
+    help="Measure only the I-th of N shards of the run (its (law, load point) cells in "
+    "turn; what is not split runs in shard 1); `gate merge` joins the N JSON reports into one verdict.",
+)
+def check(
+    policy: Path,
+    junit_path: Path,
+    json_path: Path,
+    markdown_path: Path | None,
+    html_path: Path | None,
+    html_url: str | None,
+    fail_on_warn: bool,
+    fail_on_inconclusive: bool,
+    no_waivers: bool,
+    junit_warn: str | None,
+    junit_inconclusive: str,
+    no_progress: bool,
+    no_warmup: bool,
+    extra_reports: tuple[str, ...],
+    shard: str | None,
+) -> None:
     """Measure every draft in POLICY, evaluate every rule, write JUnit and JSON.
 
     Exit 0 when every error-level rule passes, 1 when a rule fails (or warns with
@@ -117,7 +177,8 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
     error-level verdict is inconclusive (measurement.inconclusive: error, the default);
     130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when interrupted: the reports are written with
     what was measured, and rules without measurements are errors (not a verdict)."""
-    from gate.check import Options, check as do_check
+    from gate.check import Options
+    from gate.check import check as do_check
     from gate.merge import parse_shard
 
     extra = _extra_reports(extra_reports)
@@ -135,8 +196,12 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
             result = do_check(policy, progress=progress, options=options, warmup=not no_warmup)
     except GateError as e:
         _fail(e)
-    junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
-             "inconclusive_as": junit_inconclusive}
+    junit = {
+        "fail_on_warn": fail_on_warn,
+        "fail_on_inconclusive": fail_on_inconclusive,
+        "warn_as": junit_warn,
+        "inconclusive_as": junit_inconclusive,
+    }
     _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit}, extra, html_url)
 
 
@@ -144,9 +209,20 @@ def check(policy: Path, junit_path: Path, json_path: Path, markdown_path: Path |
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @verdict_options
-def merge(policy: Path, shards: tuple[Path, ...], junit_path: Path, json_path: Path, markdown_path: Path | None,
-          html_path: Path | None, html_url: str | None, fail_on_warn: bool, fail_on_inconclusive: bool, no_waivers: bool,
-          junit_warn: str | None, junit_inconclusive: str) -> None:
+def merge(
+    policy: Path,
+    shards: tuple[Path, ...],
+    junit_path: Path,
+    json_path: Path,
+    markdown_path: Path | None,
+    html_path: Path | None,
+    html_url: str | None,
+    fail_on_warn: bool,
+    fail_on_inconclusive: bool,
+    no_waivers: bool,
+    junit_warn: str | None,
+    junit_inconclusive: str,
+) -> None:
     """Join the JSON reports of `gate check POLICY --shard I/N` (every shard of one run, each
     once) into one verdict: every rule decided once on all their measurements, one JUnit file.
     Exit codes as gate check's; 2 when a report is not a shard of this run or one is missing."""
@@ -158,10 +234,21 @@ def merge(policy: Path, shards: tuple[Path, ...], junit_path: Path, json_path: P
         result = do_merge(policy, list(shards), Options(fail_on_warn, fail_on_inconclusive, not no_waivers))
     except GateError as e:
         _fail(e)
-    junit = {"fail_on_warn": fail_on_warn, "fail_on_inconclusive": fail_on_inconclusive, "warn_as": junit_warn,
-             "inconclusive_as": junit_inconclusive}
-    _write_and_exit(result, json_path, junit_path, markdown_path, {"junit": junit},
-                    [("html", html_path)] if html_path is not None else [], html_url)
+    junit = {
+        "fail_on_warn": fail_on_warn,
+        "fail_on_inconclusive": fail_on_inconclusive,
+        "warn_as": junit_warn,
+        "inconclusive_as": junit_inconclusive,
+    }
+    _write_and_exit(
+        result,
+        json_path,
+        junit_path,
+        markdown_path,
+        {"junit": junit},
+        [("html", html_path)] if html_path is not None else [],
+        html_url,
+    )
 
 
 def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:
@@ -182,9 +269,15 @@ def _extra_reports(given: tuple[str, ...]) -> list[tuple[str, Path]]:
     return out
 
 
-def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, markdown_path: Path | None = None,
-                    options: dict[str, dict[str, Any]] | None = None, extra: list[tuple[str, Path]] | None = None,
-                    html_url: str | None = None) -> None:
+def _write_and_exit(
+    result: CheckResult,
+    json_path: Path,
+    junit_path: Path,
+    markdown_path: Path | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    extra: list[tuple[str, Path]] | None = None,
+    html_url: str | None = None,
+) -> None:
     """Write the JSON, JUnit (and Markdown) reports and those of `extra` ((format, path),
     --report) through gate.report.registry, print the console summary, exit with the gate's
     code. `options`: format name -> its keywords. With an html report and a Markdown one,
@@ -203,7 +296,9 @@ def _write_and_exit(result: "CheckResult", json_path: Path, junit_path: Path, ma
     except Exception as e:  # noqa: BLE001 - a summary that cannot be drawn: the files are written, say so
         _err.print(f"gate: internal error: the console summary could not be drawn: {describe_error(e)}", markup=False)
         broken = True
-    click.echo("reports: " + " ".join(str(path) for name, path in targets if path is not None and name not in unwritable))
+    click.echo(
+        "reports: " + " ".join(str(path) for name, path in targets if path is not None and name not in unwritable)
+    )
     interrupt.mark_late(result)
     if unwritable and result.exit_code < 128:
         sys.exit(EXIT_USAGE)
@@ -221,7 +316,9 @@ def check_report_paths(targets: list[tuple[str, Path | None]]) -> None:
         option = f"--{name}" if name in ("json", "junit", "markdown", "html") else f"--report {name}="
         key = path.resolve()
         if key in seen:
-            raise click.UsageError(f"{option} {path}: {seen[key]} writes the same file; each report needs a file of its own")
+            raise click.UsageError(
+                f"{option} {path}: {seen[key]} writes the same file; each report needs a file of its own"
+            )
         seen[key] = option
         if path.is_dir():
             raise click.UsageError(f"{option} {path}: is a directory, not a file")
@@ -232,8 +329,13 @@ def check_report_paths(targets: list[tuple[str, Path | None]]) -> None:
             raise click.UsageError(f"{option} {path}: cannot be written ({folder} is not a writable directory)")
 
 
-def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options: dict[str, dict[str, Any]] | None = None,
-                   html_url: str | None = None, each: Any = None) -> tuple[bool, list[str]]:
+def _write_reports(
+    report: Any,
+    targets: list[tuple[str, Path | None]],
+    options: dict[str, dict[str, Any]] | None = None,
+    html_url: str | None = None,
+    each: Any = None,
+) -> tuple[bool, list[str]]:
     """Write `report` in every (format, path) of `targets` (None paths skipped) through
     gate.report.registry; `each` is called before every write. A Markdown summary written
     beside an html page gets a link to it. A file that cannot be written, or a format that
@@ -257,34 +359,69 @@ def _write_reports(report: Any, targets: list[tuple[str, Path | None]], options:
                 with path.open("a", encoding="utf-8") as f:
                     f.write(f"\nPlots: [{html.name}]({html_url or html}) (self-contained HTML report).\n")
         except OSError as e:
-            _err.print(f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e} (the other reports "
-                       "are written)", markup=False)
+            _err.print(
+                f"gate: error: cannot write the {fmt.name} report to {path}: {e.strerror or e} (the other reports "
+                "are written)",
+                markup=False,
+            )
             unwritable.append(name)
         except Exception as e:  # noqa: BLE001 - one format's bug must not cost the other reports
-            _err.print(f"gate: internal error: the {fmt.name} report to {path} could not be written: {describe_error(e)}"
-                       " (the other reports are written)", markup=False)
+            _err.print(
+                f"gate: internal error: the {fmt.name} report to {path} could not be written: {describe_error(e)}"
+                " (the other reports are written)",
+                markup=False,
+            )
             broken = True
     return broken, unwritable
 
 
 @cli.command("report")
 @click.argument("report_path", metavar="REPORT", type=click.Path(path_type=Path))
-@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write one self-contained HTML page with plots.")
-@click.option("--html-url", help="Where the Markdown summary's link to the HTML page points (default: the --html path).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the Markdown summary (appended to an existing file).")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the JUnit XML report.")
-@click.option("--report", "extra_reports", multiple=True, metavar="FORMAT=PATH",
-              help="Also write the report in another registered format (gate.report.registry); repeatable.")
-@click.option("--roofline-policy", "roofline_policy", type=click.Path(dir_okay=False, path_type=Path),
-              help="With --bandwidth and --peak: add the roofline and predicted-vs-measured plots to the HTML page "
-              "(the policy the report was made with; see gate roofline).")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one self-contained HTML page with plots.",
+)
+@click.option(
+    "--html-url", help="Where the Markdown summary's link to the HTML page points (default: the --html path)."
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the Markdown summary (appended to an existing file).",
+)
+@click.option(
+    "--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the JUnit XML report."
+)
+@click.option(
+    "--report",
+    "extra_reports",
+    multiple=True,
+    metavar="FORMAT=PATH",
+    help="Also write the report in another registered format (gate.report.registry); repeatable.",
+)
+@click.option(
+    "--roofline-policy",
+    "roofline_policy",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --bandwidth and --peak: add the roofline and predicted-vs-measured plots to the HTML page "
+    "(the policy the report was made with; see gate roofline).",
+)
 @click.option("--bandwidth", help="Memory bandwidth for the roofline, e.g. 100GB/s.")
 @click.option("--peak", help="Compute roof for the roofline, e.g. 1000GFLOP/s.")
-def report_command(report_path: Path, html_path: Path | None, html_url: str | None, markdown_path: Path | None,
-                   junit_path: Path | None, extra_reports: tuple[str, ...], roofline_policy: Path | None, bandwidth: str | None,
-                   peak: str | None) -> None:
+def report_command(
+    report_path: Path,
+    html_path: Path | None,
+    html_url: str | None,
+    markdown_path: Path | None,
+    junit_path: Path | None,
+    extra_reports: tuple[str, ...],
+    roofline_policy: Path | None,
+    bandwidth: str | None,
+    peak: str | None,
+) -> None:
     """Render a saved gate JSON REPORT (also gzip-compressed) again: as an HTML page with
     plots (--html), a Markdown summary, JUnit, or any registered format. Exit 0 when
     written, 2 for a file that is not a gate report or a report that cannot be written, 3
@@ -304,8 +441,16 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
         report = saved.as_report(report_path, data)
         if roofline_policy is not None or bandwidth is not None or peak is not None:
             if roofline_policy is None or bandwidth is None or peak is None:
-                raise InputError([Problem("command line", "--roofline-policy/--bandwidth/--peak", None,
-                                          "the roofline needs all three: the policy, --bandwidth and --peak")])
+                raise InputError(
+                    [
+                        Problem(
+                            "command line",
+                            "--roofline-policy/--bandwidth/--peak",
+                            None,
+                            "the roofline needs all three: the policy, --bandwidth and --peak",
+                        )
+                    ]
+                )
             options["html"] = _roofline_options(roofline_policy, report_path, data, bandwidth, peak)
     except GateError as e:
         _fail(e)
@@ -319,7 +464,9 @@ def report_command(report_path: Path, html_path: Path | None, html_url: str | No
         sys.exit(EXIT_MEASUREMENT)
 
 
-def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], bandwidth: str, peak: str) -> dict[str, Any]:
+def _roofline_options(
+    policy: Path, report_path: Path, data: dict[str, Any], bandwidth: str, peak: str
+) -> dict[str, Any]:
     """The html format's roofline keywords from a policy, a bandwidth and a peak (as gate roofline)."""
     from gate.check import validate as do_validate
     from gate.errors import InputError, PolicyValueError, Problem
@@ -344,15 +491,31 @@ def _roofline_options(policy: Path, report_path: Path, data: dict[str, Any], ban
 @cli.command()
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("samples", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-exactness-junit.xml"),
-              show_default=True, help="Where to write the JUnit XML report.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("gate-exactness.json"),
-              show_default=True, help="Where to write the JSON report.")
+@click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("gate-exactness-junit.xml"),
+    show_default=True,
+    help="Where to write the JUnit XML report.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("gate-exactness.json"),
+    show_default=True,
+    help="Where to write the JSON report.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the PIT randomisation.")
-@click.option("--served", "reference", metavar="SOURCE",
-              help="The samples come from a served engine (its first output token is the prefill's): SOURCE names "
-                   "the lines drawn with speculation off, the reference; every other source is tested at the "
-                   "speculative positions, one-sample against the target and two-sample against SOURCE.")
+@click.option(
+    "--served",
+    "reference",
+    metavar="SOURCE",
+    help="The samples come from a served engine (its first output token is the prefill's): SOURCE names "
+    "the lines drawn with speculation off, the reference; every other source is tested at the "
+    "speculative positions, one-sample against the target and two-sample against SOURCE.",
+)
 def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, seed: int, reference: str | None) -> None:
     """Test recorded SAMPLES (JSONL of prompt_ids, output_ids, law) against the target law of
     POLICY, with the policy's exactness rules (or the defaults: significance 0.01, power 0.9,
@@ -368,19 +531,43 @@ def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, se
 
 @cli.command()
 @click.argument("policy", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--target", "target_config", type=click.Path(path_type=Path),
-              help="A config.json, a model folder, a .gguf file or the packaged model's name: bill it without a policy.")
-@click.option("--draft", "draft_config", type=click.Path(path_type=Path), help="The draft's config (with --target; the same forms).")
+@click.option(
+    "--target",
+    "target_config",
+    type=click.Path(path_type=Path),
+    help="A config.json, a model folder, a .gguf file or the packaged model's name: bill it without a policy.",
+)
+@click.option(
+    "--draft",
+    "draft_config",
+    type=click.Path(path_type=Path),
+    help="The draft's config (with --target; the same forms).",
+)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="bfloat16", show_default=True)
-@click.option("--kv-dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"]), default="auto",
-              show_default=True, help="Cached K/V format (auto: --dtype).")
+@click.option(
+    "--kv-dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"]),
+    default="auto",
+    show_default=True,
+    help="Cached K/V format (auto: --dtype).",
+)
 @click.option("--num-draft-tokens", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--context-tokens", type=click.IntRange(1), default=4096, show_default=True)
 @click.option("--sequences", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--capacity", help="Device memory, e.g. '80 GiB': adds the budget statement.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def bill(policy: Path | None, target_config: Path | None, draft_config: Path | None, dtype: str, kv_dtype: str,
-         num_draft_tokens: int, context_tokens: int, sequences: int, capacity: str | None, as_json: bool) -> None:
+def bill(
+    policy: Path | None,
+    target_config: Path | None,
+    draft_config: Path | None,
+    dtype: str,
+    kv_dtype: str,
+    num_draft_tokens: int,
+    context_tokens: int,
+    sequences: int,
+    capacity: str | None,
+    as_json: bool,
+) -> None:
     """Print the resident resource bill of POLICY (or of --target/--draft configs): every
     allocation with its formula and bytes, and with a capacity the headroom and how many
     more sequences fit. No model weights are loaded."""
@@ -418,9 +605,13 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
             try:
                 res = ResourcesSpec(kv_dtype=kv_dtype, capacity=capacity)
             except ValidationError as e:
-                raise InputError([Problem("command line", "--capacity", None, e.errors()[0]["msg"].removeprefix("Value error, "))]) from None
+                raise InputError(
+                    [Problem("command line", "--capacity", None, e.errors()[0]["msg"].removeprefix("Value error, "))]
+                ) from None
             try:
-                bills = config_bills(target_config, draft_config, dtype, num_draft_tokens, context_tokens, sequences, res)
+                bills = config_bills(
+                    target_config, draft_config, dtype, num_draft_tokens, context_tokens, sequences, res
+                )
             except ConfigError as e:
                 raise InputError([Problem(str(draft_config or target_config), "", None, str(e))]) from None
         else:
@@ -442,11 +633,23 @@ def bill(policy: Path | None, target_config: Path | None, draft_config: Path | N
 @click.option("--bandwidth", required=True, help="Memory bandwidth, e.g. 100GB/s.")
 @click.option("--peak", required=True, help="Compute roof, e.g. 1000GFLOP/s.")
 @click.option("--intensity", type=float, multiple=True, help="Operational intensity in FLOP/byte (repeatable).")
-@click.option("--batch", type=click.IntRange(1), multiple=True, help="Batch sizes to place a policy's steps at (repeatable).")
-@click.option("--report", "report_path", type=click.Path(path_type=Path),
-              help="A gate check JSON report: adds the predicted speedup from its measured acceptance rate.")
-def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[float, ...], batch: tuple[int, ...],
-             report_path: Path | None) -> None:
+@click.option(
+    "--batch", type=click.IntRange(1), multiple=True, help="Batch sizes to place a policy's steps at (repeatable)."
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path),
+    help="A gate check JSON report: adds the predicted speedup from its measured acceptance rate.",
+)
+def roofline(
+    policy: Path | None,
+    bandwidth: str,
+    peak: str,
+    intensity: tuple[float, ...],
+    batch: tuple[int, ...],
+    report_path: Path | None,
+) -> None:
     """Attainable FLOP/s = min(peak, bandwidth x intensity); with a POLICY, the fallback's
     decode step and every draft's verification step on the roofline, which is
     bandwidth-bound, and the batch at which verification meets the compute roof."""
@@ -459,12 +662,18 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
         except ValueError as e:
             raise InputError([Problem("command line", "--bandwidth/--peak", None, str(e))]) from None
         if bw <= 0 or pk <= 0:
-            raise InputError([Problem("command line", "--bandwidth/--peak", None, "bandwidth and peak must be positive")])
+            raise InputError(
+                [Problem("command line", "--bandwidth/--peak", None, "bandwidth and peak must be positive")]
+            )
         bad = [i for i in intensity if not (i > 0 and math.isfinite(i))]
         if bad:
-            raise InputError([Problem("command line", "--intensity", None, f"{bad[0]:g} is not a positive, finite FLOP/byte")])
+            raise InputError(
+                [Problem("command line", "--intensity", None, f"{bad[0]:g} is not a positive, finite FLOP/byte")]
+            )
         if report_path is not None and policy is None:
-            raise InputError([Problem("command line", "--report", None, "--report needs the POLICY the report was made with")])
+            raise InputError(
+                [Problem("command line", "--report", None, "--report needs the POLICY the report was made with")]
+            )
         rows = None
         if policy is not None:  # every input is read before anything is printed
             from gate.check import validate as do_validate
@@ -482,8 +691,10 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
     click.echo(f"roof: {pk / 1e9:g} GFLOP/s compute, {bw / 1e9:g} GB/s bandwidth, ridge point {pk / bw:g} FLOP/byte")
     for i in intensity:
         att = attainable(pk, bw, i)
-        click.echo(f"intensity {i:g} FLOP/byte -> attainable {att / 1e9:g} GFLOP/s "
-                   f"({'bandwidth' if bw * i < pk else 'compute'}-bound)")
+        click.echo(
+            f"intensity {i:g} FLOP/byte -> attainable {att / 1e9:g} GFLOP/s "
+            f"({'bandwidth' if bw * i < pk else 'compute'}-bound)"
+        )
     if rows is None:
         return
     from gate.report.console import roofline_tables
@@ -497,12 +708,19 @@ def roofline(policy: Path | None, bandwidth: str, peak: str, intensity: tuple[fl
 @click.argument("report_path", metavar="REPORT", type=click.Path(path_type=Path))
 @click.argument("rule_id")
 @click.option("--scope", help="Only this scope, e.g. bf16/greedy.")
-@click.option("--values", "max_values", type=click.IntRange(0), default=20, show_default=True, help="Raw values to print per scope.")
+@click.option(
+    "--values",
+    "max_values",
+    type=click.IntRange(0),
+    default=20,
+    show_default=True,
+    help="Raw values to print per scope.",
+)
 def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int) -> None:
     """Show how REPORT's verdicts for RULE_ID were reached: the samples, the aggregation,
     the threshold, the comparison and the raw values (or the exactness tests)."""
-    from gate.errors import InputError, Problem
     from gate import saved
+    from gate.errors import InputError, Problem
     from gate.report.explain import explain_rule
 
     try:
@@ -518,18 +736,46 @@ def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int)
 @cli.command()
 @click.argument("base_path", metavar="BASE", type=click.Path(path_type=Path))
 @click.argument("candidate_path", metavar="CANDIDATE", type=click.Path(path_type=Path))
-@click.option("--draft", "mapping", multiple=True, metavar="CANDIDATE=BASE",
-              help="Compare candidate draft CANDIDATE with the baseline's BASE (repeatable; default: same names).")
-@click.option("--tolerance", type=click.FloatRange(0, 1), default=0.05, show_default=True,
-              help="Relative change within which a figure is unchanged.")
+@click.option(
+    "--draft",
+    "mapping",
+    multiple=True,
+    metavar="CANDIDATE=BASE",
+    help="Compare candidate draft CANDIDATE with the baseline's BASE (repeatable; default: same names).",
+)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(0, 1),
+    default=0.05,
+    show_default=True,
+    help="Relative change within which a figure is unchanged.",
+)
 @click.option("--confidence", type=click.FloatRange(0.5, 0.9999), default=0.95, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as JSON.")
-@click.option("--allow-unmatched", is_flag=True,
-              help="A draft of either report without a partner does not make the exit code 3 (it is still listed).")
-@click.option("--inconclusive", type=click.Choice(["error", "fail", "warn"]), default="error", show_default=True,
-              help="What an inconclusive figure does: exit 3 (error, as gate check), exit 1 (fail), or nothing (warn).")
-def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tolerance: float, confidence: float,
-            json_path: Path | None, allow_unmatched: bool, inconclusive: str) -> None:
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as JSON."
+)
+@click.option(
+    "--allow-unmatched",
+    is_flag=True,
+    help="A draft of either report without a partner does not make the exit code 3 (it is still listed).",
+)
+@click.option(
+    "--inconclusive",
+    type=click.Choice(["error", "fail", "warn"]),
+    default="error",
+    show_default=True,
+    help="What an inconclusive figure does: exit 3 (error, as gate check), exit 1 (fail), or nothing (warn).",
+)
+def compare(
+    base_path: Path,
+    candidate_path: Path,
+    mapping: tuple[str, ...],
+    tolerance: float,
+    confidence: float,
+    json_path: Path | None,
+    allow_unmatched: bool,
+    inconclusive: str,
+) -> None:
     """Compare a CANDIDATE report's drafts with a BASE report's (the released draft): overlap
     per category, mean acceptance length, speedup, bill lines and exactness, each with a
     confidence interval. Drafts pair by --draft, else by name, else (one draft in each
@@ -540,10 +786,10 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
     import json as json_module
     from dataclasses import asdict
 
+    from gate import saved
     from gate.compare import compare as do_compare
     from gate.errors import InputError, Problem
     from gate.report.console import comparison_table
-    from gate import saved
 
     try:
         drafts = {}
@@ -554,24 +800,39 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
             if cand in drafts:
                 raise InputError([Problem("--draft", "", None, f"candidate draft {cand!r} is mapped twice")])
             drafts[cand] = base
-        result = do_compare(saved.read_report(base_path), saved.read_report(candidate_path), drafts, tolerance, confidence,
-                            base_file=str(base_path), cand_file=str(candidate_path), allow_unmatched=allow_unmatched,
-                            inconclusive=inconclusive)
+        result = do_compare(
+            saved.read_report(base_path),
+            saved.read_report(candidate_path),
+            drafts,
+            tolerance,
+            confidence,
+            base_file=str(base_path),
+            cand_file=str(candidate_path),
+            allow_unmatched=allow_unmatched,
+            inconclusive=inconclusive,
+        )
     except GateError as e:
         _fail(e)
     out = Console(highlight=False, emoji=False, width=None if _err.is_terminal else 160)
     out.print(comparison_table(result))
     for diff in result.environment_differences:
-        out.print(f"not comparable: {diff}: verdicts are inconclusive (run both with the same policy on one machine)",
-                  markup=False)
+        out.print(
+            f"not comparable: {diff}: verdicts are inconclusive (run both with the same policy on one machine)",
+            markup=False,
+        )
     out.print(f"paired: {', '.join(result.pairs) or 'none'}", markup=False)
     for side_name in result.unmatched:
         side, name = side_name.split(" ", 1)
-        hint = (f"pair it with --draft {name}=BASE" if side == "candidate" else f"pair it with --draft CANDIDATE={name}")
-        out.print(f"unmatched: the {side} draft {name} has no partner in the other report ({hint}"
-                  + (")" if allow_unmatched else ", or pass --allow-unmatched)"), markup=False)
+        hint = f"pair it with --draft {name}=BASE" if side == "candidate" else f"pair it with --draft CANDIDATE={name}"
+        out.print(
+            f"unmatched: the {side} draft {name} has no partner in the other report ({hint}"
+            + (")" if allow_unmatched else ", or pass --allow-unmatched)"),
+            markup=False,
+        )
     if not result.comparisons:
-        out.print("nothing to compare: no draft and law in common (map names with --draft CANDIDATE=BASE)", markup=False)
+        out.print(
+            "nothing to compare: no draft and law in common (map names with --draft CANDIDATE=BASE)", markup=False
+        )
     if json_path is not None:
         json_path.write_text(json_module.dumps(asdict(result), indent=2, default=str) + "\n", encoding="utf-8")
     out.print(result.summary(), markup=False)
@@ -580,7 +841,9 @@ def compare(base_path: Path, candidate_path: Path, mapping: tuple[str, ...], tol
 
 @cli.command()
 @click.option("--report", "which", flag_value="report", help="The JSON report's schema instead of the policy's.")
-@click.option("--samples", "which", flag_value="samples", help="The schema of one line of a `gate exactness` samples file.")
+@click.option(
+    "--samples", "which", flag_value="samples", help="The schema of one line of a `gate exactness` samples file."
+)
 @click.option("--policy", "which", flag_value="policy", default=True, help="The policy's schema (default).")
 def schema(which: str) -> None:
     """Print the JSON Schema of the policy (or of the JSON report, or of a samples line)."""
@@ -616,9 +879,17 @@ def _check_report_drafts(report: dict[str, Any], loaded: Any, path: Path) -> Non
     drafts = report.get("measurements", {}).get("drafts", {})
     for name, d in loaded.policy.drafts.items():
         if name not in drafts or drafts[name].get("num_draft_tokens") != d.num_draft_tokens:
-            raise InputError([Problem(str(path), f"measurements.drafts.{name}", None,
-                                      f"the report was not made with this policy: draft {name!r} "
-                                      f"{'is missing' if name not in drafts else 'has another num_draft_tokens'} there")])
+            raise InputError(
+                [
+                    Problem(
+                        str(path),
+                        f"measurements.drafts.{name}",
+                        None,
+                        f"the report was not made with this policy: draft {name!r} "
+                        f"{'is missing' if name not in drafts else 'has another num_draft_tokens'} there",
+                    )
+                ]
+            )
 
 
 class _progress:
@@ -635,7 +906,9 @@ class _progress:
             return None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_err)
+        self._bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_err
+        )
         self._bar.__enter__()
         self._tasks: dict[str, int] = {}
 
@@ -677,7 +950,13 @@ class ProgressLines:
 
 def _duration(seconds: float) -> str:
     s = int(seconds)
-    return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+    return (
+        f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s"
+        if s >= 3600
+        else f"{s // 60}m{s % 60:02d}s"
+        if s >= 60
+        else f"{s}s"
+    )
 
 
 def main() -> None:
@@ -691,11 +970,16 @@ def main() -> None:
         # tqdm reads this when first imported: no loading bars in CI logs
         os.environ.setdefault("TQDM_DISABLE", "1")
     try:
-        code = cli.main(standalone_mode=False)  # click's "Aborted!" (exit 1, a failed rule's code) is not for interrupts
+        code = cli.main(
+            standalone_mode=False
+        )  # click's "Aborted!" (exit 1, a failed rule's code) is not for interrupts
     except (click.exceptions.Abort, KeyboardInterrupt):
         interrupt.caught()
-        _err.print(f"gate: interrupted by {interrupt.name()}: nothing written; exit code {interrupt.exit_code()} "
-                   "(interrupted, not a verdict)", markup=False)
+        _err.print(
+            f"gate: interrupted by {interrupt.name()}: nothing written; exit code {interrupt.exit_code()} "
+            "(interrupted, not a verdict)",
+            markup=False,
+        )
         sys.exit(interrupt.exit_code())
     except click.exceptions.ClickException as e:
         e.show()
@@ -709,4 +993,3 @@ def main() -> None:
         _err.print(f"gate: internal error: {type(e).__name__}: {e} (set GATE_DEBUG=1 for the traceback)", markup=False)
         sys.exit(EXIT_MEASUREMENT)
     sys.exit(code if isinstance(code, int) else 0)
-

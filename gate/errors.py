@@ -63,5 +63,9 @@ def describe_error(e: BaseException) -> str:
     """A failure message for a report: the exception's type and text, plus where it was raised
     unless it names its own place (a served runner's error names runner and URL)."""
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    where = f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" if frame and not getattr(e, "names_its_place", False) else ""
+    where = (
+        f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})"
+        if frame and not getattr(e, "names_its_place", False)
+        else ""
+    )
     return f"{type(e).__name__}: {e}{where}"

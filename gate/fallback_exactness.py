@@ -10,7 +10,8 @@ server's numerics). The teacher-forced pass is batched (teacher_forced).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -18,8 +19,17 @@ from gate import interrupt
 from gate.errors import describe_error
 from gate.law import law_logits
 from gate.plan import Plan
+from gate.records import (
+    FALLBACK,
+    UNKNOWN_ID,
+    Divergence,
+    ExactnessRecord,
+    Failure,
+    FailureStage,
+    Measurements,
+    RequestRecord,
+)
 from gate.requests import PlannedPrompt
-from gate.records import FALLBACK, UNKNOWN_ID, Divergence, ExactnessRecord, Failure, FailureStage, Measurements, RequestRecord
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -31,8 +41,9 @@ def greedy_exactness(session: Any, m: Measurements, exactness: Any, progress: Pr
     _greedy_exactness(session.plan, m, session.oracle, progress, exactness)
 
 
-def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progress | None = None,
-                      exactness: Any = None) -> None:
+def _greedy_exactness(
+    plan: Plan, m: Measurements, oracle: Any, progress: Progress | None = None, exactness: Any = None
+) -> None:
     """Greedy exactness of served drafts: each draft runner's output equals the fallback
     runner's on the same prompt, length, repetition and load point, token for token. The
     first divergence of a request is recorded (later tokens follow other contexts), with how
@@ -49,6 +60,7 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
     `progress("exactness", done, total)` counts the fallback outputs teacher-forced. Raises
     KeyboardInterrupt or interrupt.OutOfTime (the budget ran out between batches) as they come."""
     from gate.rules.samples import request_key
+
     progress = progress or (lambda *_: None)
     pairs = (exactness or plan.exactness).pairs
     prompts = {p.id: p for p in plan.workload.prompts}
@@ -60,7 +72,9 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
         drafts = sorted(d for d, x in pairs if x == law)
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
         recs = {d: ExactnessRecord(d, law, greedy=True) for d in drafts}
-        found: dict[tuple, list[tuple[ExactnessRecord, int, int]]] = {}  # fallback cell -> (record, position, draft token)
+        found: dict[
+            tuple, list[tuple[ExactnessRecord, int, int]]
+        ] = {}  # fallback cell -> (record, position, draft token)
         no_ids = dict.fromkeys(drafts, 0)
         for r in (x for x in m.requests if x.draft in recs and x.law == law):
             f = fallback.get(request_key(r))
@@ -70,11 +84,13 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
                 no_ids[r.draft] += 1  # counts only came back: nothing to compare token for token
                 continue
             recs[r.draft].compared += 1
-            pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids)) if a != b), None)
+            pos = next((i for i, (a, b) in enumerate(zip(f.output_ids, r.output_ids, strict=False)) if a != b), None)
             if pos is not None:
                 found.setdefault(request_key(f), []).append((recs[r.draft], pos, r.output_ids[pos]))
         compared.append((law, drafts, fallback, recs, found, no_ids))
-    passes = [law for law, _, _, recs, _, _ in compared if oracle is not None and any(r.compared for r in recs.values())]
+    passes = [
+        law for law, _, _, recs, _, _ in compared if oracle is not None and any(r.compared for r in recs.values())
+    ]
     total = sum(len(_teacher_forceable(fallback)) for law, _, fallback, _, _, _ in compared if law in passes)
     done = [0]
 
@@ -94,22 +110,33 @@ def _greedy_exactness(plan: Plan, m: Measurements, oracle: Any, progress: Progre
             else:  # no local target: every divergence is a fault
                 control, found = None, {k: [(*hit, float("inf")) for hit in hits] for k, hits in found.items()}
         except Exception as e:  # noqa: BLE001
-            m.failures += [Failure(FailureStage.EXACTNESS, d, law, "greedy exactness", describe_error(e)) for d in drafts]
+            m.failures += [
+                Failure(FailureStage.EXACTNESS, d, law, "greedy exactness", describe_error(e)) for d in drafts
+            ]
             continue
         for d, rec in recs.items():
             rec.numerical_tolerance = control
             for key, hits in found.items():
                 f = fallback[key]
-                rec.divergences += [Divergence(f.prompt_id, pos, f.output_ids[pos], token, gap, f.repetition, f.concurrency,
-                                               f.request_rate) for owner, pos, token, gap in hits if owner is rec]
+                rec.divergences += [
+                    Divergence(
+                        f.prompt_id, pos, f.output_ids[pos], token, gap, f.repetition, f.concurrency, f.request_rate
+                    )
+                    for owner, pos, token, gap in hits
+                    if owner is rec
+                ]
             notes = []
             if no_ids[d]:
-                notes.append(f"{no_ids[d]} request pair(s) came back without token ids (this api returns counts only: use "
-                             "api llama_cpp, or a server that returns token ids)")
+                notes.append(
+                    f"{no_ids[d]} request pair(s) came back without token ids (this api returns counts only: use "
+                    "api llama_cpp, or a server that returns token ids)"
+                )
             if outside:
-                notes.append(f"{outside} token(s) of the fallback runner lie outside gate's grammar for their prompt's "
-                             "constraint, left out of the control: the server's grammar or its end tokens differ from "
-                             "gate's (llama.cpp ends a grammar at any end-of-generation token, gate at the target's EOS)")
+                notes.append(
+                    f"{outside} token(s) of the fallback runner lie outside gate's grammar for their prompt's "
+                    "constraint, left out of the control: the server's grammar or its end tokens differ from "
+                    "gate's (llama.cpp ends a grammar at any end-of-generation token, gate at the target's EOS)"
+                )
             rec.note = "; ".join(notes) or None
             m.exactness.append(rec)
 
@@ -145,9 +172,15 @@ class _Grammars:
         return self.matchers[fmt]
 
 
-def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, RequestRecord],
-          found: dict[tuple, list], law: Any = None, grammars: _Grammars | None = None,
-          step: Callable[[int], None] | None = None) -> tuple[float | None, int]:
+def _gaps(
+    oracle: Any,
+    prompts: dict[str, PlannedPrompt],
+    fallback: dict[tuple, RequestRecord],
+    found: dict[tuple, list],
+    law: Any = None,
+    grammars: _Grammars | None = None,
+    step: Callable[[int], None] | None = None,
+) -> tuple[float | None, int]:
     """One teacher-forced pass of the local target along each fallback output (batched:
     teacher_forced; `step(n)` after each batch of n outputs) gives both
     the control (the largest gap below the local top logit of any token the fallback runner
@@ -164,7 +197,10 @@ def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, 
     outside = 0
     processed = law is not None and bool(law.logit_bias or law.needs_history)
     items = _teacher_forceable(fallback)
-    seqs = [(list(prompts[f.prompt_id].token_ids) + list(f.output_ids), len(prompts[f.prompt_id].token_ids)) for _, f in items]
+    seqs = [
+        (list(prompts[f.prompt_id].token_ids) + list(f.output_ids), len(prompts[f.prompt_id].token_ids))
+        for _, f in items
+    ]
     for j, logits in teacher_forced(oracle, seqs, step):  # [T, V]: row i given the fallback's prefix
         key, f = items[j]
         prompt = prompts[f.prompt_id]
@@ -186,11 +222,10 @@ def _gaps(oracle: Any, prompts: dict[str, PlannedPrompt], fallback: dict[tuple, 
 
 
 BATCH_ROWS = 8  # fallback outputs per teacher-forced forward of the local target
-BATCH_LOGITS = 2 ** 26  # logits kept per forward (rows x positions x vocabulary): 256 MiB in float32
+BATCH_LOGITS = 2**26  # logits kept per forward (rows x positions x vocabulary): 256 MiB in float32
 
 
-def teacher_forced(oracle: Any, seqs: list[tuple[list[int], int]],
-                   step: Callable[[int], None] | None = None) -> Any:
+def teacher_forced(oracle: Any, seqs: list[tuple[list[int], int]], step: Callable[[int], None] | None = None) -> Any:
     """Yield (i, logits) for each (ids, start) of `seqs`: the raw teacher-forced logits of
     `oracle` (a gate.oracle.TargetOracle) at positions start..len(ids)-1, float32
     [len(ids) - start, V], as TargetOracle.target_logits gives them (row k: the logits of
@@ -228,8 +263,13 @@ def teacher_forced(oracle: Any, seqs: list[tuple[list[int], int]],
 
 
 @torch.inference_mode()
-def _forward_batch(oracle: Any, model: torch.nn.Module, seqs: list[tuple[list[int], int]], batch: list[int],
-                   step: Callable[[int], None]) -> list[tuple[int, torch.Tensor]]:
+def _forward_batch(
+    oracle: Any,
+    model: torch.nn.Module,
+    seqs: list[tuple[list[int], int]],
+    batch: list[int],
+    step: Callable[[int], None],
+) -> list[tuple[int, torch.Tensor]]:
     """One right-padded forward over the sequences `batch` indexes (see teacher_forced)."""
     interrupt.check_budget()
     inputs = [seqs[j][0][:-1] for j in batch]
@@ -237,8 +277,8 @@ def _forward_batch(oracle: Any, model: torch.nn.Module, seqs: list[tuple[list[in
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for r, x in enumerate(inputs):
-        ids[r, :len(x)] = torch.tensor(x, dtype=torch.long)
-        mask[r, :len(x)] = 1
+        ids[r, : len(x)] = torch.tensor(x, dtype=torch.long)
+        mask[r, : len(x)] = 1
     first = min(seqs[j][1] - 1 for j in batch)  # the first position whose logits any row needs
     args = dict(input_ids=ids.to(oracle.device), attention_mask=mask.to(oracle.device), use_cache=False)
     try:
@@ -246,7 +286,7 @@ def _forward_batch(oracle: Any, model: torch.nn.Module, seqs: list[tuple[list[in
     except TypeError:  # a model without logits_to_keep: every position
         logits = model(**args).logits
     offset = width - logits.shape[1]  # the position of logits[:, 0]
-    out = [(j, logits[r, seqs[j][1] - 1 - offset:len(inputs[r]) - offset].float()) for r, j in enumerate(batch)]
+    out = [(j, logits[r, seqs[j][1] - 1 - offset : len(inputs[r]) - offset].float()) for r, j in enumerate(batch)]
     step(len(batch))
     return out
 

@@ -21,8 +21,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -85,7 +86,10 @@ def _handler(signum: int, frame: object) -> None:
     if _state.signum is None:
         _state.signum = signum
     if _state.count == 1 and _state.raising:
-        _say(f"gate: interrupted by {name(signum)}: stopping (gate check still writes its reports with what was measured)")
+        _say(
+            f"gate: interrupted by {name(signum)}: stopping (gate check still writes its reports with what was "
+            "measured)"
+        )
         _state.pending = True
         raise Interrupted(name(signum))
     if _state.pending and _state.raising and _state.count < 3:
@@ -215,8 +219,10 @@ def exit_code() -> int:
 
 def note(stage: str) -> str:
     """The report's note for a run interrupted during `stage`."""
-    return (f"interrupted by {name()} {stage}: this report holds only what was measured until then; rules without "
-            f"their measurements are errors, never passes; exit code {exit_code()} means interrupted, not a verdict")
+    return (
+        f"interrupted by {name()} {stage}: this report holds only what was measured until then; rules without "
+        f"their measurements are errors, never passes; exit code {exit_code()} means interrupted, not a verdict"
+    )
 
 
 def caught() -> None:
@@ -238,6 +244,8 @@ def mark_late(result: Any) -> None:
     when no signal came or the result already carries the interrupted exit code."""
     if received() is None or result.exit_code == exit_code():
         return
-    result.report.notes.append(f"interrupted by {name()} after every measurement was made, while the reports were "
-                               f"written: verdicts are complete, but exit code {exit_code()} means interrupted")
+    result.report.notes.append(
+        f"interrupted by {name()} after every measurement was made, while the reports were "
+        f"written: verdicts are complete, but exit code {exit_code()} means interrupted"
+    )
     result.exit_code = result.report.exit_code = exit_code()

@@ -35,8 +35,9 @@ teacher-forced rows are each processed with their own history.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -114,8 +115,9 @@ def _unbound(law: AnyLaw) -> tuple[Law, int | None, Matcher | None]:
     return law, None, None
 
 
-def history_counts(ids: Sequence[int], start: int, rows: int, prompt_len: int, vocab_size: int,
-                   device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def history_counts(
+    ids: Sequence[int], start: int, rows: int, prompt_len: int, vocab_size: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row t (0..rows-1), the history ids[:start + t] summarised for the penalties:
     `seen` bool [rows, V] (the token occurs in the prompt or the output so far) and
     `output_counts` float32 [rows, V] (occurrences among ids[prompt_len:start + t]).
@@ -123,7 +125,7 @@ def history_counts(ids: Sequence[int], start: int, rows: int, prompt_len: int, v
     start + rows - 1."""
     if len(ids) < start + rows - 1:
         raise ValueError(f"{rows} rows from position {start} need {start + rows - 1} ids of history, got {len(ids)}")
-    hist = torch.tensor(list(ids[:start + max(rows - 1, 0)]), dtype=torch.long, device=device)
+    hist = torch.tensor(list(ids[: start + max(rows - 1, 0)]), dtype=torch.long, device=device)
     hist = hist.masked_fill(hist >= vocab_size, -1)
 
     def cumulative(tokens: torch.Tensor, first: int) -> torch.Tensor:
@@ -133,7 +135,7 @@ def history_counts(ids: Sequence[int], start: int, rows: int, prompt_len: int, v
         base = base[base >= 0]
         if base.numel():
             out[0] = torch.bincount(base, minlength=vocab_size).float()[:vocab_size]
-        step = tokens[first:first + rows - 1]
+        step = tokens[first : first + rows - 1]
         if step.numel():
             t = torch.arange(1, step.numel() + 1, device=device)
             keep = step >= 0
@@ -147,15 +149,22 @@ def history_counts(ids: Sequence[int], start: int, rows: int, prompt_len: int, v
     return seen, counts
 
 
-def grammar_mask(grammar: Matcher, ids: Sequence[int], start: int, rows: int, prompt_len: int,
-                 vocab_size: int, device: torch.device | None = None) -> torch.Tensor:
+def grammar_mask(
+    grammar: Matcher,
+    ids: Sequence[int],
+    start: int,
+    rows: int,
+    prompt_len: int,
+    vocab_size: int,
+    device: torch.device | None = None,
+) -> torch.Tensor:
     """bool [rows, V]: the tokens `grammar` allows at positions start..start+rows-1 of `ids`,
     given the output ids[prompt_len:position] before each. A row whose output prefix the
     grammar already forbids is all True: such a position follows a rejected proposal and
     verification never reaches it (its law is the unconstrained one)."""
     mask = torch.ones(rows, vocab_size, dtype=torch.bool, device=device)
     for t in range(rows):
-        allowed = grammar.allowed(list(ids[prompt_len:start + t]))
+        allowed = grammar.allowed(list(ids[prompt_len : start + t]))
         if allowed is None:
             break  # every later prefix extends this forbidden one
         width = min(vocab_size, int(allowed.shape[0]))
@@ -164,8 +173,13 @@ def grammar_mask(grammar: Matcher, ids: Sequence[int], start: int, rows: int, pr
     return mask
 
 
-def adjust(logits: torch.Tensor, law: Law, seen: torch.Tensor | None = None, output_counts: torch.Tensor | None = None,
-           allowed: torch.Tensor | None = None) -> torch.Tensor:
+def adjust(
+    logits: torch.Tensor,
+    law: Law,
+    seen: torch.Tensor | None = None,
+    output_counts: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The logits greedy decoding takes the argmax of: float32 [..., V], the logit bias, the
     penalties and the grammar mask (-inf where forbidden) applied to `logits` [..., V] in the
     law's order; arguments as for process. Raises ValueError when a penalty is set and its
@@ -186,14 +200,23 @@ def adjust(logits: torch.Tensor, law: Law, seen: torch.Tensor | None = None, out
     if vllm and (law.frequency_penalty or law.presence_penalty):
         if output_counts is None:
             raise ValueError(f"law {law.name!r} has a presence or frequency penalty: its output counts are needed")
-        x = x - float(law.frequency_penalty or 0.0) * output_counts - float(law.presence_penalty or 0.0) * (output_counts > 0)
+        x = (
+            x
+            - float(law.frequency_penalty or 0.0) * output_counts
+            - float(law.presence_penalty or 0.0) * (output_counts > 0)
+        )
     if allowed is not None:
         x = x.masked_fill(~allowed, float("-inf"))
     return x
 
 
-def process(logits: torch.Tensor, law: Law, seen: torch.Tensor | None = None, output_counts: torch.Tensor | None = None,
-            allowed: torch.Tensor | None = None) -> torch.Tensor:
+def process(
+    logits: torch.Tensor,
+    law: Law,
+    seen: torch.Tensor | None = None,
+    output_counts: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Probabilities under `law` for logits [..., V]: float32 [..., V], computed in float32
     whatever the logits' dtype, as samplers do (the wider dtype counted in the bill).
 
@@ -241,8 +264,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     n = v // _BLOCK
     if n < 2:
         return x.argmax(dim=-1)
-    head = x[..., :n * _BLOCK].unflatten(-1, (n, _BLOCK))  # [..., n, _BLOCK], a view
-    tail = x[..., n * _BLOCK:]  # [..., v mod _BLOCK]
+    head = x[..., : n * _BLOCK].unflatten(-1, (n, _BLOCK))  # [..., n, _BLOCK], a view
+    tail = x[..., n * _BLOCK :]  # [..., v mod _BLOCK]
     maxima = head.amax(dim=-1)
     if tail.shape[-1]:
         maxima = torch.cat([maxima, tail.amax(dim=-1, keepdim=True)], dim=-1)
@@ -264,14 +287,18 @@ def _min_p(x: torch.Tensor, min_p: float | None) -> torch.Tensor:
     return x.masked_fill((probs < min_p * top) & (probs < top), float("-inf"))
 
 
-def law_logits(logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None = None, start: int | None = None) -> torch.Tensor:
+def law_logits(
+    logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None = None, start: int | None = None
+) -> torch.Tensor:
     """The adjusted logits (adjust: bias, penalties, grammar mask) of logits [V] or [T, V],
     with the history as law_probs takes it: what a greedy check compares the committed
     token against. Raises ValueError as law_probs."""
     return _rows(logits, law, ids, start, adjust)
 
 
-def law_probs(logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None = None, start: int | None = None) -> torch.Tensor:
+def law_probs(
+    logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None = None, start: int | None = None
+) -> torch.Tensor:
     """Probabilities under `law` for logits [V] or [T, V] (or [..., V] for a law without
     history or grammar): float32, same shape.
 
@@ -292,7 +319,9 @@ def _rows(logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None, start: i
         raise ValueError(f"law {base.name!r} depends on the history: law_probs needs the request's ids")
     if prompt_len is None:
         if base.presence_penalty or base.frequency_penalty:
-            raise ValueError(f"law {base.name!r} has output-only penalties: bind it to the request (Law.bind(prompt_len))")
+            raise ValueError(
+                f"law {base.name!r} has output-only penalties: bind it to the request (Law.bind(prompt_len))"
+            )
         prompt_len = 0
     one = logits.dim() == 1
     rows = logits.unsqueeze(0) if one else logits

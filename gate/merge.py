@@ -64,10 +64,12 @@ def join(parts: list[Measurements]) -> Measurements:
     return out
 
 
-def merge(policy_path: str | Path, shard_paths: list[Path], options: Options = Options()) -> CheckResult:
+def merge(policy_path: str | Path, shard_paths: list[Path], options: Options | None = None) -> CheckResult:
     """Decide POLICY's rules on the joined measurements of its shard reports (module
-    docstring). Raises InputError (exit code 2) naming the file when the policy is invalid, a
-    report cannot be read or is not a shard of this run, a shard is given twice or missing."""
+    docstring) under `options` (default: Options()). Raises InputError (exit code 2) naming
+    the file when the policy is invalid, a report cannot be read or is not a shard of this
+    run, a shard is given twice or missing."""
+    options = options or Options()
     loaded = load_policy(policy_path)
     baseline = load_baseline(loaded)
     expected = loaded.policy.model_dump(mode="json")
@@ -77,7 +79,9 @@ def merge(policy_path: str | Path, shard_paths: list[Path], options: Options = O
     total: int | None = None
     for path, r in reports:
         if r.shard is None:
-            problems.append(Problem(str(path), "shard", None, "not a shard report (gate check POLICY --shard I/N writes one)"))
+            problems.append(
+                Problem(str(path), "shard", None, "not a shard report (gate check POLICY --shard I/N writes one)")
+            )
             continue
         try:
             i, n = parse_shard(r.shard)
@@ -87,30 +91,58 @@ def merge(policy_path: str | Path, shard_paths: list[Path], options: Options = O
         if total is None:
             total = n
         elif n != total:
-            problems.append(Problem(str(path), "shard", None, f"shard {i}/{n}, but the other reports are shards of {total}"))
+            problems.append(
+                Problem(str(path), "shard", None, f"shard {i}/{n}, but the other reports are shards of {total}")
+            )
         if i in seen:
             problems.append(Problem(str(path), "shard", None, f"shard {i}/{n} is given twice (also {seen[i]})"))
         seen.setdefault(i, path)
         if r.policy != expected:
             keys = sorted(k for k in set(r.policy) | set(expected) if r.policy.get(k) != expected.get(k))
-            problems.append(Problem(str(path), "policy", None, f"measured under another policy than {policy_path} "
-                                    f"(differs in: {', '.join(keys)})"))
+            problems.append(
+                Problem(
+                    str(path),
+                    "policy",
+                    None,
+                    f"measured under another policy than {policy_path} (differs in: {', '.join(keys)})",
+                )
+            )
         if r.gate_version != reports[0][1].gate_version:
-            problems.append(Problem(str(path), "gate_version", None, f"written by gate {r.gate_version}, the first report "
-                                    f"by gate {reports[0][1].gate_version}"))
+            problems.append(
+                Problem(
+                    str(path),
+                    "gate_version",
+                    None,
+                    f"written by gate {r.gate_version}, the first report by gate {reports[0][1].gate_version}",
+                )
+            )
     if total is not None:
         missing = [f"{i}/{total}" for i in range(1, total + 1) if i not in seen]
         if missing:
-            problems.append(Problem(str(policy_path), "", None, f"shard reports missing: {', '.join(missing)} "
-                                    f"(given: {', '.join(str(p) for p, _ in reports)})"))
+            problems.append(
+                Problem(
+                    str(policy_path),
+                    "",
+                    None,
+                    f"shard reports missing: {', '.join(missing)} (given: {', '.join(str(p) for p, _ in reports)})",
+                )
+            )
     if problems:
         raise InputError(problems)
     ordered = sorted((r for _, r in reports if r.shard is not None), key=lambda r: parse_shard(r.shard or "")[0])
     m = join([r.measurements for r in ordered])
-    notes = [f"merged from {total} shards: " + ", ".join(f"{r.shard} ({path})" for path, r in
-                                                        sorted(reports, key=lambda x: parse_shard(x[1].shard or "")[0]))]
-    notes += [f"shard {r.shard} ({path}) was interrupted (its exit code {r.exit_code}): what it did not measure is a "
-              "failure of the merged run" for path, r in reports if r.exit_code >= 128]
+    notes = [
+        f"merged from {total} shards: "
+        + ", ".join(
+            f"{r.shard} ({path})" for path, r in sorted(reports, key=lambda x: parse_shard(x[1].shard or "")[0])
+        )
+    ]
+    notes += [
+        f"shard {r.shard} ({path}) was interrupted (its exit code {r.exit_code}): what it did not measure is a "
+        "failure of the merged run"
+        for path, r in reports
+        if r.exit_code >= 128
+    ]
     result = finish(loaded, m, options, notes, baseline=baseline)
     result.report.merged_from = [str(p) for p, _ in reports]
     return result

@@ -31,7 +31,7 @@ class TargetOracle:
         (row i: the logits of ids[start + i] given ids[:start + i]). Raises ValueError for start < 1."""
         if start < 1:
             raise ValueError("teacher forcing needs at least one token of prefix (start >= 1)")
-        return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1:]
+        return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1 :]
 
     def target_probs(self, ids: list[int], start: int, law: AnyLaw) -> torch.Tensor:
         """Teacher-forced target law at positions start..len(ids)-1: float32 [len(ids) - start, V],

@@ -5,8 +5,9 @@ later phase saying what it did not measure (gate.run assembles the phases)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gate import interrupt
 from gate.errors import describe_error
@@ -33,7 +34,9 @@ class Phase:
     unmeasured: Callable[[str, str], list[Failure]] | None = None
     after_stop: bool = False
     bookkeeping: bool = False
-    detail: Callable[[], str | None] | None = None  # what the phase measured, for the note ("3 of 40 requests measured")
+    detail: Callable[[], str | None] | None = (
+        None  # what the phase measured, for the note ("3 of 40 requests measured")
+    )
 
     def missing(self, why: str, when: str) -> list[Failure]:
         if self.bookkeeping:
@@ -51,8 +54,11 @@ def not_measured(why: str, when: str) -> str:
 
 def stop_reason() -> str:
     """Why the run stopped: "interrupted by SIGTERM" or "measurement.max_wall_s (20 min) ran out"."""
-    return f"{interrupt.budget()} ran out" if interrupt.ran_out() and interrupt.received() is None else \
-        f"interrupted by {interrupt.name()}"
+    return (
+        f"{interrupt.budget()} ran out"
+        if interrupt.ran_out() and interrupt.received() is None
+        else f"interrupted by {interrupt.name()}"
+    )
 
 
 def run_phases(m: Measurements, phases: list[Phase]) -> str | None:
@@ -83,7 +89,9 @@ def run_phases(m: Measurements, phases: list[Phase]) -> str | None:
                     stop, why = ph.name, stop_reason()
                     interrupt.stopped(ph.name)
             else:
-                interrupt.entering(ph.name, budget=not ph.after_stop)  # an after_stop phase runs after the budget anyway
+                interrupt.entering(
+                    ph.name, budget=not ph.after_stop
+                )  # an after_stop phase runs after the budget anyway
                 _safely(m, ph)
         except (KeyboardInterrupt, interrupt.OutOfTime) as e:
             if isinstance(e, KeyboardInterrupt):

@@ -12,8 +12,9 @@ load point and repetition, in rotated order.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gate.constraints.interface import ResponseFormat
 from gate.errors import PolicyValueError
@@ -25,8 +26,15 @@ from gate.workloads.context import ContextBuilder, ContextError, Encode, check_f
 from gate.workloads.interface import Prompt, WorkloadSource, choose
 
 
-def plan_requests(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
-                  repetitions: range | int, seed: int, interleave: bool = True) -> list[Request]:
+def plan_requests(
+    drafts: list[str],
+    laws: list[Law],
+    prompts: list[PlannedPrompt],
+    max_new_tokens: list[int],
+    repetitions: range | int,
+    seed: int,
+    interleave: bool = True,
+) -> list[Request]:
     """Every request in run order (see the module docstring for the interleaving).
     `repetitions`: a count, or the range of repetition indices to run (extra repetitions)."""
     reps = range(repetitions) if isinstance(repetitions, int) else repetitions
@@ -62,17 +70,29 @@ class Block:
         return [r for unit in self.units for r in unit]
 
 
-def window_requests(name: str, law: Law, prompts: list[PlannedPrompt], max_new_tokens: list[int], rep: int,
-                    seed: int) -> list[Request]:
+def window_requests(
+    name: str, law: Law, prompts: list[PlannedPrompt], max_new_tokens: list[int], rep: int, seed: int
+) -> list[Request]:
     """One runner's window under `law` in repetition `rep`: every length x prompt once, each
     with its cell's seed (gate.requests.request_seed)."""
-    return [Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
-            for mnt in max_new_tokens for p in prompts]
+    return [
+        Request(name, law, p, mnt, rep, request_seed(seed, p.id, law.name, mnt, rep))
+        for mnt in max_new_tokens
+        for p in prompts
+    ]
 
 
-def plan_blocks(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt], max_new_tokens: list[int],
-                repetitions: range, seed: int, points: list[LoadStrategy] | None, interleave: bool,
-                slow_switch: bool = False) -> list[Block]:
+def plan_blocks(
+    drafts: list[str],
+    laws: list[Law],
+    prompts: list[PlannedPrompt],
+    max_new_tokens: list[int],
+    repetitions: range,
+    seed: int,
+    points: list[LoadStrategy] | None,
+    interleave: bool,
+    slow_switch: bool = False,
+) -> list[Block]:
     """The run order of the requests, as blocks.
 
     At load points (`points`, a runner with load points): for each law, load point and
@@ -118,6 +138,7 @@ def plan_blocks(drafts: list[str], laws: list[Law], prompts: list[PlannedPrompt]
 def cells(requests: list[Request]) -> list[list[Request]]:
     """Consecutive requests of one cell (law, length, prompt, repetition): with interleaving
     the fallback and every draft, run back to back; without it, one request each."""
+
     def key(r: Request) -> tuple:
         return r.law.name, r.max_new_tokens, r.prompt.id, r.prompt.context_length, r.repetition
 
@@ -162,7 +183,11 @@ def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> 
                 n = plan.next_token_samples.get((d, law), 0)
                 plan.next_token_samples[(d, law)] = max(n, rule.next_token_samples)
                 tv, power, alpha = plan.demands.get((d, law), (1.0, 0.0, 1.0))
-                plan.demands[(d, law)] = (min(tv, rule.detect_tv), max(power, rule.power), min(alpha, rule.significance))
+                plan.demands[(d, law)] = (
+                    min(tv, rule.detect_tv),
+                    max(power, rule.power),
+                    min(alpha, rule.significance),
+                )
         plan.next_token_prompts = max(plan.next_token_prompts, rule.next_token_prompts)
     return plan
 
@@ -187,9 +212,18 @@ class Workload:
 def law_of(spec: Any) -> Law:
     """One declared law (gate.policy.model.LawSpec: a policy's or a samples line's) as the
     plain record gate.law applies, named by its label."""
-    return Law(spec.label, spec.temperature, spec.top_k, spec.top_p, min_p=spec.min_p,
-               repetition_penalty=spec.repetition_penalty, presence_penalty=spec.presence_penalty,
-               frequency_penalty=spec.frequency_penalty, logit_bias=spec.logit_bias_pairs, convention=spec.convention)
+    return Law(
+        spec.label,
+        spec.temperature,
+        spec.top_k,
+        spec.top_p,
+        min_p=spec.min_p,
+        repetition_penalty=spec.repetition_penalty,
+        presence_penalty=spec.presence_penalty,
+        frequency_penalty=spec.frequency_penalty,
+        logit_bias=spec.logit_bias_pairs,
+        convention=spec.convention,
+    )
 
 
 def laws_of(policy: Any) -> list[Law]:
@@ -238,28 +272,41 @@ def constraint_entries(loaded: Any) -> list[ConstraintEntry]:
                 except (OSError, UnicodeDecodeError) as e:
                     raise PolicyValueError(f"{where}.schema_file", f"cannot read schema file {path}: {e}") from None
                 except json.JSONDecodeError as e:
-                    raise PolicyValueError(f"{where}.schema_file", f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+                    raise PolicyValueError(
+                        f"{where}.schema_file", f"{path}:{e.lineno}: not valid JSON: {e.msg}"
+                    ) from None
                 if not isinstance(schema, dict):
-                    raise PolicyValueError(f"{where}.schema_file", f"{path} holds a JSON {type(schema).__name__}, not a "
-                                           "JSON schema object")
+                    raise PolicyValueError(
+                        f"{where}.schema_file", f"{path} holds a JSON {type(schema).__name__}, not a JSON schema object"
+                    )
             out.append(ConstraintEntry(entry.name, ResponseFormat.of_schema(json.loads(json.dumps(schema))), where))
     return out
 
 
-def under_constraints(prompts: list[PlannedPrompt], questions: dict[str, Prompt], entries: list[ConstraintEntry]) -> list[PlannedPrompt]:
+def under_constraints(
+    prompts: list[PlannedPrompt], questions: dict[str, Prompt], entries: list[ConstraintEntry]
+) -> list[PlannedPrompt]:
     """Every prompt under each constraint entry, the entries of one prompt next to each other
     (so the variants of one prompt run close in time); without entries, each prompt under its
     own response_format. `questions`: source prompt id -> Prompt (whose response_format
     'prompt' takes); a context-sweep prompt '<id>@<length>' takes its question's."""
+
     def own(p: PlannedPrompt) -> ResponseFormat | None:
         q = questions.get(p.id if p.context_length is None else p.id.rsplit("@", 1)[0])
         return q.response_format if q is not None else None
 
     if not entries:
         return [replace(p, response_format=own(p)) for p in prompts]
-    return [replace(p, id=f"{p.id}#{e.label}", constraint=e.label,
-                    response_format=own(p) if e.format is PROMPT_FORMAT else e.format)
-            for p in prompts for e in entries]
+    return [
+        replace(
+            p,
+            id=f"{p.id}#{e.label}",
+            constraint=e.label,
+            response_format=own(p) if e.format is PROMPT_FORMAT else e.format,
+        )
+        for p in prompts
+        for e in entries
+    ]
 
 
 def encoder(tokenizer: Any, chat_template: bool) -> Encode:
@@ -277,8 +324,13 @@ def encoder(tokenizer: Any, chat_template: bool) -> Encode:
     return encode
 
 
-def build_workload(loaded: Any, source: WorkloadSource, tokenizer: Any, config: Any = None,
-                   check_categories: Callable[[list[str]], None] | None = None) -> Workload:
+def build_workload(
+    loaded: Any,
+    source: WorkloadSource,
+    tokenizer: Any,
+    config: Any = None,
+    check_categories: Callable[[list[str]], None] | None = None,
+) -> Workload:
     """The workload's prompts, selected (seeded, ShareGPT's length filter applied), built to
     every context length and tokenized, with what the report records about how they were chosen.
 
@@ -303,26 +355,39 @@ def build_workload(loaded: Any, source: WorkloadSource, tokenizer: Any, config: 
     if not chosen.prompts:
         raise PolicyValueError("workload.categories" if w.categories else "workload", "the workload selects no prompt")
     if w.chat_template and not getattr(tokenizer, "chat_template", None):
-        raise PolicyValueError("workload.chat_template", "the target tokenizer has no chat template; set chat_template: false")
+        raise PolicyValueError(
+            "workload.chat_template", "the target tokenizer has no chat template; set chat_template: false"
+        )
     info = WorkloadInfo(
-        source=w.source, seed=w.seed, available=sum(1 for p in everything if w.categories is None or p.category in w.categories),
-        prompt_ids=[p.id for p in chosen.prompts], path=str(loaded.resolve(w.path)) if w.path else None,
-        skipped=source.skipped(), examined=chosen.examined, pruned=chosen.pruned,
+        source=w.source,
+        seed=w.seed,
+        available=sum(1 for p in everything if w.categories is None or p.category in w.categories),
+        prompt_ids=[p.id for p in chosen.prompts],
+        path=str(loaded.resolve(w.path)) if w.path else None,
+        skipped=source.skipped(),
+        examined=chosen.examined,
+        pruned=chosen.pruned,
         length_filter=w.length_filter.model_dump() if accept is not None else None,
-        context_lengths=list(w.context_lengths or []), stop=list(w.stop), notes=source.notes(),
-        constraints=w.constraint_labels)
+        context_lengths=list(w.context_lengths or []),
+        stop=list(w.stop),
+        notes=source.notes(),
+        constraints=w.constraint_labels,
+    )
     encode = encoder(tokenizer, w.chat_template)
     if not w.context_lengths:
         prompts = [PlannedPrompt(p.id, p.category, tuple(encode(p.messages))) for p in chosen.prompts]
     else:
         builder = ContextBuilder(everything, tokenizer, encode, w.seed)
-        prompts = [c for i, length in enumerate(w.context_lengths)
-                   for c in _contexts(builder, chosen.prompts, length, i, info)]
+        prompts = [
+            c for i, length in enumerate(w.context_lengths) for c in _contexts(builder, chosen.prompts, length, i, info)
+        ]
     prompts = under_constraints(prompts, {p.id: p for p in chosen.prompts}, constraint_entries(loaded))
     return Workload(prompts, info, chosen.prompts, categories, source)
 
 
-def _contexts(builder: ContextBuilder, questions: list[Prompt], length: int, index: int, info: WorkloadInfo) -> list[PlannedPrompt]:
+def _contexts(
+    builder: ContextBuilder, questions: list[Prompt], length: int, index: int, info: WorkloadInfo
+) -> list[PlannedPrompt]:
     """Every question built to `length` tokens (those longer alone are recorded in info)."""
     where = f"workload.context_lengths[{index}]"
     out = []
@@ -336,8 +401,11 @@ def _contexts(builder: ContextBuilder, questions: list[Prompt], length: int, ind
         else:
             out.append(PlannedPrompt(built.prompt.id, built.prompt.category, tuple(built.token_ids), length))
     if not out:
-        raise PolicyValueError(where, f"every selected prompt is longer than {length} tokens by itself "
-                               "(chat template included); ask for a longer context")
+        raise PolicyValueError(
+            where,
+            f"every selected prompt is longer than {length} tokens by itself "
+            "(chat template included); ask for a longer context",
+        )
     return out
 
 
@@ -389,8 +457,15 @@ class Plan:
         order (gate.plan.plan_requests)."""
         policy = self.policy
         chosen = [law for law in self.laws if laws is None or law.name in laws]
-        return plan_requests(drafts, chosen, self.workload.prompts, policy.workload.max_new_tokens_list, repetitions,
-                             policy.workload.seed, policy.measurement.interleave)
+        return plan_requests(
+            drafts,
+            chosen,
+            self.workload.prompts,
+            policy.workload.max_new_tokens_list,
+            repetitions,
+            policy.workload.seed,
+            policy.measurement.interleave,
+        )
 
 
 def workload_source(loaded: Any) -> WorkloadSource:

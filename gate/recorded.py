@@ -31,14 +31,13 @@ from gate.constraints import bind, grammar_engine
 from gate.constraints.interface import parse_response_format
 from gate.errors import InputError, PolicyValueError, Problem
 from gate.law import Law, law_logits, law_probs
-from gate.plan import law_of
 from gate.measure.environment import environment
 from gate.measure.exactness import contexts, greedy_divergences, randomized_pit, sparse_counts
-from gate.policy.reader import load_policy
+from gate.plan import law_of
 from gate.policy.model import FieldError, LawSpec
+from gate.policy.reader import load_policy
 from gate.records import RECORDED_SAMPLES, DraftInfo, ExactnessRecord, Failure, FailureStage, Measurements
 from gate.session import open_target
-
 
 MIN_NEXT_TOKEN_GROUP = 20
 
@@ -48,15 +47,22 @@ class SampleLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_ids: list[StrictInt] = Field(..., min_length=1, description="Token ids the engine was given (chat template applied).")
+    prompt_ids: list[StrictInt] = Field(
+        ..., min_length=1, description="Token ids the engine was given (chat template applied)."
+    )
     output_ids: list[StrictInt] = Field(..., min_length=1, description="Token ids it generated, in order.")
     law: LawSpec = Field(..., description="The declared law the output was sampled under (temperature 0: greedy).")
     response_format: dict[str, Any] | None = Field(
-        None, description="The structured output the engine enforced, as OpenAI and vLLM take it: {type: json_schema, "
-        "schema} (or OpenAI's {type: json_schema, json_schema: {name, schema}}), {type: regex, pattern} or {type: choice, "
-        "choices}; the grammar masks the target's law as the verifier's (gate.law).")
+        None,
+        description="The structured output the engine enforced, as OpenAI and vLLM take it: {type: json_schema, "
+        "schema} (or OpenAI's {type: json_schema, json_schema: {name, schema}}), {type: regex, pattern} or {type: "
+        "choice, "
+        "choices}; the grammar masks the target's law as the verifier's (gate.law).",
+    )
     id: str | None = None
-    source: str = Field("samples", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="The engine or draft that produced it.")
+    source: str = Field(
+        "samples", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="The engine or draft that produced it."
+    )
 
 
 def samples_schema() -> dict:
@@ -107,14 +113,27 @@ def read_samples(path: Path, vocab_size: int) -> list[SampleLine]:
                 continue
         biased = [t for t in line.law.logit_bias if not 0 <= t < vocab_size]
         if biased:
-            problems.append(Problem(name, f"law.logit_bias.{biased[0]}", n, f"token id {biased[0]} is outside the target's "
-                                    f"vocabulary (0..{vocab_size - 1}): a bias on it is no law the target can express"))
+            problems.append(
+                Problem(
+                    name,
+                    f"law.logit_bias.{biased[0]}",
+                    n,
+                    f"token id {biased[0]} is outside the target's "
+                    f"vocabulary (0..{vocab_size - 1}): a bias on it is no law the target can express",
+                )
+            )
             continue
         bad = [t for t in line.prompt_ids + line.output_ids if not 0 <= t < vocab_size]
         if bad:
-            problems.append(Problem(name, "output_ids" if bad[0] in line.output_ids else "prompt_ids", n,
-                                    f"token id {bad[0]} is outside the target's vocabulary (0..{vocab_size - 1}); "
-                                    "were these samples made with another tokenizer?"))
+            problems.append(
+                Problem(
+                    name,
+                    "output_ids" if bad[0] in line.output_ids else "prompt_ids",
+                    n,
+                    f"token id {bad[0]} is outside the target's vocabulary (0..{vocab_size - 1}); "
+                    "were these samples made with another tokenizer?",
+                )
+            )
             continue
         out.append(line)
     if problems:
@@ -132,7 +151,9 @@ def _grammar_engine(loaded: Any, target: Any, formats: list[Any], samples_path: 
         return None
     from gate.models import loading as models
 
-    source = models.resolve_source(loaded.policy.target.model, loaded.policy.target.gguf_file, loaded.path.parent, "target.model")
+    source = models.resolve_source(
+        loaded.policy.target.model, loaded.policy.target.gguf_file, loaded.path.parent, "target.model"
+    )
     tokenizer = models.load_tokenizer(source)
     eos = set(target.eos_token_ids) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     engine = grammar_engine(tokenizer, target.oracle.vocab_size, eos)
@@ -143,15 +164,20 @@ def _grammar_engine(loaded: Any, target: Any, formats: list[Any], samples_path: 
         seen.add(fmt)
         error = engine.check(fmt)
         if error:
-            problems.append(Problem(samples_path, "response_format", n, f"the grammar engine cannot compile this {fmt.kind}: {error}"))
+            problems.append(
+                Problem(
+                    samples_path, "response_format", n, f"the grammar engine cannot compile this {fmt.kind}: {error}"
+                )
+            )
     if problems:
         raise InputError(problems[:20])
     return engine
 
 
 @torch.inference_mode()
-def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int = 0,
-                  served_reference: str | None = None) -> CheckResult:
+def check_samples(
+    policy_path: str | Path, samples_path: str | Path, seed: int = 0, served_reference: str | None = None
+) -> CheckResult:
     """Evaluate the policy's exactness rules (or a default one) on recorded samples.
 
     Greedy samples: every output token must be the target's argmax given the prefix; a
@@ -161,7 +187,9 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     first output token is the prefill's: they are tested as gate check tests a served run
     (gate.sampled_exactness.runner_record), the reference source's lines being the fallback
     runner's. Raises InputError when that source has no sampled line."""
-    loaded = load_policy(policy_path)  # only the target and the exactness rules are used: no draft, workload or tokenizer
+    loaded = load_policy(
+        policy_path
+    )  # only the target and the exactness rules are used: no draft, workload or tokenizer
     try:
         target = open_target(loaded, tokenizer=False)
     except PolicyValueError as e:
@@ -179,15 +207,26 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
     for i, line in enumerate(lines):
         law = law_of(line.law)
         if laws.get(law.name, law) != law:
-            raise InputError([Problem(str(samples_path), "law.name", i + 1, f"law name {law.name!r} was used on an earlier line "
-                                      "with other settings; give each law a distinct name")])
+            raise InputError(
+                [
+                    Problem(
+                        str(samples_path),
+                        "law.name",
+                        i + 1,
+                        f"law name {law.name!r} was used on an earlier line "
+                        "with other settings; give each law a distinct name",
+                    )
+                ]
+            )
         laws[law.name] = law
         records.setdefault((line.source, law.name), ExactnessRecord(line.source, law.name, law.greedy))
         if not law.greedy:
             groups[(line.source, law.name, (tuple(line.prompt_ids), formats[i]))].append(i)
     # The contexts worth a next-token test in every group (first position, shared prefixes),
     # their target laws filled from the teacher-forced forward of the first line through them.
-    tested = {key: contexts([lines[i].output_ids for i in idx], min_first=MIN_NEXT_TOKEN_GROUP) for key, idx in groups.items()}
+    tested = {
+        key: contexts([lines[i].output_ids for i in idx], min_first=MIN_NEXT_TOKEN_GROUP) for key, idx in groups.items()
+    }
     context_laws: dict[tuple[str, str, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
     wanted = {(key, prefix) for key, found in tested.items() for prefix, _ in found}
     pit_generator = torch.Generator().manual_seed(seed)
@@ -202,7 +241,9 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
             bound = bind(law, len(line.prompt_ids), formats[i], engine)
             if law.greedy:
                 rec.compared += 1
-                rec.divergences += greedy_divergences(law_logits(logits, bound, ids, len(line.prompt_ids)), line.output_ids, ident)
+                rec.divergences += greedy_divergences(
+                    law_logits(logits, bound, ids, len(line.prompt_ids)), line.output_ids, ident
+                )
                 continue
             probs = law_probs(logits, bound, ids, len(line.prompt_ids)).cpu()
             u = randomized_pit(probs, torch.tensor(line.output_ids), pit_generator)
@@ -230,8 +271,16 @@ def check_samples(policy_path: str | Path, samples_path: str | Path, seed: int =
 
 
 @torch.inference_mode()
-def _served_samples(loaded: Any, target: Any, lines: list[SampleLine], formats: list[Any], engine: Any, reference: str,
-                    samples_path: str, seed: int) -> CheckResult:
+def _served_samples(
+    loaded: Any,
+    target: Any,
+    lines: list[SampleLine],
+    formats: list[Any],
+    engine: Any,
+    reference: str,
+    samples_path: str,
+    seed: int,
+) -> CheckResult:
     """check_samples for samples of a served engine: every sampled line grouped by source, law
     and prompt (ids and format), the `reference` source standing for the fallback runner."""
     from gate.records import FALLBACK
@@ -239,8 +288,17 @@ def _served_samples(loaded: Any, target: Any, lines: list[SampleLine], formats: 
 
     sampled = [i for i, line in enumerate(lines) if not law_of(line.law).greedy]
     if not any(lines[i].source == reference for i in sampled):
-        raise InputError([Problem(samples_path, "source", None, f"no sampled line has source {reference!r}, the reference "
-                                  f"named by --served (sources: {', '.join(sorted({x.source for x in lines}))})")])
+        raise InputError(
+            [
+                Problem(
+                    samples_path,
+                    "source",
+                    None,
+                    f"no sampled line has source {reference!r}, the reference "
+                    f"named by --served (sources: {', '.join(sorted({x.source for x in lines}))})",
+                )
+            ]
+        )
     m = Measurements(environment=environment(target.device, seed))
     m.environment.models = [target.info]
     laws = {law_of(lines[i].law).name: law_of(lines[i].law) for i in sampled}
@@ -257,7 +315,9 @@ def _served_samples(loaded: Any, target: Any, lines: list[SampleLine], formats: 
 
         def target_law(pid: str, prefix: tuple[int, ...], law: Law = law) -> torch.Tensor:
             ids, fmt = list(by_id[pid][0]), by_id[pid][1]
-            return target.oracle.target_probs(ids + list(prefix) + [0], len(ids), bind(law, len(ids), fmt, engine))[-1].cpu()
+            return target.oracle.target_probs(ids + list(prefix) + [0], len(ids), bind(law, len(ids), fmt, engine))[
+                -1
+            ].cpu()
 
         ref = dict(outputs.get((reference, law_name), {}))
         name = FALLBACK if source == reference else source
@@ -269,10 +329,12 @@ def _served_samples(loaded: Any, target: Any, lines: list[SampleLine], formats: 
 
 def _finish_samples(loaded, m: Measurements) -> CheckResult:  # type: ignore[no-untyped-def]
     from gate.policy.model import RuleSpec
-    from gate.rules.kinds import exactness, registry as rule_kinds
+    from gate.rules.kinds import exactness
+    from gate.rules.kinds import registry as rule_kinds
 
     rules = [r for r in loaded.policy.rules if rule_kinds.needs_exactness(r)] or [
-        RuleSpec(id="exactness", kind=exactness.KIND.name)]
+        RuleSpec(id="exactness", kind=exactness.KIND.name)
+    ]
     # The samples name their own sources: scope by law only.
     rules = [r.model_copy(update={"scope": r.scope.model_copy(update={"drafts": None})}) for r in rules]
     return finish(loaded, m, Options(), [], rules=rules)

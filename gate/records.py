@@ -6,9 +6,10 @@ can aggregate the raw values later. They know nothing about rules.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any
 
 FALLBACK = "fallback"
 UNKNOWN_ID = -1  # output id of a token a runner counted but whose id it did not see (a stream of text only)
@@ -59,7 +60,7 @@ class SpecDecodeCounters:
     accepted_length_histogram: list[int] = field(default_factory=list)
     num_committed_tokens: int = 0
 
-    def __add__(self, other: "SpecDecodeCounters") -> "SpecDecodeCounters":
+    def __add__(self, other: SpecDecodeCounters) -> SpecDecodeCounters:
         return SpecDecodeCounters(
             self.num_drafts + other.num_drafts,
             self.num_draft_tokens + other.num_draft_tokens,
@@ -94,7 +95,9 @@ class SpecDecodeCounters:
         return [a / self.num_drafts if self.num_drafts else float("nan") for a in self.num_accepted_tokens_per_pos]
 
     @classmethod
-    def from_steps(cls, proposed: list[int], accepted: list[int], committed: list[int] | None = None) -> "SpecDecodeCounters":
+    def from_steps(
+        cls, proposed: list[int], accepted: list[int], committed: list[int] | None = None
+    ) -> SpecDecodeCounters:
         """Counters from per-step proposal, accepted and committed counts (steps without
         proposals ignored). Without `committed`, every step commits its accepted proposals
         plus one token."""
@@ -102,7 +105,7 @@ class SpecDecodeCounters:
         per_pos = [0] * width
         hist = [0] * (width + 1)
         drafts = done = 0
-        for s, (n, a) in enumerate(zip(proposed, accepted)):
+        for s, (n, a) in enumerate(zip(proposed, accepted, strict=False)):
             if n == 0:
                 continue
             drafts += 1
@@ -160,7 +163,9 @@ class RequestRecord:
     # Contention (gate.measure.contention), over the request's wall time; None where not
     # measured (a runner without the cpu_accounting capability).
     cpu_time_ms: float | None = None  # this process's CPU time, user + system, all threads
-    cpu_stall_ms: float | None = None  # time some runnable task waited for a CPU (/proc/pressure/cpu "some"), None without it
+    cpu_stall_ms: float | None = (
+        None  # time some runnable task waited for a CPU (/proc/pressure/cpu "some"), None without it
+    )
     load_avg_1m: float | None = None  # the machine's 1-minute load average at the request's end
     threads: int | None = None  # compute threads the runner used (torch.get_num_threads())
     contention_reruns: int = 0  # times this request's cell was rerun because a request of it was contended
@@ -171,7 +176,8 @@ class RequestRecord:
     server_draft_tokens: int | None = None  # proposals the server made for it (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
     # The served client's own timing of the request (gate.runners.result.ClientTiming; None in-process).
-    # token_times_ms and e2el_ms run from when the request left (its one write handed to the transport); these say what came before.
+    # token_times_ms and e2el_ms run from when the request left (its one write handed to the transport); these say what
+    # came before.
     schedule_lag_ms: float | None = None  # how late the client began it against when it was due
     send_ms: float | None = None  # began -> left (connection set-up included)
     connect_ms: float | None = None  # TCP/TLS set-up when it opened its connection (None: kept-alive, or in-process)
@@ -183,7 +189,9 @@ class RequestRecord:
     server_cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache (llama.cpp cache_n)
     started_s: float | None = None  # served: wall clock (s since the epoch) when the request left the client
     # Cross-tokenizer drafts (gate.drafts.cross_tokenizer), per step like step_proposed (0 / None elsewhere):
-    step_mapping_ms: list[float] | None = None  # time spent translating between the tokenizers in the step's proposal (ms)
+    step_mapping_ms: list[float] | None = (
+        None  # time spent translating between the tokenizers in the step's proposal (ms)
+    )
     step_draft_tokens: list[int] | None = None  # tokens the draft proposed in its own vocabulary before translation
 
     @property
@@ -298,8 +306,13 @@ class Divergence:
     def where(self) -> str:
         """'mt_bench-137 repetition 1 at concurrency 2, output position 27'."""
         rep = f" repetition {self.repetition}" if self.repetition is not None else ""
-        point = (f" at concurrency {self.concurrency}" if self.concurrency is not None else
-                 f" at request rate {self.request_rate:g}/s" if self.request_rate is not None else "")
+        point = (
+            f" at concurrency {self.concurrency}"
+            if self.concurrency is not None
+            else f" at request rate {self.request_rate:g}/s"
+            if self.request_rate is not None
+            else ""
+        )
         return f"{self.prompt_id}{rep}{point}, output position {self.position}"
 
 
@@ -499,7 +512,8 @@ def describe_failures(failed: list[Failure], most: int = 3) -> str:
         conc = sorted({f.concurrency for f in fs if f.concurrency is not None})
         rates = sorted({f.request_rate for f in fs if f.request_rate is not None})
         points = ([f"concurrency {', '.join(map(str, conc))}"] if conc else []) + (
-            [f"request rate {', '.join(f'{r:g}' for r in rates)}/s"] if rates else [])
+            [f"request rate {', '.join(f'{r:g}' for r in rates)}/s"] if rates else []
+        )
         at = f" at {' and '.join(points)}" if points else ""
         others = len({f.message for f in fs}) - 1
         more = f"; {others} other message(s) in the report's failures" if others else ""
@@ -612,9 +626,13 @@ class RunRecord:
     slo_ms: dict[str, float] = field(default_factory=dict)  # the SLOs good_requests was counted against
     cpu_stall_share: float | None = None  # served: share of the window's wall time some task waited for a CPU (PSI)
     client_workers: list[ClientWorkerRecord] = field(default_factory=list)  # served: the client's worker processes
-    server_ttft_mean_ms: float | None = None  # the server's own mean TTFT over the window (vLLM's histogram), where kept
+    server_ttft_mean_ms: float | None = (
+        None  # the server's own mean TTFT over the window (vLLM's histogram), where kept
+    )
     server_itl_mean_ms: float | None = None  # the server's own mean inter-token latency over the window, where kept
-    server_cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache over the window (vLLM's counter)
+    server_cached_tokens: int | None = (
+        None  # prompt tokens the server took from its prefix cache over the window (vLLM's counter)
+    )
 
     @property
     def duration_s(self) -> float:
@@ -631,8 +649,14 @@ class RunRecord:
         return self.committed_tokens / self.busy_s if self.busy_s > 0 else float("nan")
 
     @classmethod
-    def of(cls, runner: str, law: str, load: OfferedLoad, spans: list[tuple[float, RequestRecord]],
-           server: str | None = None) -> "RunRecord":
+    def of(
+        cls,
+        runner: str,
+        law: str,
+        load: OfferedLoad,
+        spans: list[tuple[float, RequestRecord]],
+        server: str | None = None,
+    ) -> RunRecord:
         """The window of `spans`: (wall-clock start in s, record) of every request in it
         (non-empty). Counters are None when any record lacks per-step counts."""
         if not spans:
@@ -640,8 +664,18 @@ class RunRecord:
         intervals = [(start, start + r.e2el_ms / 1e3) for start, r in spans]
         counts = [r.counters for _, r in spans]
         pooled = sum(counts, SpecDecodeCounters()) if all(c is not None for c in counts) else None  # type: ignore[arg-type]
-        return cls(runner, law, min(s for s, _ in intervals), max(e for _, e in intervals), load, len(spans),
-                   busy_seconds(intervals), sum(r.output_tokens for _, r in spans), pooled, server)
+        return cls(
+            runner,
+            law,
+            min(s for s, _ in intervals),
+            max(e for _, e in intervals),
+            load,
+            len(spans),
+            busy_seconds(intervals),
+            sum(r.output_tokens for _, r in spans),
+            pooled,
+            server,
+        )
 
 
 @dataclass
@@ -708,32 +742,51 @@ class SpeculationRecord:
     @property
     def where(self) -> str:
         """'under greedy at concurrency 2' (in-process: 'under greedy')."""
-        point = (f" at concurrency {self.concurrency}" if self.concurrency is not None else
-                 f" at request rate {self.request_rate:g}/s" if self.request_rate is not None else "")
+        point = (
+            f" at concurrency {self.concurrency}"
+            if self.concurrency is not None
+            else f" at request rate {self.request_rate:g}/s"
+            if self.request_rate is not None
+            else ""
+        )
         return f"under {self.law}{point}"
 
     def describe(self) -> str:
         """What was seen and why it is (or is not) speculation, in one sentence."""
-        made = (f"{self.draft_tokens} draft tokens ({self.source})" if self.draft_tokens is not None
-                else "an uncounted number of draft tokens")
-        seen = f"draft {self.runner} made {made} over {self.requests} requests ({self.output_tokens} output tokens) {self.where}"
+        made = (
+            f"{self.draft_tokens} draft tokens ({self.source})"
+            if self.draft_tokens is not None
+            else "an uncounted number of draft tokens"
+        )
+        seen = (
+            f"draft {self.runner} made {made} over {self.requests} requests ({self.output_tokens} output tokens) "
+            f"{self.where}"
+        )
         implied = f"its outputs imply at least {self.floor_steps} proposing steps ({self.rule})"
         if self.status == SpeculationStatus.OFF:
             return f"speculation did not run: {seen}, where {implied}"
         if self.status == SpeculationStatus.FEW:
             return f"speculation barely ran: {seen}, where {implied}"
         if self.status == SpeculationStatus.SOME_OFF:
-            return (f"speculation was off for some requests: {self.silent_requests} of the {self.eligible_requests} "
-                    f"requests whose outputs imply 2 or more proposing steps made no proposal ({seen}; {self.rule})")
+            return (
+                f"speculation was off for some requests: {self.silent_requests} of the {self.eligible_requests} "
+                f"requests whose outputs imply 2 or more proposing steps made no proposal ({seen}; {self.rule})"
+            )
         if self.status == SpeculationStatus.NOTHING_TO_PROPOSE:
-            return (f"nothing to propose: {seen}, and its outputs imply {self.floor_steps} proposing steps ({self.rule}): "
-                    "the draft found nothing to propose on these prompts; its verdicts stand as measured")
+            return (
+                f"nothing to propose: {seen}, and its outputs imply {self.floor_steps} proposing steps ({self.rule}): "
+                "the draft found nothing to propose on these prompts; its verdicts stand as measured"
+            )
         if self.status == SpeculationStatus.NOT_COUNTED and self.draft_tokens is None:
-            return (f"speculation not verified: draft {self.runner} {self.where}: neither per-request draft counts nor "
-                    "server spec-decode counters were recorded (give the endpoint a metrics_url)")
+            return (
+                f"speculation not verified: draft {self.runner} {self.where}: neither per-request draft counts nor "
+                "server spec-decode counters were recorded (give the endpoint a metrics_url)"
+            )
         if self.status == SpeculationStatus.NOT_COUNTED:
-            return (f"speculation not verified: {seen}, and its output token ids did not come back, so what they imply "
-                    "cannot be told (an api that returns token ids, such as llama_cpp, lets gate tell)")
+            return (
+                f"speculation not verified: {seen}, and its output token ids did not come back, so what they imply "
+                "cannot be told (an api that returns token ids, such as llama_cpp, lets gate tell)"
+            )
         return f"speculated: {seen} ({implied})"
 
 
@@ -951,7 +1004,7 @@ class EnvelopeRecord:
         """The interval as reports show it: "concurrency [4, 5)", "request rate [2.1, 2.4)/s";
         "[16, max)" when every SLO held up to the maximum, "[2, ?)" when the search stopped
         before anything failed (budget, an inconclusive or failed probe)."""
-        f = (lambda v: "-" if v is None else f"{v:g}" if self.integer else f"{v:.3g}")  # noqa: E731
+        f = lambda v: "-" if v is None else f"{v:g}" if self.integer else f"{v:.3g}"  # noqa: E731
         hi = ("max" if self.stop == "max" else "?") if self.upper is None else f(self.upper)
         unit = "/s" if not self.integer else ""
         return f"{self.over.replace('_', ' ')} [{f(self.lower)}, {hi}){unit}"
@@ -977,10 +1030,16 @@ class Measurements:
     laws: list[str] = field(default_factory=list)
     runs: list[RunRecord] = field(default_factory=list)  # the measured windows (timed requests per runner and law)
     servers: list[ServerRecord] = field(default_factory=list)  # served runners' engines (empty in-process)
-    tokenizers: list[TokenizerComparison] = field(default_factory=list)  # cross-tokenizer drafts' tokenizers against the target's
+    tokenizers: list[TokenizerComparison] = field(
+        default_factory=list
+    )  # cross-tokenizer drafts' tokenizers against the target's
     target_identity: TargetIdentity | None = None  # the loaded target's identity and its release comparison
     drift: list[DriftRecord] = field(default_factory=list)  # the target's law against the release's (release.model)
-    notes: list[str] = field(default_factory=list)  # what the measuring said about itself (contention reruns stopped); reported
+    notes: list[str] = field(
+        default_factory=list
+    )  # what the measuring said about itself (contention reruns stopped); reported
     envelopes: list[EnvelopeRecord] = field(default_factory=list)  # load.search: one per runner and law
     probe_requests: list[RequestRecord] = field(default_factory=list)  # load.search: its probes' requests, raw
-    speculation: list[SpeculationRecord] = field(default_factory=list)  # did each draft runner speculate (per law, load point)
+    speculation: list[SpeculationRecord] = field(
+        default_factory=list
+    )  # did each draft runner speculate (per law, load point)

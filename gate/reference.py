@@ -19,9 +19,9 @@ prefixes, so a test can judge samples against the exact target law at every posi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from enum import Enum
-from typing import Callable, Sequence
 
 import torch
 
@@ -110,8 +110,9 @@ def model_logits(model: torch.nn.Module, prompt: list[int]) -> LogitFn:
     return fn
 
 
-def history(tokens: torch.Tensor, at: torch.Tensor, prompt: Sequence[int] | torch.Tensor, vocab_size: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def history(
+    tokens: torch.Tensor, at: torch.Tensor, prompt: Sequence[int] | torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The penalties' history of each output position: (seen bool [B, k, V], the token
     occurs in `prompt` or in tokens[b, :at[b, j]]; output_counts float32 [B, k, V], its
     occurrences in tokens[b, :at[b, j]]), for tokens [B, W] and at [B, k] as for LogitFn.
@@ -130,9 +131,15 @@ def history(tokens: torch.Tensor, at: torch.Tensor, prompt: Sequence[int] | torc
     return seen, counts
 
 
-def position_law(logits: torch.Tensor, law: Law, tokens: torch.Tensor, at: torch.Tensor,
-                 prompt: Sequence[int] | torch.Tensor = (), grammar: GrammarFn | None = None,
-                 history_at: torch.Tensor | None = None) -> torch.Tensor:
+def position_law(
+    logits: torch.Tensor,
+    law: Law,
+    tokens: torch.Tensor,
+    at: torch.Tensor,
+    prompt: Sequence[int] | torch.Tensor = (),
+    grammar: GrammarFn | None = None,
+    history_at: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`law` at output positions at [B, k] of the sequences tokens [B, W] (after `prompt`):
     probabilities [B, k, V] from the raw logits [B, k, V] there, each row processed with
     its own history (gate.law.process) and masked by `grammar` after its output prefix.
@@ -149,15 +156,26 @@ def fault_applies(fault: Fault, law: Law, grammar: GrammarFn | None = None) -> b
     """False for a fault in a part of the law (LAW_PART_FAULTS) that `law` and `grammar` lack,
     where it would change nothing; True for every other fault."""
     part = LAW_PART_FAULTS.get(fault)
-    present = {"a penalty": law.needs_history, "min_p": bool(law.min_p) and not law.greedy,
-               "a grammar": grammar is not None}
+    present = {
+        "a penalty": law.needs_history,
+        "min_p": bool(law.min_p) and not law.greedy,
+        "a grammar": grammar is not None,
+    }
     return part is None or present[part]
 
 
-def speculative_sample(target_logits: torch.Tensor | LogitFn, draft_logits: torch.Tensor | LogitFn, law: Law,
-                       num_draft_tokens: int, batch: int, length: int, generator: torch.Generator,
-                       fault: Fault = Fault.NONE, prompt: Sequence[int] | torch.Tensor = (),
-                       grammar: GrammarFn | None = None) -> torch.Tensor:
+def speculative_sample(
+    target_logits: torch.Tensor | LogitFn,
+    draft_logits: torch.Tensor | LogitFn,
+    law: Law,
+    num_draft_tokens: int,
+    batch: int,
+    length: int,
+    generator: torch.Generator,
+    fault: Fault = Fault.NONE,
+    prompt: Sequence[int] | torch.Tensor = (),
+    grammar: GrammarFn | None = None,
+) -> torch.Tensor:
     """Generate `batch` sequences of `length` tokens by speculative sampling: [batch, length].
 
     target_logits, draft_logits: tables [length + num_draft_tokens + 1, V] (position
@@ -172,8 +190,10 @@ def speculative_sample(target_logits: torch.Tensor | LogitFn, draft_logits: torc
     (LAW_PART_FAULTS) that the law lacks.
     """
     if not fault_applies(fault, law, grammar):
-        raise ValueError(f"fault {fault.value} needs {LAW_PART_FAULTS[fault]} in the law; law {law.name!r} has none, "
-                         "so it would change nothing")
+        raise ValueError(
+            f"fault {fault.value} needs {LAW_PART_FAULTS[fault]} in the law; law {law.name!r} has none, "
+            "so it would change nothing"
+        )
     gamma = num_draft_tokens
     target = table_logits(target_logits) if isinstance(target_logits, torch.Tensor) else target_logits
     draft = table_logits(draft_logits) if isinstance(draft_logits, torch.Tensor) else draft_logits
@@ -200,7 +220,7 @@ def speculative_sample(target_logits: torch.Tensor | LogitFn, draft_logits: torc
         at = base[:, None] + torch.arange(gamma + 1)  # [B, gamma + 1]: proposals, then the bonus position
         q_all, q_raw, x = [], [], []
         for j in range(gamma):
-            qj, qj_raw = q_law(buf, at[:, j:j + 1])
+            qj, qj_raw = q_law(buf, at[:, j : j + 1])
             q_all.append(qj[:, 0])
             q_raw.append(qj_raw[:, 0])
             xj = _categorical(q_raw[-1] if fault is Fault.LAW_ONLY_IN_RATIO else q_all[-1], generator)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -22,13 +23,20 @@ class Registry(Generic[T]):
     """name -> entry for one axis.
 
     `what`: the axis in messages ("draft kind"); `builtin`: the module paths imported on
-    first read, or a function returning them (read then: the folder's BUILTIN tuple); `name_of`/`module_of`: an entry's name and the module that declares it (for the
+    first read, or a function returning them (read then: the folder's BUILTIN tuple); `name_of`/`module_of`: an entry's
+    name and the module that declares it (for the
     BUILTIN order); `attribute`: the module attribute holding the entry, for modules that do
     not register themselves (None: they call add())."""
 
-    def __init__(self, what: str, builtin: tuple[str, ...] | Callable[[], tuple[str, ...]], name_of: Callable[[T], str],
-                 module_of: Callable[[T], str], attribute: str | None = None,
-                 check: Callable[[T], None] | None = None):
+    def __init__(
+        self,
+        what: str,
+        builtin: tuple[str, ...] | Callable[[], tuple[str, ...]],
+        name_of: Callable[[T], str],
+        module_of: Callable[[T], str],
+        attribute: str | None = None,
+        check: Callable[[T], None] | None = None,
+    ):
         self.what = what
         self._builtin = builtin
         self._name_of = name_of
@@ -60,8 +68,10 @@ class Registry(Generic[T]):
         name = self._name_of(entry)
         known = self._entries.get(name)
         if known is not None and known is not entry and known != entry:
-            raise ValueError(f"{self.what} {name!r} is already registered (registered twice: by "
-                             f"{self._module_of(known)} and {self._module_of(entry)})")
+            raise ValueError(
+                f"{self.what} {name!r} is already registered (registered twice: by "
+                f"{self._module_of(known)} and {self._module_of(entry)})"
+            )
         self._entries[name] = entry
         return entry
 

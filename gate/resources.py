@@ -22,8 +22,18 @@ from gate.records import FALLBACK, BillLine, BillRecord
 
 # DraftBill, bills_for, kv_format, meta_model and estimate_weight_bytes live in gate.measure.bill
 # (gate check's run uses them too); they are imported here for this module's commands.
-__all__ = ["DraftBill", "RooflineRow", "bills_for", "config_bills", "estimate_weight_bytes", "kv_format", "load_config",
-           "meta_model", "policy_bills", "policy_roofline"]
+__all__ = [
+    "DraftBill",
+    "RooflineRow",
+    "bills_for",
+    "config_bills",
+    "estimate_weight_bytes",
+    "kv_format",
+    "load_config",
+    "meta_model",
+    "policy_bills",
+    "policy_roofline",
+]
 
 
 def policy_bills(loaded: Any) -> list[BillRecord]:
@@ -50,8 +60,16 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
             drafts.append(DraftBill(name, d.num_draft_tokens, None, own, draft_kinds.has_distribution(d)))
             continue
         own = 0 if m.shares_target_weights else _weights(m.config, m.dtype, m.quantization, at)
-        drafts.append(DraftBill(name, d.num_draft_tokens, _cache(m.config, kv_format(res, m.cache_dtype), at), own,
-                                draft_kinds.has_distribution(d), m.own_vocab_size))
+        drafts.append(
+            DraftBill(
+                name,
+                d.num_draft_tokens,
+                _cache(m.config, kv_format(res, m.cache_dtype), at),
+                own,
+                draft_kinds.has_distribution(d),
+                m.own_vocab_size,
+            )
+        )
     return bills_for(res, context, int(config.vocab_size), target_cache, target_bytes, drafts)
 
 
@@ -102,10 +120,18 @@ def add_server_pools(loaded: Any, bills: list[BillRecord], servers: list[Any]) -
             if line is None:
                 line = BillLine("draft weights", "", 0)
                 bill.lines.insert(next(i for i, x in enumerate(bill.lines) if x.name == "target KV cache") + 1, line)
-            line.bytes, line.formula = own, f"a model of its own to the server (its weights are the target's), at {dtype}"
+            line.bytes, line.formula = (
+                own,
+                f"a model of its own to the server (its weights are the target's), at {dtype}",
+            )
         said = f"; the server counts {server.kv_pool_bytes:,} B" if server.kv_pool_bytes else ""
-        bill.lines.append(BillLine(SERVER_POOL_LINE, f"{server.kv_pool_tokens:,} tokens preallocated x "
-                                   f"({' + '.join(parts)}) at {dtype}{said}", server.kv_pool_tokens * per_token))
+        bill.lines.append(
+            BillLine(
+                SERVER_POOL_LINE,
+                f"{server.kv_pool_tokens:,} tokens preallocated x ({' + '.join(parts)}) at {dtype}{said}",
+                server.kv_pool_tokens * per_token,
+            )
+        )
 
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -148,8 +174,15 @@ def _cache(config: Any, fmt: KVFormat, yaml_path: str) -> CacheModel:
         raise PolicyValueError(yaml_path, str(e)) from None
 
 
-def config_bills(target: Path, draft: Path | None, dtype: str, num_draft_tokens: int, context_tokens: int,
-                 sequences: int, resources: Any) -> list[BillRecord]:
+def config_bills(
+    target: Path,
+    draft: Path | None,
+    dtype: str,
+    num_draft_tokens: int,
+    context_tokens: int,
+    sequences: int,
+    resources: Any,
+) -> list[BillRecord]:
     """Bills from config.json files (or model folders holding one, or .gguf files) given on the command line.
     Raises ConfigError for a config gate cannot bill."""
     from transformers import AutoConfig
@@ -167,9 +200,13 @@ def config_bills(target: Path, draft: Path | None, dtype: str, num_draft_tokens:
     drafts = []
     if draft is not None:
         dcfg = read(draft)
-        drafts.append(DraftBill("draft", num_draft_tokens, cache_model(dcfg, fmt), estimate_weight_bytes(dcfg, dtype), True))
+        drafts.append(
+            DraftBill("draft", num_draft_tokens, cache_model(dcfg, fmt), estimate_weight_bytes(dcfg, dtype), True)
+        )
     res = resources.model_copy(update={"sequences": sequences})
-    return bills_for(res, context_tokens, int(tcfg.vocab_size), cache_model(tcfg, fmt), estimate_weight_bytes(tcfg, dtype), drafts)
+    return bills_for(
+        res, context_tokens, int(tcfg.vocab_size), cache_model(tcfg, fmt), estimate_weight_bytes(tcfg, dtype), drafts
+    )
 
 
 @dataclass(frozen=True)
@@ -183,8 +220,9 @@ class RooflineRow:
     by_law: dict[str, dict[str, float | None]]  # law -> alpha (mean overlap), predicted and measured speedup
 
 
-def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: list[int],
-                    report: dict[str, Any] | None = None) -> list[RooflineRow]:
+def policy_roofline(
+    loaded: Any, bandwidth: float, peak_flops: float, batches: list[int], report: dict[str, Any] | None = None
+) -> list[RooflineRow]:
     """Place the fallback decode step and every model draft's verification step on the
     roofline, from the target's and drafts' parameter and cache bytes at the policy's
     context. With a gate check report, the predicted speedup from its measured acceptance
@@ -202,8 +240,15 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
     width = _attention_width(config)
     weights = next(x.bytes for x in bills[FALLBACK].lines if x.name == "target weights")
     summary = {(r["runner"], r["law"]): r for r in (report or {}).get("summary", [])}
-    rows = [RooflineRow(FALLBACK, [step("decode", params, weights, kv, context, b, 1, peak_flops, bandwidth, width) for b in batches],
-                        ridge_batch(params, weights, kv, context, 1, peak_flops, bandwidth, width), None, {})]
+    rows = [
+        RooflineRow(
+            FALLBACK,
+            [step("decode", params, weights, kv, context, b, 1, peak_flops, bandwidth, width) for b in batches],
+            ridge_batch(params, weights, kv, context, 1, peak_flops, bandwidth, width),
+            None,
+            {},
+        )
+    ]
     target_step = step("decode", params, weights, kv, context, 1, 1, peak_flops, bandwidth, width).time_s
     ctx = _config_context(loaded, config)
     for name, d in policy.drafts.items():
@@ -215,8 +260,21 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
             at = f"drafts.{name}"
             dparams = sum(p.numel() for p in _meta(m.config, at).parameters())
             dkv = cache_model(m.config, kv_format(policy.resources, m.cache_dtype)).bytes_per_token
-            c = step("draft", dparams, _weights(m.config, m.dtype, m.quantization, at), dkv, context, 1, 1, peak_flops,
-                     bandwidth, _attention_width(m.config)).time_s / target_step
+            c = (
+                step(
+                    "draft",
+                    dparams,
+                    _weights(m.config, m.dtype, m.quantization, at),
+                    dkv,
+                    context,
+                    1,
+                    1,
+                    peak_flops,
+                    bandwidth,
+                    _attention_width(m.config),
+                ).time_s
+                / target_step
+            )
         by_law: dict[str, dict[str, float | None]] = {}
         for (runner, law), r in summary.items():
             # alpha in Leviathan et al.'s formula is the per-proposal acceptance probability:
@@ -224,9 +282,16 @@ def policy_roofline(loaded: Any, bandwidth: float, peak_flops: float, batches: l
             # proposals made after the first rejection
             if runner == name and r.get("overlap_mean") is not None:
                 alpha = r["overlap_mean"]
-                by_law[law] = {"alpha": alpha, "predicted_speedup": predicted_speedup(alpha, d.num_draft_tokens, c),
-                               "measured_speedup": r.get("speedup")}
-        rows.append(RooflineRow(name, steps, ridge_batch(params, weights, kv, context, k, peak_flops, bandwidth, width), c, by_law))
+                by_law[law] = {
+                    "alpha": alpha,
+                    "predicted_speedup": predicted_speedup(alpha, d.num_draft_tokens, c),
+                    "measured_speedup": r.get("speedup"),
+                }
+        rows.append(
+            RooflineRow(
+                name, steps, ridge_batch(params, weights, kv, context, k, peak_flops, bandwidth, width), c, by_law
+            )
+        )
     return rows
 
 

@@ -28,15 +28,20 @@ and keeps what was measured; runners are always closed (managed servers stopped)
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from gate import interrupt
+from gate.constraints import bind
 from gate.drafts import registry as draft_kinds
 from gate.errors import describe_error
+from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.load.interface import LoadStrategy
+from gate.load.points import describe_point, point_of
+from gate.load.search import ProbeResult, SearchPlan, Window, judge_probe, meets, search
 from gate.load.sequential import SEQUENTIAL
 from gate.measure.bill import bills_for, kv_format
 from gate.measure.contention import BUSY_CELLS, Handling, Probe, RerunBudget, is_contended, pooled_stall_share
@@ -46,16 +51,24 @@ from gate.measure.identity import measure_identity
 from gate.measure.kv import cache_model
 from gate.measure.overlap import position_overlaps
 from gate.models.loading import dtype_name, weight_bytes
-from gate.constraints import bind
-from gate.law import Law, RequestLaw, law_logits, law_probs
 from gate.oracle import TargetOracle
 from gate.phases import Phase, not_measured, run_phases
-from gate.load.points import describe_point, point_of
-from gate.load.search import ProbeResult, SearchPlan, Window, judge_probe, meets, search
 from gate.plan import Block, ExactnessPlan, plan_blocks, window_requests
+from gate.records import (
+    FALLBACK,
+    EnvelopeRecord,
+    ExactnessRecord,
+    Failure,
+    FailureStage,
+    Measurements,
+    OverlapRecord,
+    ProbeRecord,
+    RequestRecord,
+    RunRecord,
+    SpecDecodeCounters,
+    busy_seconds,
+)
 from gate.requests import PlannedPrompt, Request, request_seed
-from gate.records import (FALLBACK, EnvelopeRecord, ExactnessRecord, busy_seconds, Failure, FailureStage, Measurements,
-                          OverlapRecord, ProbeRecord, RequestRecord, RunRecord, SpecDecodeCounters)
 from gate.runners.interface import RequestResult, Runner, StreamResult
 from gate.session import Session
 
@@ -91,8 +104,9 @@ class Settings:
         return self.shard is None or self.shard[0] == 1
 
 
-def measure(session: Session, settings: Settings, progress: Progress | None = None,
-            exactness: ExactnessPlan | None = None) -> Measurements:
+def measure(
+    session: Session, settings: Settings, progress: Progress | None = None, exactness: ExactnessPlan | None = None
+) -> Measurements:
     """Every measurement the policy needs, as raw records (see gate.records and the module
     docstring): the requests at every load point, overlap along the fallback's outputs where
     the drafts are loaded here, exactness (ExactnessPlan pairs), the bill, the bookkeeping
@@ -130,15 +144,31 @@ def measure(session: Session, settings: Settings, progress: Progress | None = No
         Phase("the bookkeeping", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
     ]
     if runner.capabilities.in_process and first:  # the target the runner serves is the one loaded here
-        phases.append(Phase("the target identity check", FailureStage.IDENTITY, lambda: measure_identity(session, m, progress),
-                            unmeasured=lambda why, when: [] if session.release is None else [
-                                Failure(FailureStage.IDENTITY, "*", "*", "target identity", f"not measured: {why} {when}")]))
+        phases.append(
+            Phase(
+                "the target identity check",
+                FailureStage.IDENTITY,
+                lambda: measure_identity(session, m, progress),
+                unmeasured=lambda why, when: (
+                    []
+                    if session.release is None
+                    else [Failure(FailureStage.IDENTITY, "*", "*", "target identity", f"not measured: {why} {when}")]
+                ),
+            )
+        )
     run_phases(m, phases)
     return m
 
 
-def measure_more(session: Session, m: Measurements, settings: Settings, drafts: list[str], laws: list[str],
-                 repetitions: range, progress: Progress | None = None) -> None:
+def measure_more(
+    session: Session,
+    m: Measurements,
+    settings: Settings,
+    drafts: list[str],
+    laws: list[str],
+    repetitions: range,
+    progress: Progress | None = None,
+) -> None:
     """Further repetitions of `drafts` (and their fallback) under `laws`, at every load
     point, appended to `m` (requests, windows, notes): what measurement.extra_repetitions
     runs when a verdict is inconclusive. Overlap and exactness are not remeasured (they do
@@ -192,8 +222,14 @@ class Loop:
     docstring). `ended` counts the requests that ended (measured or failed) per (runner,
     law, concurrency, request_rate)."""
 
-    def __init__(self, session: Session, m: Measurements, settings: Settings, progress: Progress,
-                 exactness: ExactnessPlan | None = None):
+    def __init__(
+        self,
+        session: Session,
+        m: Measurements,
+        settings: Settings,
+        progress: Progress,
+        exactness: ExactnessPlan | None = None,
+    ):
         self.session, self.m, self.s, self.progress = session, m, settings, progress
         self.exactness = exactness or ExactnessPlan()
         self.runner: Runner = session.runner
@@ -217,9 +253,17 @@ class Loop:
     def blocks(self, names: list[str], laws: list[Law], reps: range) -> list[Block]:
         """The run order of `names` (the fallback first) x `laws` x load points x `reps`
         (gate.plan.plan_blocks)."""
-        blocks = plan_blocks(names[1:], laws, self.session.prompts, self.s.max_new_tokens, reps, self.s.seed,
-                             self.points if self.labelled else None, self.interleaved,
-                             self.runner.capabilities.slow_switch)
+        blocks = plan_blocks(
+            names[1:],
+            laws,
+            self.session.prompts,
+            self.s.max_new_tokens,
+            reps,
+            self.s.seed,
+            self.points if self.labelled else None,
+            self.interleaved,
+            self.runner.capabilities.slow_switch,
+        )
         if self.s.shard is None:
             return blocks
         out = []
@@ -249,24 +293,40 @@ class Loop:
                     for name in names:
                         k = per - self._kept(name, law.name, c, r)
                         if k > 0:
-                            what = f"{k} of {per} requests at {describe_point(load)}" if self.labelled else \
-                                f"{k} of {per} requests not measured"
+                            what = (
+                                f"{k} of {per} requests at {describe_point(load)}"
+                                if self.labelled
+                                else f"{k} of {per} requests not measured"
+                            )
                             out.append(Failure(FailureStage.REQUEST, name, law.name, what, text, c, r))
             return out
 
-        return Phase("the requests", FailureStage.REQUEST, lambda: self.requests(names, laws, reps), unmeasured,
-                     detail=lambda: f"{ended()} of {total} requests measured")
+        return Phase(
+            "the requests",
+            FailureStage.REQUEST,
+            lambda: self.requests(names, laws, reps),
+            unmeasured,
+            detail=lambda: f"{ended()} of {total} requests measured",
+        )
 
     def _kept(self, name: str, law: str, c: int | None, r: float | None) -> int:
         """Requests of one runner, law and load point the measurements hold: records, and
         failures of one request ("request <id> ...") or of several ("<n> requests ..."). Counted
         from what was kept, not from what ended: a request that ends in the client's thread
         while an interrupt unwinds this one is in neither, and is named as not measured."""
-        n = sum(1 for q in self.m.requests if q.draft == name and q.law == law and q.concurrency == c
-                and q.request_rate == r)
+        n = sum(
+            1
+            for q in self.m.requests
+            if q.draft == name and q.law == law and q.concurrency == c and q.request_rate == r
+        )
         for f in self.m.failures:
-            if f.stage != FailureStage.REQUEST or f.draft != name or f.law != law or (f.concurrency, f.request_rate) != (c, r) \
-                    or "not measured" in f.message:  # what an earlier stop already named
+            if (
+                f.stage != FailureStage.REQUEST
+                or f.draft != name
+                or f.law != law
+                or (f.concurrency, f.request_rate) != (c, r)
+                or "not measured" in f.message
+            ):  # what an earlier stop already named
                 continue
             head = f.what.split(" ", 1)[0]
             n += 1 if head == "request" else int(head) if head.isdigit() and " requests" in f.what else 0
@@ -296,7 +356,12 @@ class Loop:
                     self.progress("requests", done[0], total)
                     self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
-                if not self.runner.capabilities.in_process and names[0] == FALLBACK and len(names) > 1 and self.s.first_shard:
+                if (
+                    not self.runner.capabilities.in_process
+                    and names[0] == FALLBACK
+                    and len(names) > 1
+                    and self.s.first_shard
+                ):
                     self._samples()
                 if self.s.search is not None and self.labelled:
                     self._search(names, laws)
@@ -322,7 +387,9 @@ class Loop:
         try:
             plans = sampled_exactness.plan_samples(self.session, self.exactness, list(self.points))
         except Exception as e:  # noqa: BLE001 - e.g. the local target's forward failed: no samples, the rule errs
-            self.m.failures.append(Failure(FailureStage.EXACTNESS, "*", "*", "served exactness plan", describe_error(e)))
+            self.m.failures.append(
+                Failure(FailureStage.EXACTNESS, "*", "*", "served exactness plan", describe_error(e))
+            )
             return
         if not plans:
             return
@@ -337,7 +404,8 @@ class Loop:
         """The envelope search (gate.load.search) of each runner and law, after the load points:
         one EnvelopeRecord each (m.envelopes), the probes' requests kept raw (m.probe_requests).
         Each runner's search begins with the warm-up requests (measurement.warmup_requests: its
-        server may have been started again for it). A probe window whose requests were too often contended or client delayed is rerun (up to
+        server may have been started again for it). A probe window whose requests were too often contended or client
+        delayed is rerun (up to
         measurement.contention_reruns times). Once measurement.max_wall_s has run out, what was
         found is recorded and interrupt.OutOfTime raised; after a signal (KeyboardInterrupt) during a
         probe, what was found is recorded and the interrupt raised again. The runners of a
@@ -355,8 +423,12 @@ class Loop:
                     continue  # a num_draft_tokens_sweep runner is measured at the load points, not searched
                 figures: dict[float, dict[str, Any]] = {}
                 if self.s.warmup:  # a managed server may have been started again for this runner: warm it first
-                    self._warmup(name, window_requests(name, law, prompts, lengths, 0, seed), plan.strategy(plan.start),
-                                 "envelope search")
+                    self._warmup(
+                        name,
+                        window_requests(name, law, prompts, lengths, 0, seed),
+                        plan.strategy(plan.start),
+                        "envelope search",
+                    )
 
                 def probe(load: float, name: str = name, law: Law = law) -> ProbeResult:
                     strategy = plan.strategy(load)
@@ -366,7 +438,7 @@ class Loop:
                         for rep in range(plan.repetitions):
                             base = window_requests(name, law, prompts, lengths, rep, seed)
                             unit = [replace(base[i % len(base)]) for i in range(plan.request_count(load, len(base)))]
-                            for attempt in range(1 + self.s.contention.reruns):
+                            for _attempt in range(1 + self.s.contention.reruns):
                                 a = _Attempt()
                                 try:
                                     self._attempt(unit, strategy, at, a, tally=False)
@@ -379,8 +451,10 @@ class Loop:
                             windows.append(w)
                             if w.failed:
                                 errors = [f.message for f in a.failures]
-                                self.m.notes.append(f"{name}/{law.name} {at}: {w.failed} requests failed"
-                                                    + (f" ({errors[0]})" if errors else ""))
+                                self.m.notes.append(
+                                    f"{name}/{law.name} {at}: {w.failed} requests failed"
+                                    + (f" ({errors[0]})" if errors else "")
+                                )
                                 break
                     except interrupt.OutOfTime:
                         return ProbeResult(None, None, "measurement.max_wall_s ran out during the probe", ran_out=True)
@@ -388,18 +462,56 @@ class Loop:
                         signalled.append(True)
                         return ProbeResult(None, None, "a signal stopped the probe", interrupted=True)
                     result, figs = judge_probe(plan, load, windows)
-                    figures[load] = figs
-                    self.progress(f"envelope search {name}", len(figures), len(figures))
+                    # the probe runs inside this runner's search, never after the loop moved on
+                    figures[load] = figs  # noqa: B023
+                    self.progress(f"envelope search {name}", len(figures), len(figures))  # noqa: B023
                     return result
 
-                env = search(probe, plan.start, plan.maximum, plan.integer, plan.tolerance, plan.budget_s,
-                             stopped=lambda: interrupt.ran_out() or bool(signalled))
-                probes = [ProbeRecord(st.load, **{k: figures.get(st.load, {}).get(k, default) for k, default in (
-                    ("requests", 0), ("failed", 0), ("excluded", 0), ("throughputs", []), ("good_shares", []), ("itl_p99_ms", []),
-                    ("tpot_mean_ms", []))},
-                    verdict=st.verdict, why=st.result.why, saturated=st.saturated) for st in env.steps]
-                self.m.envelopes.append(EnvelopeRecord(name, law.name, plan.over, env.lower, env.upper, env.stop, probes,
-                                                       env.wall_s, dict(plan.slo_ms), plan.itl_p99_ms, plan.min_good_share))
+                env = search(
+                    probe,
+                    plan.start,
+                    plan.maximum,
+                    plan.integer,
+                    plan.tolerance,
+                    plan.budget_s,
+                    stopped=lambda: interrupt.ran_out() or bool(signalled),
+                )
+                probes = [
+                    ProbeRecord(
+                        st.load,
+                        **{
+                            k: figures.get(st.load, {}).get(k, default)
+                            for k, default in (
+                                ("requests", 0),
+                                ("failed", 0),
+                                ("excluded", 0),
+                                ("throughputs", []),
+                                ("good_shares", []),
+                                ("itl_p99_ms", []),
+                                ("tpot_mean_ms", []),
+                            )
+                        },
+                        verdict=st.verdict,
+                        why=st.result.why,
+                        saturated=st.saturated,
+                    )
+                    for st in env.steps
+                ]
+                self.m.envelopes.append(
+                    EnvelopeRecord(
+                        name,
+                        law.name,
+                        plan.over,
+                        env.lower,
+                        env.upper,
+                        env.stop,
+                        probes,
+                        env.wall_s,
+                        dict(plan.slo_ms),
+                        plan.itl_p99_ms,
+                        plan.min_good_share,
+                    )
+                )
                 if signalled:
                     raise KeyboardInterrupt
                 if interrupt.ran_out():
@@ -429,12 +541,16 @@ class Loop:
         from gate.load.closed import ClosedLoop
 
         c, r = self._labels(load)
-        warm = [Request(name, q.law, q.prompt, min(8 if self.labelled else 4, q.max_new_tokens), q.repetition, q.seed)
-                for q in requests[:self.s.warmup]]
+        warm = [
+            Request(name, q.law, q.prompt, min(8 if self.labelled else 4, q.max_new_tokens), q.repetition, q.seed)
+            for q in requests[: self.s.warmup]
+        ]
 
         def fail(what: str, message: str) -> None:
             if self.labelled:
-                self.m.failures.append(Failure(FailureStage.WARM_UP, name, warm[0].law.name, f"{what} at {at}", message, c, r))
+                self.m.failures.append(
+                    Failure(FailureStage.WARM_UP, name, warm[0].law.name, f"{what} at {at}", message, c, r)
+                )
             else:
                 self.m.failures.append(Failure(FailureStage.WARM_UP, name, "*", "warm-up", message))
 
@@ -446,7 +562,9 @@ class Loop:
         except Exception as e:  # noqa: BLE001 - e.g. the server did not start: the window's requests will say so too
             fail("warm-up", describe_error(e))
 
-    def _unit(self, unit: list[Request], load: LoadStrategy, at: str, budget: RerunBudget, kept: list[_Attempt]) -> None:
+    def _unit(
+        self, unit: list[Request], load: LoadStrategy, at: str, budget: RerunBudget, kept: list[_Attempt]
+    ) -> None:
         """One unit: its first attempt, then reruns while it is contended and `budget` allows;
         the attempt with the fewest contended requests is kept (ties: the least stalled). An
         interrupt keeps what the unit measured so far (its last whole attempt, or the first
@@ -506,8 +624,17 @@ class Loop:
         def done(i: int, result: RequestResult) -> None:
             req = unit[i]
             if isinstance(result, BaseException):  # recorded, the run goes on
-                into.failures.append(Failure(FailureStage.REQUEST, req.draft, req.law.name, f"request {req.prompt.id}{where}",
-                                             describe_error(result), c, r))
+                into.failures.append(
+                    Failure(
+                        FailureStage.REQUEST,
+                        req.draft,
+                        req.law.name,
+                        f"request {req.prompt.id}{where}",
+                        describe_error(result),
+                        c,
+                        r,
+                    )
+                )
             else:
                 info = self.m.drafts.get(req.draft)
                 rec = request_record(req, result, (info.num_draft_tokens or 0) if info is not None else 0, c, r)
@@ -525,8 +652,17 @@ class Loop:
             for req in left if tally else []:
                 self.ended[req.draft, req.law.name, c, r] += 1
             if left:
-                into.failures.append(Failure(FailureStage.REQUEST, left[0].draft, left[0].law.name,
-                                             f"{len(left)} requests{where}", describe_error(e), c, r))
+                into.failures.append(
+                    Failure(
+                        FailureStage.REQUEST,
+                        left[0].draft,
+                        left[0].law.name,
+                        f"{len(left)} requests{where}",
+                        describe_error(e),
+                        c,
+                        r,
+                    )
+                )
         finally:
             self.m.notes += self.runner.notes()  # what the runner saw beside the results (listen-queue overflows)
             into.client_workers = self.runner.client_stats()
@@ -580,12 +716,22 @@ class Loop:
             info = self.m.drafts.get(name)
             always_proposes = info is not None and info.probability_info == "distribution"
             if error:
-                self.m.failures.append(Failure(FailureStage.REQUEST, name, law, f"server counters at {at}", error, c, r))
+                self.m.failures.append(
+                    Failure(FailureStage.REQUEST, name, law, f"server counters at {at}", error, c, r)
+                )
             elif always_proposes and any(name in a.scraped for a in mine) and w.counters is None:
-                self.m.failures.append(Failure(
-                    FailureStage.REQUEST, name, law, f"server counters at {at}",
-                    f"speculation not shown: the server exposes no spec-decode counters while it committed "
-                    f"{w.committed_tokens} tokens", c, r))
+                self.m.failures.append(
+                    Failure(
+                        FailureStage.REQUEST,
+                        name,
+                        law,
+                        f"server counters at {at}",
+                        f"speculation not shown: the server exposes no spec-decode counters while it committed "
+                        f"{w.committed_tokens} tokens",
+                        c,
+                        r,
+                    )
+                )
 
     def _contended(self, a: _Attempt) -> int:
         h = self.s.contention
@@ -619,12 +765,20 @@ def _not_lossless(m: Measurements) -> None:
     """A Failure at stage "verification" for each draft whose server says it verifies with a
     method that does not keep the target's law (ServerRecord.lossless False), once."""
     for s in m.servers:
-        if s.lossless is False and not any(f.stage == FailureStage.VERIFICATION and f.draft == s.runner
-                                           for f in m.failures):
-            m.failures.append(Failure(FailureStage.VERIFICATION, s.runner, "*", "verification",
-                                      f"the server of {s.runner} verifies with {s.verification}, which does not keep "
-                                      "the target's law (acceptance not decided by p and q): no exactness or speedup "
-                                      "verdict rests on it"))
+        if s.lossless is False and not any(
+            f.stage == FailureStage.VERIFICATION and f.draft == s.runner for f in m.failures
+        ):
+            m.failures.append(
+                Failure(
+                    FailureStage.VERIFICATION,
+                    s.runner,
+                    "*",
+                    "verification",
+                    f"the server of {s.runner} verifies with {s.verification}, which does not keep "
+                    "the target's law (acceptance not decided by p and q): no exactness or speedup "
+                    "verdict rests on it",
+                )
+            )
 
 
 def _server_pools(plan: Any, m: Measurements) -> None:
@@ -645,22 +799,49 @@ def _servers(runner: Runner, names: list[str]) -> list[Any]:
     return [d for name in names if (d := runner.describe(name)) is not None]
 
 
-def request_record(req: Request, g: StreamResult, num_draft_tokens: int, concurrency: int | None = None,
-                   request_rate: float | None = None) -> RequestRecord:
+def request_record(
+    req: Request,
+    g: StreamResult,
+    num_draft_tokens: int,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+) -> RequestRecord:
     """A runner's StreamResult labelled with its planned request, the draft's gamma
     (`num_draft_tokens`, 0 for the fallback) and, for served runs, its load point."""
     return RequestRecord(
-        draft=req.draft, law=req.law.name, prompt_id=req.prompt.id, category=req.prompt.category,
-        max_new_tokens=req.max_new_tokens, repetition=req.repetition, prompt_tokens=len(req.prompt.token_ids),
-        output_ids=g.output_ids, token_times_ms=g.token_times_ms, step_committed=g.step_committed,
-        step_proposed=g.step_proposed, step_accepted=g.step_accepted, stop_reason=g.stop_reason, e2el_ms=g.e2el_ms,
-        num_draft_tokens=num_draft_tokens, kv_cache_tokens=g.kv_cache_tokens,
-        kv_cache_bytes=g.kv_cache_bytes, draft_kv_cache_bytes=g.draft_kv_cache_bytes,
-        context_length=req.prompt.context_length, constraint=req.prompt.constraint, stop_string=g.stop_string,
-        cpu_time_ms=g.cpu_time_ms, cpu_stall_ms=g.cpu_stall_ms, load_avg_1m=g.load_avg_1m, threads=g.threads,
-        concurrency=concurrency, request_rate=request_rate, queue_ms=g.queue_ms,
-        server_draft_tokens=g.server_draft_tokens, server_accepted_tokens=g.server_accepted_tokens,
-        step_mapping_ms=g.step_mapping_ms, step_draft_tokens=g.step_draft_tokens, **client_fields(g),
+        draft=req.draft,
+        law=req.law.name,
+        prompt_id=req.prompt.id,
+        category=req.prompt.category,
+        max_new_tokens=req.max_new_tokens,
+        repetition=req.repetition,
+        prompt_tokens=len(req.prompt.token_ids),
+        output_ids=g.output_ids,
+        token_times_ms=g.token_times_ms,
+        step_committed=g.step_committed,
+        step_proposed=g.step_proposed,
+        step_accepted=g.step_accepted,
+        stop_reason=g.stop_reason,
+        e2el_ms=g.e2el_ms,
+        num_draft_tokens=num_draft_tokens,
+        kv_cache_tokens=g.kv_cache_tokens,
+        kv_cache_bytes=g.kv_cache_bytes,
+        draft_kv_cache_bytes=g.draft_kv_cache_bytes,
+        context_length=req.prompt.context_length,
+        constraint=req.prompt.constraint,
+        stop_string=g.stop_string,
+        cpu_time_ms=g.cpu_time_ms,
+        cpu_stall_ms=g.cpu_stall_ms,
+        load_avg_1m=g.load_avg_1m,
+        threads=g.threads,
+        concurrency=concurrency,
+        request_rate=request_rate,
+        queue_ms=g.queue_ms,
+        server_draft_tokens=g.server_draft_tokens,
+        server_accepted_tokens=g.server_accepted_tokens,
+        step_mapping_ms=g.step_mapping_ms,
+        step_draft_tokens=g.step_draft_tokens,
+        **client_fields(g),
     )
 
 
@@ -669,15 +850,23 @@ def client_fields(g: StreamResult) -> dict[str, Any]:
     c = g.client
     if c is None:
         return {}
-    return dict(schedule_lag_ms=c.schedule_lag_ms, send_ms=c.send_ms, connect_ms=c.connect_ms, loop_lag_ms=c.loop_lag_ms,
-                client_worker=c.worker, server_output_tokens=c.server_output_tokens,
-                server_prefill_ms=c.server_prefill_ms, server_tpot_ms=c.server_tpot_ms,
-                server_cached_tokens=c.server_cached_tokens, started_s=g.started_s)
+    return dict(
+        schedule_lag_ms=c.schedule_lag_ms,
+        send_ms=c.send_ms,
+        connect_ms=c.connect_ms,
+        loop_lag_ms=c.loop_lag_ms,
+        client_worker=c.worker,
+        server_output_tokens=c.server_output_tokens,
+        server_prefill_ms=c.server_prefill_ms,
+        server_tpot_ms=c.server_tpot_ms,
+        server_cached_tokens=c.server_cached_tokens,
+        started_s=g.started_s,
+    )
 
 
-
-
-def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress) -> list[Phase]:
+def _exactness_phases(
+    session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress
+) -> list[Phase]:
     """The exactness pass of the plan's (draft, law) pairs. A runner of the local target
     (Capabilities.in_process): each output against the target's own law (greedy argmax,
     PIT, next-token laws; _exactness). A served runner: greedy token equality with the
@@ -687,7 +876,9 @@ def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, se
     if session.runner.capabilities.in_process:
         if not plan.pairs:
             return []
-        return [Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))]
+        return [
+            Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))
+        ]
     from gate import fallback_exactness, sampled_exactness
 
     greedy_pairs = plan.has_greedy(session.laws)
@@ -698,8 +889,14 @@ def _exactness_phases(session: Session, m: Measurements, plan: ExactnessPlan, se
         if sampled_pairs:
             sampled_exactness.sampled_exactness(session, m, plan, progress)
 
-    return [Phase("the served exactness pass", FailureStage.EXACTNESS, served,
-                  unmeasured=None if greedy_pairs or sampled_pairs else (lambda why, when: []))]
+    return [
+        Phase(
+            "the served exactness pass",
+            FailureStage.EXACTNESS,
+            served,
+            unmeasured=None if greedy_pairs or sampled_pairs else (lambda why, when: []),
+        )
+    ]
 
 
 def _bill(session: Session, m: Measurements, settings: Settings) -> None:
@@ -761,17 +958,34 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
             law = _bound(session, laws[rec.law], prompts[rec.prompt_id])
             p = _oracle(session).target_probs(ids, len(prompt), law)
         except Exception as e:  # noqa: BLE001
-            m.failures.append(Failure(FailureStage.OVERLAP, "*", rec.law, f"overlap {rec.prompt_id}: target forward", describe_error(e)))
+            m.failures.append(
+                Failure(
+                    FailureStage.OVERLAP, "*", rec.law, f"overlap {rec.prompt_id}: target forward", describe_error(e)
+                )
+            )
             continue
         for name, draft in session.drafts.items():
             try:
                 q = draft.teacher_forced(ids, len(prompt), law, p.shape[-1])
                 ov, top1 = position_overlaps(p, q.to(p.device))
             except Exception as e:  # noqa: BLE001
-                m.failures.append(Failure(FailureStage.OVERLAP, name, rec.law, f"overlap {rec.prompt_id}", describe_error(e)))
+                m.failures.append(
+                    Failure(FailureStage.OVERLAP, name, rec.law, f"overlap {rec.prompt_id}", describe_error(e))
+                )
                 continue
-            m.overlaps.append(OverlapRecord(name, rec.law, rec.prompt_id, rec.category, draft.probability_info, ov, top1,
-                                            rec.context_length, constraint=rec.constraint))
+            m.overlaps.append(
+                OverlapRecord(
+                    name,
+                    rec.law,
+                    rec.prompt_id,
+                    rec.category,
+                    draft.probability_info,
+                    ov,
+                    top1,
+                    rec.context_length,
+                    constraint=rec.constraint,
+                )
+            )
     progress("overlap", len(runs), len(runs))
 
 
@@ -799,10 +1013,13 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                 bound = _bound(session, law, prompts[r.prompt_id])  # the penalties and grammar of each position
                 if law.greedy:
                     rec.compared += 1
-                    rec.divergences += greedy_divergences(law_logits(logits, bound, ids, len(prompt)), r.output_ids, r.prompt_id,
-                                                           r.repetition)
+                    rec.divergences += greedy_divergences(
+                        law_logits(logits, bound, ids, len(prompt)), r.output_ids, r.prompt_id, r.repetition
+                    )
                 else:
-                    u = randomized_pit(law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator)
+                    u = randomized_pit(
+                        law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator
+                    )
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
             n = plan.next_token_samples.get((name, law_name), 0) if session.runner.capabilities.first_steps else 0
             if n and not law.greedy:
@@ -810,7 +1027,9 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                     interrupt.check_budget()
                     ids = list(prompt.token_ids)
                     fmt = prompt.response_format
-                    steps = session.runner.first_steps(ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt)
+                    steps = session.runner.first_steps(
+                        ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt
+                    )
                     # the first position (a claim test) and prefixes many steps share (evidence)
                     bound = _bound(session, law, prompt)
                     for prefix, tokens in contexts(steps):
@@ -828,10 +1047,14 @@ def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: An
     at the policy's resources (default: the workload's longest sequence, one sequence)."""
     try:
         context = resources.context_tokens or max(len(p.token_ids) for p in session.prompts) + max_new_tokens
-        drafts = [draft_kinds.loaded_bill(name, draft, session.target, lambda dtype: kv_format(resources, dtype))
-                  for name, draft in session.drafts.items()]
+        drafts = [
+            draft_kinds.loaded_bill(name, draft, session.target, lambda dtype: kv_format(resources, dtype))
+            for name, draft in session.drafts.items()
+        ]
         target_cache = cache_model(session.target.config, kv_format(resources, dtype_name(session.target)))
-        bills = bills_for(resources, context, _oracle(session).vocab_size, target_cache, weight_bytes(session.target), drafts)
+        bills = bills_for(
+            resources, context, _oracle(session).vocab_size, target_cache, weight_bytes(session.target), drafts
+        )
         for bill in bills:
             reqs = [r for r in m.requests if r.draft == bill.draft]
             line = next(x for x in bill.lines if x.name == "target KV cache")

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -36,8 +37,16 @@ from gate.load.closed import ClosedLoop
 from gate.load.interface import LoadStrategy
 from gate.load.points import describe_point, point_of
 from gate.measure.exactness import contexts, sparse_counts
-from gate.records import (FALLBACK, UNKNOWN_ID, ExactnessRecord, Failure, FailureStage, Measurements, SampleRecord,
-                          TwoSampleCounts)
+from gate.records import (
+    FALLBACK,
+    UNKNOWN_ID,
+    ExactnessRecord,
+    Failure,
+    FailureStage,
+    Measurements,
+    SampleRecord,
+    TwoSampleCounts,
+)
 from gate.requests import PlannedPrompt, Request, request_seed
 
 SAMPLE_TOKENS = 4  # output tokens per sample request: the prefill's, then positions 1-3 of the first verification steps
@@ -45,7 +54,9 @@ MAX_PLANNED_SAMPLES = 4096  # samples per prompt, runner and law when gate choos
 DEFAULT_SAMPLES = 1024  # per prompt when gate chooses without a local target to size the plan from
 MIN_CONTEXT = 50  # samples at an output prefix for a next-token test there (one- or two-sample)
 MAX_CONTEXTS = 4  # output prefixes tested per prompt, runner and law (the most shared)
-TESTS_PER_PROMPT = 1 + 2 * MAX_CONTEXTS  # the Holm family a planned size assumes per prompt and draft (see plan_samples)
+TESTS_PER_PROMPT = (
+    1 + 2 * MAX_CONTEXTS
+)  # the Holm family a planned size assumes per prompt and draft (see plan_samples)
 
 Progress = Callable[[str, int, int], None]
 
@@ -72,9 +83,11 @@ class SamplePlan:
         """One line: requests, tokens, load points and why this many."""
         n = self.requests_per_runner * len(self.runners)
         points = ", ".join(describe_point(p) for p in self.points)
-        return (f"{self.law.name}: {n} sample requests ({', '.join(f'{k} x {v}' for k, v in self.samples.items())} per "
-                f"runner, {len(self.runners)} runners) of {self.tokens} tokens = {n * self.tokens} tokens, at {points}; "
-                f"{self.why}")
+        return (
+            f"{self.law.name}: {n} sample requests ({', '.join(f'{k} x {v}' for k, v in self.samples.items())} per "
+            f"runner, {len(self.runners)} runners) of {self.tokens} tokens = {n * self.tokens} tokens, at {points}; "
+            f"{self.why}"
+        )
 
 
 def sample_points(points: list[LoadStrategy]) -> list[LoadStrategy]:
@@ -115,9 +128,12 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
             why = f"{DEFAULT_SAMPLES} per prompt (gate's default: no local target to size the plan from)"
         else:
             samples = {p.id: planned_samples(session, law, p, tv, power, level) for p in prompts}
-            why = (f"chosen by gate from the local target's law: the claim test after one of each prompt's "
-                   f"{PLANNED_FIRST_TOKENS} likeliest first tokens detects TV {tv:g} at power {power:g} at level {level:.3g} (at most {MAX_PLANNED_SAMPLES} "
-                   "per prompt)")
+            why = (
+                f"chosen by gate from the local target's law: the claim test after one of each prompt's "
+                f"{PLANNED_FIRST_TOKENS} likeliest first tokens detects TV {tv:g} at power {power:g} at level "
+                f"{level:.3g} (at most {MAX_PLANNED_SAMPLES} "
+                "per prompt)"
+            )
         out.append(SamplePlan(law, [FALLBACK, *drafts], prompts, samples, sample_points(points), why=why))
     return out
 
@@ -142,9 +158,11 @@ def planned_cost(plan: Any) -> list[str]:
         asked = max(ex.next_token_samples.get((d, law.name), 0) for d in drafts)
         per = asked or MAX_PLANNED_SAMPLES
         n = per * prompts * (len(drafts) + 1)
-        out.append(f"served exactness samples under {law.name}: {'' if asked else 'at most '}{n} requests of "
-                   f"{SAMPLE_TOKENS} tokens ({n * SAMPLE_TOKENS} tokens: {per} per prompt x {prompts} prompts x "
-                   f"{len(drafts) + 1} runners{'' if asked else '; gate sizes it from the target at check'})")
+        out.append(
+            f"served exactness samples under {law.name}: {'' if asked else 'at most '}{n} requests of "
+            f"{SAMPLE_TOKENS} tokens ({n * SAMPLE_TOKENS} tokens: {per} per prompt x {prompts} prompts x "
+            f"{len(drafts) + 1} runners{'' if asked else '; gate sizes it from the target at check'})"
+        )
     return out
 
 
@@ -224,38 +242,58 @@ def draw_samples(runner: Any, plans: list[SamplePlan], m: Measurements, seed: in
             for prompt in plan.prompts:
                 n = plan.samples[prompt.id]
                 share = range(k * n // len(plan.points), (k + 1) * n // len(plan.points))
-                reqs += [Request(name, plan.law, prompt, plan.tokens, i,
-                                 request_seed(seed, f"{prompt.id}|{name}|sample", plan.law.name, plan.tokens, i))
-                         for i in share]
+                reqs += [
+                    Request(
+                        name,
+                        plan.law,
+                        prompt,
+                        plan.tokens,
+                        i,
+                        request_seed(seed, f"{prompt.id}|{name}|sample", plan.law.name, plan.tokens, i),
+                    )
+                    for i in share
+                ]
             c, r = point_of(point)
             errors: list[str] = []
 
-            def done_one(i: int, result: Any, reqs: list[Request] = reqs, errors: list[str] = errors,
-                         c: int | None = c) -> None:
+            def done_one(
+                i: int, result: Any, reqs: list[Request] = reqs, errors: list[str] = errors, c: int | None = c
+            ) -> None:
                 req = reqs[i]
                 if isinstance(result, BaseException):
                     errors.append(describe_error(result))
                 elif not result.output_ids or UNKNOWN_ID in result.output_ids:
                     errors.append("the response carried no token ids (a sample needs them)")
                 else:
-                    m.samples.append(SampleRecord(name, plan.law.name, req.prompt.id, req.seed,
-                                                  list(result.output_ids), c, r))
+                    m.samples.append(  # called by runner.run below, inside this iteration
+                        SampleRecord(name, plan.law.name, req.prompt.id, req.seed, list(result.output_ids), c, r)  # noqa: B023
+                    )
 
             try:
                 runner.run(reqs, point, done_one)
             except Exception as e:  # noqa: BLE001 - e.g. the server did not start: every sample of this point failed
                 errors += [describe_error(e)] * max(1, len(reqs) - _drawn(m, name, plan.law.name, c))
             if errors:
-                m.failures.append(Failure(FailureStage.EXACTNESS, name, plan.law.name,
-                                          f"{len(errors)} of {len(reqs)} sample requests at {describe_point(point)}",
-                                          errors[0], c, r))
+                m.failures.append(
+                    Failure(
+                        FailureStage.EXACTNESS,
+                        name,
+                        plan.law.name,
+                        f"{len(errors)} of {len(reqs)} sample requests at {describe_point(point)}",
+                        errors[0],
+                        c,
+                        r,
+                    )
+                )
             done += len(reqs)
             progress("exactness samples", done, total)
         wall = time.perf_counter() - started
         drawn = [s for s in m.samples if s.runner == name and s.law == plan.law.name]
         spec = _speculated(before, _scrape(runner, name)) if name != FALLBACK else ""
-        m.notes.append(f"served exactness samples of {name} under {plan.law.name}: {len(drawn)} requests, "
-                       f"{sum(len(s.output_ids) for s in drawn)} output tokens, {wall:.1f} s wall{spec}")
+        m.notes.append(
+            f"served exactness samples of {name} under {plan.law.name}: {len(drawn)} requests, "
+            f"{sum(len(s.output_ids) for s in drawn)} output tokens, {wall:.1f} s wall{spec}"
+        )
         m.sample_wall_s[f"{name}/{plan.law.name}"] = round(wall, 3)
 
 
@@ -282,8 +320,10 @@ def _speculated(before: Any, after: Any) -> str:
         return ""
     if d is None:
         return ""
-    return (f" (the server's counters: {d.num_draft_tokens} tokens proposed, {d.num_accepted_tokens} accepted: the "
-            "tests reach the accept path only through accepted proposals)")
+    return (
+        f" (the server's counters: {d.num_draft_tokens} tokens proposed, {d.num_accepted_tokens} accepted: the "
+        "tests reach the accept path only through accepted proposals)"
+    )
 
 
 def _drawn(m: Measurements, runner: str, law: str, c: int | None) -> int:
@@ -318,8 +358,13 @@ def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: P
         outputs = _outputs(m, name, law_name)
         if not outputs:
             continue  # nothing drawn: the rule says the measurement is missing (the failures say why)
-        rec = runner_record(name, law_name, outputs, None if name == FALLBACK else _outputs(m, FALLBACK, law_name),
-                            target_law if session.oracle is not None else None)
+        rec = runner_record(
+            name,
+            law_name,
+            outputs,
+            None if name == FALLBACK else _outputs(m, FALLBACK, law_name),
+            target_law if session.oracle is not None else None,
+        )
         rec.sample_wall_s = m.sample_wall_s.get(f"{name}/{law_name}", 0.0)
         m.exactness.append(rec)
     progress("exactness", len(jobs), len(jobs))
@@ -334,9 +379,13 @@ def _outputs(m: Measurements, runner: str, law: str) -> dict[str, list[list[int]
     return dict(out)
 
 
-def runner_record(name: str, law: str, outputs: dict[str, list[list[int]]],
-                  reference: dict[str, list[list[int]]] | None,
-                  target_law: Callable[[str, tuple[int, ...]], torch.Tensor] | None) -> ExactnessRecord:
+def runner_record(
+    name: str,
+    law: str,
+    outputs: dict[str, list[list[int]]],
+    reference: dict[str, list[list[int]]] | None,
+    target_law: Callable[[str, tuple[int, ...]], torch.Tensor] | None,
+) -> ExactnessRecord:
     """The ExactnessRecord (speculative_from 1) of one served runner's samples under `law`:
     `outputs` (prompt id -> output ids of each sample), counted against `target_law(prompt id,
     output prefix)` (the local target's law there, [V]; None: no local target) at the most
@@ -349,8 +398,9 @@ def runner_record(name: str, law: str, outputs: dict[str, list[list[int]]],
     rec.sample_tokens = sum(len(x) for o in outputs.values() for x in o)
     for pid, outs in sorted(outputs.items()):
         if target_law is not None:
-            for prefix, tokens in contexts(outs, min_first=MIN_CONTEXT, min_later=MIN_CONTEXT, max_later=MAX_CONTEXTS,
-                                           max_depth=SAMPLE_TOKENS):
+            for prefix, tokens in contexts(
+                outs, min_first=MIN_CONTEXT, min_later=MIN_CONTEXT, max_later=MAX_CONTEXTS, max_depth=SAMPLE_TOKENS
+            ):
                 rec.next_token.append(sparse_counts(pid, tokens, target_law(pid, prefix), prefix=prefix))
         if reference is not None:
             rec.two_sample += two_sample_counts(pid, outs, reference.get(pid, []))
@@ -361,6 +411,7 @@ def two_sample_counts(prompt_id: str, outputs: list[list[int]], reference: list[
     """Next-token counts of `outputs` and `reference` (the fallback's outputs of the same prompt
     and law) at every output prefix of 1..SAMPLE_TOKENS - 1 tokens both reach at least
     MIN_CONTEXT times, the MAX_CONTEXTS most shared (by the smaller count; ties by prefix)."""
+
     def nexts(outs: list[list[int]]) -> dict[tuple[int, ...], list[int]]:
         d: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for out in outs:
@@ -374,8 +425,11 @@ def two_sample_counts(prompt_id: str, outputs: list[list[int]], reference: list[
     out = []
     for k in shared[:MAX_CONTEXTS]:
         tokens = sorted(set(a[k]) | set(b[k]))
-        out.append(TwoSampleCounts(prompt_id, list(k), tokens, [a[k].count(t) for t in tokens],
-                                   [b[k].count(t) for t in tokens]))
+        out.append(
+            TwoSampleCounts(
+                prompt_id, list(k), tokens, [a[k].count(t) for t in tokens], [b[k].count(t) for t in tokens]
+            )
+        )
     return out
 
 

@@ -12,20 +12,20 @@ from typing import Any
 
 import torch
 
-from gate.drafts import registry as draft_kinds
-from gate.drafts.interface import BuildContext, Draft
-from gate.oracle import TargetOracle
-from gate.runners.interface import Runner
-from gate.runners.stop import StopStrings
-from gate.runners.registry import runner_class
 from gate.constraints import grammar_engine
 from gate.constraints.interface import GrammarEngine
+from gate.drafts import registry as draft_kinds
+from gate.drafts.interface import BuildContext, Draft
 from gate.law import Law
 from gate.models import loading as models
+from gate.oracle import TargetOracle
 from gate.plan import Plan
-from gate.requests import PlannedPrompt
 from gate.policy.reader import LoadedPolicy
 from gate.records import DraftInfo, ModelInfo, WorkloadInfo
+from gate.requests import PlannedPrompt
+from gate.runners.interface import Runner
+from gate.runners.registry import runner_class
+from gate.runners.stop import StopStrings
 
 
 @dataclass
@@ -51,7 +51,9 @@ class Session:
     grammars: GrammarEngine | None = None  # compiles requests' response formats on the target's tokenizer
     plan: Plan | None = None
     draft_infos: dict[str, DraftInfo] = field(default_factory=dict)
-    tokenizer_comparisons: list[Any] = field(default_factory=list)  # drafts with their own tokenizer, compared with the target's
+    tokenizer_comparisons: list[Any] = field(
+        default_factory=list
+    )  # drafts with their own tokenizer, compared with the target's
     notes: list[str] = field(default_factory=list)
 
 
@@ -68,7 +70,6 @@ class Target:
     eos_token_ids: set[int] = field(default_factory=set)
     stop: StopStrings | None = None
     grammars: GrammarEngine | None = None  # None: no tokenizer loaded (no constraint can be compiled)
-
 
 
 @dataclass
@@ -117,20 +118,43 @@ def open_session(plan: Plan, step: Any = None) -> Session:
     t = open_target(loaded, plan.tokenizer if plan.tokenizer is not None else True)
     device, target, tokenizer, oracle, infos = t.device, t.model, t.tokenizer, t.oracle, [t.info]
     drafts: dict[str, Draft] = {}
-    ctx = BuildContext(target, tokenizer, device, oracle.vocab_size, policy.target.dtype, loaded.path.parent, t.info.fingerprint)
+    ctx = BuildContext(
+        target, tokenizer, device, oracle.vocab_size, policy.target.dtype, loaded.path.parent, t.info.fingerprint
+    )
     for name, spec in policy.drafts.items():  # each kind builds its own (gate.drafts.registry)
         built = draft_kinds.build_draft(name, spec, ctx)
         drafts[name] = built.draft
         if built.info is not None:
             infos.append(built.info)
     step("loading models", 1, 1)
-    draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, d.probability_info, draft_kinds.get(d.kind).modifies_target,
-                                   **policy.sweep_fields(name)) for name, d in drafts.items()}
+    draft_infos = {
+        name: DraftInfo(
+            d.kind,
+            d.num_draft_tokens,
+            d.probability_info,
+            draft_kinds.get(d.kind).modifies_target,
+            **policy.sweep_fields(name),
+        )
+        for name, d in drafts.items()
+    }
     compared = [c for d in drafts.values() if (c := getattr(d, "tokenizer_comparison", None)) is not None]
-    return Session(device, target, tokenizer, cls.from_plan(plan, LocalModels(t, drafts)), oracle, drafts, list(plan.laws),
-                   list(plan.workload.prompts), infos, plan.workload.info, plan.release, t.grammars, plan,
-                   draft_infos,
-                   compared)
+    return Session(
+        device,
+        target,
+        tokenizer,
+        cls.from_plan(plan, LocalModels(t, drafts)),
+        oracle,
+        drafts,
+        list(plan.laws),
+        list(plan.workload.prompts),
+        infos,
+        plan.workload.info,
+        plan.release,
+        t.grammars,
+        plan,
+        draft_infos,
+        compared,
+    )
 
 
 def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
@@ -138,11 +162,31 @@ def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
     loaded = plan.loaded
     policy = loaded.policy
     runner = cls.from_plan(plan)
-    session = Session(torch.device("cpu"), None, plan.tokenizer, runner, None, {}, list(plan.laws), list(plan.workload.prompts),
-                      [], plan.workload.info, None, None, plan)
-    session.draft_infos = {name: DraftInfo(d.kind, d.num_draft_tokens, draft_kinds.get(d.kind).probability_info,
-                                           draft_kinds.get(d.kind).modifies_target, **policy.sweep_fields(name))
-                           for name, d in policy.drafts.items()}
+    session = Session(
+        torch.device("cpu"),
+        None,
+        plan.tokenizer,
+        runner,
+        None,
+        {},
+        list(plan.laws),
+        list(plan.workload.prompts),
+        [],
+        plan.workload.info,
+        None,
+        None,
+        plan,
+    )
+    session.draft_infos = {
+        name: DraftInfo(
+            d.kind,
+            d.num_draft_tokens,
+            draft_kinds.get(d.kind).probability_info,
+            draft_kinds.get(d.kind).modifies_target,
+            **policy.sweep_fields(name),
+        )
+        for name, d in policy.drafts.items()
+    }
     if plan.exactness.pairs:
         try:
             step("loading the local target (exactness)", 0, 1)
@@ -151,7 +195,9 @@ def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
             runner.close()
             raise
         except Exception as e:  # noqa: BLE001 - exactness then counts every divergence as a fault, and says so
-            session.notes.append(f"the local target could not be loaded ({type(e).__name__}: {e}): greedy divergences "
-                                 "between served runners cannot be told apart from numerical near-ties and count as faults, "
-                                 "and sampled laws are tested against the fallback runner only (two-sample)")
+            session.notes.append(
+                f"the local target could not be loaded ({type(e).__name__}: {e}): greedy divergences "
+                "between served runners cannot be told apart from numerical near-ties and count as faults, "
+                "and sampled laws are tested against the fallback runner only (two-sample)"
+            )
     return session

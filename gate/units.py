@@ -84,7 +84,9 @@ def parse_quantity(text: str | int | float) -> Quantity:
         return Quantity(float(text), None)
     match = _QUANTITY.match(str(text))
     if not match:
-        raise UnitError(f"cannot read {text!r} as a quantity (a number and a unit, e.g. '2 GiB', '120 ms', '25 tokens/s')")
+        raise UnitError(
+            f"cannot read {text!r} as a quantity (a number and a unit, e.g. '2 GiB', '120 ms', '25 tokens/s')"
+        )
     number, unit = float(match.group(1)), match.group(2)
     if not unit:
         return Quantity(number, None)

@@ -16,12 +16,19 @@ from gate.baseline import load_baseline, load_release
 from gate.drafts import registry as draft_kinds
 from gate.errors import PolicyValueError
 from gate.measure.kv import sliding_window
-from gate.models.loading import ModelSource, check_tokenizers, load_tokenizer, read_config, resolve_device, resolve_source
+from gate.models.loading import (
+    ModelSource,
+    check_tokenizers,
+    load_tokenizer,
+    read_config,
+    resolve_device,
+    resolve_source,
+)
 from gate.plan import Plan, build_workload, laws_of, plan_exactness, workload_source
 from gate.policy.reader import LoadedPolicy, load_policy
 from gate.rules.kinds import registry as rule_kinds
-from gate.rules.scope import declared_load_points, inapplicable_points, not_applicable_reason
 from gate.rules.power import underpowered
+from gate.rules.scope import declared_load_points, inapplicable_points, not_applicable_reason
 from gate.runners.registry import runner_class
 
 
@@ -35,31 +42,51 @@ def validate(path: str | Path) -> Plan:
     policy = loaded.policy
     try:
         if not policy.drafts:
-            raise PolicyValueError("drafts", "the policy names no draft; gate check needs at least one (a policy for "
-                                   "gate exactness on recorded samples needs only a target and exactness rules)")
+            raise PolicyValueError(
+                "drafts",
+                "the policy names no draft; gate check needs at least one (a policy for "
+                "gate exactness on recorded samples needs only a target and exactness rules)",
+            )
         resolve_device(policy.target.device, "target.device")
         target = resolve_source(policy.target.model, policy.target.gguf_file, loaded.path.parent, "target.model")
-        separate = {ref.yaml_path: resolve_source(ref.model, ref.gguf_file, loaded.path.parent, ref.yaml_path)
-                    for name, draft in policy.drafts.items() for ref in draft_kinds.tokenizer_sources(name, draft)}
+        separate = {
+            ref.yaml_path: resolve_source(ref.model, ref.gguf_file, loaded.path.parent, ref.yaml_path)
+            for name, draft in policy.drafts.items()
+            for ref in draft_kinds.tokenizer_sources(name, draft)
+        }
         tokenizer = _tokenizer(target, "target.model")
         for at, source in separate.items():
             check_tokenizers(tokenizer, _tokenizer(source, at), at)
         if policy.target.release is not None and policy.target.release.model is not None:
             at = "target.release.model"  # the probe and drift compare the two laws id by id
-            release_source = resolve_source(policy.target.release.model, policy.target.release.gguf_file, loaded.path.parent, at)
-            check_tokenizers(tokenizer, _tokenizer(release_source, at), at, "release",
-                             "; the probe and drift compare the release's law with the target's id by id, so a release "
-                             "must share the target's tokenizer")
+            release_source = resolve_source(
+                policy.target.release.model, policy.target.release.gguf_file, loaded.path.parent, at
+            )
+            check_tokenizers(
+                tokenizer,
+                _tokenizer(release_source, at),
+                at,
+                "release",
+                "; the probe and drift compare the release's law with the target's id by id, so a release "
+                "must share the target's tokenizer",
+            )
         for name, draft in policy.drafts.items():  # drafts with their own tokenizer (cross_tokenizer): it must load
             draft_kinds.check_tokenizer(name, draft, tokenizer, loaded.path.parent)
         config = read_config(target, "target.model")
         _check_config(loaded, config)
-        workload = build_workload(loaded, workload_source(loaded), tokenizer, config,
-                                  check_categories=lambda known: _check_categories(policy, known))
+        workload = build_workload(
+            loaded,
+            workload_source(loaded),
+            tokenizer,
+            config,
+            check_categories=lambda known: _check_categories(policy, known),
+        )
         weak = underpowered(policy, [p.category for p in workload.questions])
         loaded.warnings.extend(loaded.source.problem(w.path, w.message) for w in weak)
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in load_gaps(policy))
-        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in policy.runner.policy_warnings(policy))
+        loaded.warnings.extend(
+            loaded.source.problem(at, message) for at, message in policy.runner.policy_warnings(policy)
+        )
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
         vocab_size = int(getattr(config, "vocab_size", None) or len(tokenizer))
         _check_logit_bias(policy, vocab_size)
@@ -93,21 +120,32 @@ def load_gaps(policy: Any) -> list[tuple[str, str]]:
             continue
         axis, points = gap
         shown = ", ".join(f"{v:g}" for v in points)
-        out.append((f"rules[{i}].per", f"rule {rule.id!r}: per: {rule.per} gives no verdict at load.{axis} {shown}: "
-                    f"{not_applicable_reason(axis)}; those points are reported as not evaluated (add a rule "
-                    f"with per: {axis} to decide them, or list this rule's points in scope.{rule.per})"))
+        out.append(
+            (
+                f"rules[{i}].per",
+                f"rule {rule.id!r}: per: {rule.per} gives no verdict at load.{axis} {shown}: "
+                f"{not_applicable_reason(axis)}; those points are reported as not evaluated (add a rule "
+                f"with per: {axis} to decide them, or list this rule's points in scope.{rule.per})",
+            )
+        )
     return out
 
 
 def _check_categories(policy: Any, known: list[str]) -> None:
     """Every category a rule scope or the workload names must exist in the prompt source."""
     named = [("workload.categories", j, c) for j, c in enumerate(policy.workload.categories or [])]
-    named += [(f"rules[{i}].scope.categories", j, c) for i, r in enumerate(policy.rules) for j, c in enumerate(r.scope.categories or [])]
+    named += [
+        (f"rules[{i}].scope.categories", j, c)
+        for i, r in enumerate(policy.rules)
+        for j, c in enumerate(r.scope.categories or [])
+    ]
     for path, j, c in named:
         if c not in known:
             close = difflib.get_close_matches(c, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PolicyValueError(f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}")
+            raise PolicyValueError(
+                f"{path}[{j}]", f"the prompt source has no category {c!r}{hint}; its categories: {', '.join(known)}"
+            )
 
 
 def _check_logit_bias(policy: Any, vocab_size: int) -> None:
@@ -117,8 +155,11 @@ def _check_logit_bias(policy: Any, vocab_size: int) -> None:
     for i, law in enumerate(policy.laws):
         for token in law.logit_bias:
             if token >= vocab_size:
-                raise PolicyValueError(f"{at.format(i)}.logit_bias.{token}", f"token id {token} is outside the target's "
-                                       f"vocabulary (ids 0 to {vocab_size - 1}, config vocab_size)")
+                raise PolicyValueError(
+                    f"{at.format(i)}.logit_bias.{token}",
+                    f"token id {token} is outside the target's "
+                    f"vocabulary (ids 0 to {vocab_size - 1}, config vocab_size)",
+                )
 
 
 def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: int) -> None:
@@ -129,11 +170,16 @@ def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: i
     prompt has a response_format of its own is refused too: its label would call
     unconstrained requests constrained."""
     for i, entry in enumerate(policy.workload.constraints or []):
-        if entry == "prompt" and not any(p.response_format is not None for p in workload.prompts if p.constraint == "prompt"):
-            raise PolicyValueError(f"workload.constraints[{i}]", "'prompt' runs each prompt under its own response_format, "
-                                   "but no selected prompt has one (a JSONL line's response_format): these requests would "
-                                   "run unconstrained under the label 'prompt'; give the lines a response_format, or list "
-                                   "a format here ({name, type, schema | pattern | choices})")
+        if entry == "prompt" and not any(
+            p.response_format is not None for p in workload.prompts if p.constraint == "prompt"
+        ):
+            raise PolicyValueError(
+                f"workload.constraints[{i}]",
+                "'prompt' runs each prompt under its own response_format, "
+                "but no selected prompt has one (a JSONL line's response_format): these requests would "
+                "run unconstrained under the label 'prompt'; give the lines a response_format, or list "
+                "a format here ({name, type, schema | pattern | choices})",
+            )
     formats = {p.response_format for p in workload.prompts if p.response_format is not None}
     if not formats:
         return
@@ -142,10 +188,14 @@ def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: i
 
     try:
         engine = grammar_engine(tokenizer, vocab_size)
-        engine.check(ResponseFormat("regex", "a"))  # the engine reads the tokenizer on first use: fail here, not per format
+        engine.check(
+            ResponseFormat("regex", "a")
+        )  # the engine reads the tokenizer on first use: fail here, not per format
     except Exception as e:  # noqa: BLE001 - a tokenizer the engine cannot use is bad input for constraints
-        raise PolicyValueError("workload.constraints" if policy.workload.constraints else "workload.path",
-                               f"the grammar engine cannot use the target's tokenizer: {type(e).__name__}: {e}") from None
+        raise PolicyValueError(
+            "workload.constraints" if policy.workload.constraints else "workload.path",
+            f"the grammar engine cannot use the target's tokenizer: {type(e).__name__}: {e}",
+        ) from None
     entries = {}  # format -> the YAML path of the first workload.constraints entry that declares it
     for i, entry in enumerate(policy.workload.constraints or []):
         if not isinstance(entry, str):
@@ -163,13 +213,16 @@ def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: i
         if not error:
             continue
         if fmt in entries:
-            raise PolicyValueError(entries[fmt], f"the grammar engine ({engine.name}) cannot compile this {fmt.kind} "
-                                   f"constraint: {error}")
+            raise PolicyValueError(
+                entries[fmt], f"the grammar engine ({engine.name}) cannot compile this {fmt.kind} constraint: {error}"
+            )
         question = next((q for q in workload.questions if q.response_format == fmt), None)
         origin = workload.source.origin(question.id) if question is not None and workload.source is not None else None
         where = origin or (f"prompt {question.id!r}" if question is not None else "a prompt")
-        raise PolicyValueError("workload.path", f"{where}: response_format: the grammar engine ({engine.name}) cannot "
-                               f"compile this {fmt.kind}: {error}")
+        raise PolicyValueError(
+            "workload.path",
+            f"{where}: response_format: the grammar engine ({engine.name}) cannot compile this {fmt.kind}: {error}",
+        )
 
 
 def _entry_format(entry: Any, workload: Any) -> Any:
@@ -186,8 +239,10 @@ def _check_config(loaded: LoadedPolicy, config: Any) -> None:
         draft_kinds.check_target_config(name, d, config)
         draft_kinds.check_files(name, d, loaded.path.parent, config)
     if policy.resources.context_tokens and policy.resources.context_tokens > limit:
-        raise PolicyValueError("resources.context_tokens", f"{policy.resources.context_tokens} tokens exceed the target's "
-                               f"{limit} positions (max_position_embeddings)")
+        raise PolicyValueError(
+            "resources.context_tokens",
+            f"{policy.resources.context_tokens} tokens exceed the target's {limit} positions (max_position_embeddings)",
+        )
 
 
 def _check_positions(policy: Any, config: Any, longest: int) -> None:
@@ -200,12 +255,18 @@ def _check_positions(policy: Any, config: Any, longest: int) -> None:
     window = sliding_window(config)
     positions = need + max(d.num_draft_tokens for d in policy.drafts.values())
     if window is not None and positions >= window - 1:
-        raise PolicyValueError("workload.max_new_tokens", f"the target has sliding-window layers (window {window}) and "
-                               f"this workload needs {positions} positions: gate's speculative loop cannot roll back a full "
-                               "sliding-window cache yet; keep prompt + max_new_tokens + num_draft_tokens below the window")
+        raise PolicyValueError(
+            "workload.max_new_tokens",
+            f"the target has sliding-window layers (window {window}) and "
+            f"this workload needs {positions} positions: gate's speculative loop cannot roll back a full "
+            "sliding-window cache yet; keep prompt + max_new_tokens + num_draft_tokens below the window",
+        )
     if need > limit:
-        raise PolicyValueError("workload.max_new_tokens", f"the longest prompt ({longest} tokens) plus max_new_tokens needs "
-                               f"{need} positions; the target has {limit} (max_position_embeddings)")
+        raise PolicyValueError(
+            "workload.max_new_tokens",
+            f"the longest prompt ({longest} tokens) plus max_new_tokens needs "
+            f"{need} positions; the target has {limit} (max_position_embeddings)",
+        )
 
 
 def _tokenizer(source: ModelSource, yaml_path: str) -> Any:

@@ -54,12 +54,12 @@ def test_gguf_model_with_the_cached_config_matches_a_plain_load(tmp_path):
 
 
 def test_a_gguf_is_dequantized_once_and_read_from_the_cache_after(tmp_path, monkeypatch):
-    import gate.models.hf_export as hf_export
+    import gate.models.store as store
     from gate.measure.identity import config_digest, config_fields
 
-    monkeypatch.setattr(hf_export, "DEFAULT_CACHE", tmp_path / "cache")
-    monkeypatch.setattr(hf_export, "METADATA_CACHE", tmp_path / "metadata")
-    monkeypatch.setattr(hf_export, "UNCACHED_ROOTS", ())  # the tiny GGUF lies in a temporary folder
+    monkeypatch.setattr(store, "DEFAULT_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(store, "METADATA_CACHE", tmp_path / "metadata")
+    monkeypatch.setattr(store, "UNCACHED_ROOTS", ())  # the tiny GGUF lies in a temporary folder
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", seed=5)
     source = models.resolve_source(str(path), None, tmp_path, "target.model")
     direct = {dtype: models.dequantize(source, dtype, torch.device("cpu")) for dtype in ("float32", "bfloat16")}
@@ -71,12 +71,12 @@ def test_a_gguf_is_dequantized_once_and_read_from_the_cache_after(tmp_path, monk
         assert config_digest(config_fields(cached.config)) == config_digest(config_fields(direct[dtype].config))
     assert len(calls) == 1 and [p.name for p in (tmp_path / "cache").iterdir()] == [cached.config._name_or_path.split("/")[-1]]
     # a cache that cannot be written: the GGUF is dequantized each time, nothing fails
-    monkeypatch.setattr(hf_export, "DEFAULT_CACHE", path / "not-a-folder")
+    monkeypatch.setattr(store, "DEFAULT_CACHE", path / "not-a-folder")
     models.load_model(source, "float32", torch.device("cpu"))
     assert len(calls) == 2
     # a GGUF in a temporary folder (tests write tiny ones) is never kept: dequantized each time
-    monkeypatch.setattr(hf_export, "DEFAULT_CACHE", tmp_path / "cache2")
-    monkeypatch.setattr(hf_export, "UNCACHED_ROOTS", (str(tmp_path),))
+    monkeypatch.setattr(store, "DEFAULT_CACHE", tmp_path / "cache2")
+    monkeypatch.setattr(store, "UNCACHED_ROOTS", (str(tmp_path),))
     models.load_model(source, "float32", torch.device("cpu"))
     assert len(calls) == 3 and not (tmp_path / "cache2").exists()
 
@@ -97,10 +97,10 @@ def test_gguf_readers_are_shared_per_file_and_a_rewritten_file_gets_a_new_one(tm
 
 
 def test_a_gguf_tokenizer_and_config_are_built_once_and_read_from_the_cache_after(tmp_path, monkeypatch):
-    import gate.models.hf_export as hf_export
+    import gate.models.store as store
 
-    monkeypatch.setattr(hf_export, "METADATA_CACHE", tmp_path / "metadata")
-    monkeypatch.setattr(hf_export, "UNCACHED_ROOTS", ())
+    monkeypatch.setattr(store, "METADATA_CACHE", tmp_path / "metadata")
+    monkeypatch.setattr(store, "UNCACHED_ROOTS", ())
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", seed=0)
     source = models.resolve_source(str(path), None, tmp_path, "target.model")
     models._gguf_tokenizer.cache_clear()

@@ -3,7 +3,8 @@ into a per-position mask over the target's vocabulary (gate.law applies it to p 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gate.constraints.interface import GrammarEngine, ResponseFormat
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import difflib
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -107,14 +108,20 @@ def parse_response_format(value: object) -> ResponseFormat:
     kind = value["type"]
     if kind not in FORMAT_KEYS:
         close = difflib.get_close_matches(str(kind), list(FORMAT_KEYS), n=1)
-        raise ValueError(f"unknown type {kind!r}" + (f"; did you mean {close[0]!r}?" if close else "") + f" (types: {kinds})")
+        raise ValueError(
+            f"unknown type {kind!r}" + (f"; did you mean {close[0]!r}?" if close else "") + f" (types: {kinds})"
+        )
     unknown = sorted(set(value) - FORMAT_KEYS[kind] - {"type"})
     if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r} for type {kind!r} (it takes {' or '.join(sorted(FORMAT_KEYS[kind]))})")
+        raise ValueError(
+            f"unknown key {unknown[0]!r} for type {kind!r} (it takes {' or '.join(sorted(FORMAT_KEYS[kind]))})"
+        )
     if kind == "json_schema":
         if ("schema" in value) == ("json_schema" in value):
-            raise ValueError("type json_schema takes exactly one of 'schema' (the schema) or 'json_schema' (OpenAI's "
-                             "{\"name\": ..., \"schema\": {...}})")
+            raise ValueError(
+                "type json_schema takes exactly one of 'schema' (the schema) or 'json_schema' (OpenAI's "
+                '{"name": ..., "schema": {...}})'
+            )
         schema = value.get("schema")
         if "json_schema" in value:
             wrapper = value["json_schema"]

@@ -15,7 +15,8 @@ property order, no whitespace) follows a different law, and gate's exactness say
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import llguidance
 import llguidance.hf
@@ -61,7 +62,7 @@ class LLGuidanceMatcher(Matcher):
             return self._cache[key]
         t0 = time.perf_counter()  # rollback, consume and mask: what one uncached position costs
         common = 0
-        for a, b in zip(self._consumed, key):
+        for a, b in zip(self._consumed, key, strict=False):
             if a != b:
                 break
             common += 1
@@ -105,11 +106,14 @@ class LLGuidanceEngine(GrammarEngine):
     def _tokenizer(self) -> Any:
         if self._ll is None:
             try:
-                self._ll = llguidance.hf.from_tokenizer(self._hf, n_vocab=max(self.vocab_size, len(self._hf)),
-                                                        eos_token=self.eos_ids or None)
+                self._ll = llguidance.hf.from_tokenizer(
+                    self._hf, n_vocab=max(self.vocab_size, len(self._hf)), eos_token=self.eos_ids or None
+                )
             except (ValueError, TypeError, AttributeError) as e:
-                raise ValueError(f"llguidance cannot read the target's tokenizer ({e}); grammar constraints need a "
-                                 "byte-level or SentencePiece tokenizer") from None
+                raise ValueError(
+                    f"llguidance cannot read the target's tokenizer ({e}); grammar constraints need a "
+                    "byte-level or SentencePiece tokenizer"
+                ) from None
         return self._ll
 
     def _compiled(self, fmt: ResponseFormat) -> str:

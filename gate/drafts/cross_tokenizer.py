@@ -8,7 +8,8 @@ Two mappings (policy field `mapping`):
   transformers' ``assistant_tokenizer``). Algorithm, per verification step:
   1. translate the context: the target's committed ids are decoded to text (the leading BOS
      the target's tokenizer adds and PAD ids left out; other special tokens as their text) and encoded by the draft's
-     tokenizer, after the prefix (BOS) the draft's tokenizer adds before plain text; the draft's KV cache is kept over the common prefix
+     tokenizer, after the prefix (BOS) the draft's tokenizer adds before plain text; the draft's KV cache is kept over
+     the common prefix
      with what it was fed before (as gate.drafts.model.ModelDraft does);
   2. the draft samples up to n tokens in its own vocabulary under the declared law (stopping
      at its EOS) without its penalties, logit bias and grammar, which are defined on target
@@ -63,23 +64,41 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig, DraftSpecBase,
-                                   DType, Proposal, bill_from_modules, model_info)
+from gate.drafts.interface import (
+    BuildContext,
+    BuiltDraft,
+    ConfigContext,
+    Draft,
+    DraftKind,
+    DraftModelConfig,
+    DraftSpecBase,
+    DType,
+    Proposal,
+    bill_from_modules,
+    model_info,
+)
 from gate.drafts.model import _common_prefix
 from gate.errors import PolicyValueError
 from gate.law import AnyLaw, Law, RequestLaw, law_probs
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
-from gate.measure.tokenizers import (added_prefix, canonical, compare_tokenizers, shared_token_map, special_ids,
-                                     token_texts)
+from gate.measure.tokenizers import (
+    added_prefix,
+    canonical,
+    compare_tokenizers,
+    shared_token_map,
+    special_ids,
+    token_texts,
+)
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.records import TokenizerComparison
 from gate.speculative import sample
@@ -105,11 +124,20 @@ class Translator:
     logits (may exceed len(target)); `draft_vocab_size`: the draft's logits width.
     `target_texts`/`draft_texts`: token_texts() when already computed."""
 
-    def __init__(self, target: Any, draft: Any, target_vocab_size: int, draft_vocab_size: int,
-                 target_texts: list[str] | None = None, draft_texts: list[str] | None = None):
+    def __init__(
+        self,
+        target: Any,
+        draft: Any,
+        target_vocab_size: int,
+        draft_vocab_size: int,
+        target_texts: list[str] | None = None,
+        draft_texts: list[str] | None = None,
+    ):
         self.target, self.draft = target, draft
         self.target_vocab_size, self.draft_vocab_size = target_vocab_size, draft_vocab_size
-        self.target_prefix = added_prefix(target)  # what the target's tokenizer puts before text (its BOS), not translated
+        self.target_prefix = added_prefix(
+            target
+        )  # what the target's tokenizer puts before text (its BOS), not translated
         self.skip_target = {i for i in (target.pad_token_id,) if i is not None and i != target.eos_token_id}
         self.draft_prefix = added_prefix(draft)
         self.draft_eos = draft.eos_token_id
@@ -130,10 +158,14 @@ class Translator:
         """The draft's ids for a target context [T]: its text re-encoded, after the prefix
         (BOS) the draft's tokenizer adds before plain text (once: not when the text's own
         leading special token already encodes to it)."""
-        text = self.target.decode(self._plain(target_ids, 0), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = self.target.decode(
+            self._plain(target_ids, 0), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         ids = list(self.draft(text, add_special_tokens=False)["input_ids"])
         p = len(self.draft_prefix)
-        return ids if p and ids[:p] == self.draft_prefix else self.draft_prefix + ids  # the text may start with it already
+        return (
+            ids if p and ids[:p] == self.draft_prefix else self.draft_prefix + ids
+        )  # the text may start with it already
 
     def _plain(self, target_ids: list[int], start: int) -> list[int]:
         """target_ids[start:] without the prefix the target's tokenizer adds at position 0 (its
@@ -151,7 +183,7 @@ class Translator:
         base = self.draft.decode(tail, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         full = self.draft.decode(tail + drafted, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if full.startswith(base):
-            return full[len(base):]
+            return full[len(base) :]
         return self.draft.decode(drafted, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def to_target(self, target_context: list[int], text: str) -> list[int]:
@@ -163,8 +195,8 @@ class Translator:
         tail = self._plain(target_context, max(0, len(target_context) - TAIL_TOKENS))
         base = self.target.decode(tail, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         ids = list(self.target(base + text, add_special_tokens=False)["input_ids"])
-        if ids[:len(tail)] == tail and len(ids) > len(tail):
-            ids = ids[len(tail):]
+        if ids[: len(tail)] == tail and len(ids) > len(tail):
+            ids = ids[len(tail) :]
         else:
             ids = list(self.target(text, add_special_tokens=False)["input_ids"])
         return [i for i in ids if i < self.target_vocab_size]
@@ -182,13 +214,25 @@ class Translator:
         """(draft ids [S], target ids [S]) of the shared tokens (see the module docstring)."""
         if self._shared is None:
             t_texts, d_texts = self.texts()
-            d_ids, t_ids = shared_token_map(t_texts, d_texts, special_ids(self.target), special_ids(self.draft),
-                                            canonical(self.target), canonical(self.draft))
-            pairs = [(d, t) for d, t in zip(d_ids, t_ids) if d < self.draft_vocab_size and t < self.target_vocab_size]
+            d_ids, t_ids = shared_token_map(
+                t_texts,
+                d_texts,
+                special_ids(self.target),
+                special_ids(self.draft),
+                canonical(self.target),
+                canonical(self.draft),
+            )
+            pairs = [
+                (d, t)
+                for d, t in zip(d_ids, t_ids, strict=False)
+                if d < self.draft_vocab_size and t < self.target_vocab_size
+            ]
             if self.draft_eos is not None and self.target_eos is not None:
                 pairs.append((self.draft_eos, self.target_eos))  # the end of text is shared whatever its spelling
-            self._shared = (torch.tensor([d for d, _ in pairs], dtype=torch.long),
-                            torch.tensor([t for _, t in pairs], dtype=torch.long))
+            self._shared = (
+                torch.tensor([d for d, _ in pairs], dtype=torch.long),
+                torch.tensor([t for _, t in pairs], dtype=torch.long),
+            )
             self._draft_of = {t: d for d, t in pairs}
         return self._shared
 
@@ -196,8 +240,9 @@ class Translator:
         """Draft logits [..., V_draft] restricted to the shared tokens, at their target ids:
         [..., V_target], -inf outside the shared set."""
         d_ids, t_ids = self.shared()
-        out = torch.full((*logits.shape[:-1], self.target_vocab_size), float("-inf"), dtype=logits.dtype,
-                         device=logits.device)
+        out = torch.full(
+            (*logits.shape[:-1], self.target_vocab_size), float("-inf"), dtype=logits.dtype, device=logits.device
+        )
         out[..., t_ids.to(logits.device)] = logits[..., d_ids.to(logits.device)]
         return out
 
@@ -213,8 +258,16 @@ class CrossTokenizerDraft(Draft):
 
     kind = "cross_tokenizer"
 
-    def __init__(self, name: str, model: torch.nn.Module, translator: Translator, mapping: Mapping, num_draft_tokens: int,
-                 device: torch.device, comparison: TokenizerComparison | None = None):
+    def __init__(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        translator: Translator,
+        mapping: Mapping,
+        num_draft_tokens: int,
+        device: torch.device,
+        comparison: TokenizerComparison | None = None,
+    ):
         self.name = name
         self.model = model
         self.translator = translator
@@ -291,7 +344,7 @@ class CrossTokenizerDraft(Draft):
                 logits = self._logits_after(draft_ctx)
                 if self.mapping == "shared_vocab":
                     q = law_probs(self.translator.mapped_logits(logits), law, ids[:i])
-                    rows[row, :min(vocab_size, q.shape[-1])] = q[:vocab_size]
+                    rows[row, : min(vocab_size, q.shape[-1])] = q[:vocab_size]
                     continue
                 x = sample(law_probs(logits, own_law(law)), generator)
                 first = self.translator.to_target(ids[:i], self.translator.proposal_text(draft_ctx, [x]))
@@ -323,9 +376,12 @@ class CrossTokenizerDraftSpec(DraftSpecBase):
     model: str = Field(..., description="The draft model: a source as for target.model (e.g. 'gemma3-270m').")
     gguf_file: str | None = None
     dtype: DType | None = Field(None, description="Default: the target's dtype.")
-    mapping: Mapping = Field("retokenize", description="retokenize: decode the draft's tokens and re-encode them into target "
-                             "ids (a point mass q); shared_vocab: q restricted to the tokens both vocabularies share "
-                             "(a full distribution).")
+    mapping: Mapping = Field(
+        "retokenize",
+        description="retokenize: decode the draft's tokens and re-encode them into target "
+        "ids (a point mass q); shared_vocab: q restricted to the tokens both vocabularies share "
+        "(a full distribution).",
+    )
 
     @property
     def probability_info(self) -> str:
@@ -354,7 +410,7 @@ def _draft_tokenizer(name: str, spec: CrossTokenizerDraftSpec, policy_dir: Path)
 
 
 # Draft models loaded by this process and still in use, by (location, gguf file, dtype, device).
-_LOADED: "weakref.WeakValueDictionary[tuple, torch.nn.Module]" = weakref.WeakValueDictionary()
+_LOADED: weakref.WeakValueDictionary[tuple, torch.nn.Module] = weakref.WeakValueDictionary()
 
 
 def _build(name: str, spec: CrossTokenizerDraftSpec, ctx: BuildContext) -> BuiltDraft:
@@ -388,9 +444,13 @@ def _model_config(name: str, spec: CrossTokenizerDraftSpec, ctx: ConfigContext) 
     return DraftModelConfig(config, spec.dtype or ctx.target_dtype, own_vocab_size=int(vocab) if vocab else None)
 
 
-def _loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:
+def _loaded_bill(
+    name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]
+) -> DraftBill:
     """As any model draft (its own cache and weights), plus its logits at its own vocabulary."""
-    return replace(bill_from_modules(name, draft, target, kv_format_of), vocab_size=getattr(draft, "draft_vocab_size", None))
+    return replace(
+        bill_from_modules(name, draft, target, kv_format_of), vocab_size=getattr(draft, "draft_vocab_size", None)
+    )
 
 
 def _check_tokenizer(name: str, spec: CrossTokenizerDraftSpec, target_tokenizer: Any, policy_dir: Path) -> None:
@@ -402,7 +462,8 @@ def _check_tokenizer(name: str, spec: CrossTokenizerDraftSpec, target_tokenizer:
 KIND = DraftKind(
     name="cross_tokenizer",
     spec=CrossTokenizerDraftSpec,
-    probability_info="point_mass",  # retokenize's; shared_vocab says "distribution" (CrossTokenizerDraftSpec.probability_info)
+    # retokenize's; shared_vocab says "distribution" (CrossTokenizerDraftSpec.probability_info)
+    probability_info="point_mass",
     build=_build,
     model_config=_model_config,
     loaded_bill=_loaded_bill,

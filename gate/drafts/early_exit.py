@@ -12,9 +12,19 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, DraftKind, DraftModelConfig, DraftSpecBase, ServedContext,
-                                   ServedDraft, VLLMContext, VLLMDraft,
-                                   model_info)
+from gate.drafts.interface import (
+    BuildContext,
+    BuiltDraft,
+    ConfigContext,
+    DraftKind,
+    DraftModelConfig,
+    DraftSpecBase,
+    ServedContext,
+    ServedDraft,
+    VLLMContext,
+    VLLMDraft,
+    model_info,
+)
 from gate.drafts.model import ModelDraft
 from gate.errors import PolicyValueError
 from gate.models.hf_export import truncated_config
@@ -30,10 +40,14 @@ def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -
     inner = getattr(target, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or not hasattr(inner, "norm") or not hasattr(target, "lm_head"):
-        raise PolicyValueError(yaml_path, f"early_exit needs a decoder laid out as model.layers (got {type(target).__name__})")
+        raise PolicyValueError(
+            yaml_path, f"early_exit needs a decoder laid out as model.layers (got {type(target).__name__})"
+        )
     total = len(layers)
     if not 1 <= num_layers < total:
-        raise PolicyValueError(yaml_path, f"num_layers must be between 1 and {total - 1} (the target has {total} layers)")
+        raise PolicyValueError(
+            yaml_path, f"num_layers must be between 1 and {total - 1} (the target has {total} layers)"
+        )
     with torch.device("meta"):
         draft = type(target)(truncated_config(target.config, num_layers))
     # Share the target's modules: no copies, same parameters.
@@ -43,8 +57,9 @@ def early_exit_model(target: torch.nn.Module, num_layers: int, yaml_path: str) -
     return draft.eval()
 
 
-def early_exit_draft(name: str, target: torch.nn.Module, num_layers: int, num_draft_tokens: int,
-                     device: torch.device, yaml_path: str) -> ModelDraft:
+def early_exit_draft(
+    name: str, target: torch.nn.Module, num_layers: int, num_draft_tokens: int, device: torch.device, yaml_path: str
+) -> ModelDraft:
     """A ModelDraft over `early_exit_model` (its weights are the target's: billed once)."""
     model = early_exit_model(target, num_layers, yaml_path)
     return ModelDraft(name, "early_exit", model, num_draft_tokens, device)
@@ -62,22 +77,28 @@ class EarlyExitDraftSpec(DraftSpecBase):
 
 
 def _build(name: str, spec: EarlyExitDraftSpec, ctx: BuildContext) -> BuiltDraft:
-    draft = early_exit_draft(name, ctx.target, spec.num_layers, spec.num_draft_tokens, ctx.device,
-                             f"drafts.{name}.num_layers")
-    return BuiltDraft(draft, model_info(name, f"target[:{spec.num_layers}]", "early_exit", ctx.target_dtype, draft.model))
+    draft = early_exit_draft(
+        name, ctx.target, spec.num_layers, spec.num_draft_tokens, ctx.device, f"drafts.{name}.num_layers"
+    )
+    return BuiltDraft(
+        draft, model_info(name, f"target[:{spec.num_layers}]", "early_exit", ctx.target_dtype, draft.model)
+    )
 
 
 def _model_config(name: str, spec: EarlyExitDraftSpec, ctx: ConfigContext) -> DraftModelConfig:
     """The target's config cut to num_layers, at the target's dtype; weights the target's own."""
-    return DraftModelConfig(truncated_config(ctx.target_config, spec.num_layers), ctx.target_dtype,
-                            shares_target_weights=True)
+    return DraftModelConfig(
+        truncated_config(ctx.target_config, spec.num_layers), ctx.target_dtype, shares_target_weights=True
+    )
 
 
 def _check_target_config(name: str, spec: EarlyExitDraftSpec, config: Any) -> None:
     """num_layers must be below the target's layer count (when the config states it)."""
     layers = getattr(config, "num_hidden_layers", None)
     if layers and not spec.num_layers < layers:
-        raise PolicyValueError(f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {spec.num_layers})")
+        raise PolicyValueError(
+            f"drafts.{name}.num_layers", f"must be below the target's {layers} layers (got {spec.num_layers})"
+        )
 
 
 def _llama_server(name: str, spec: EarlyExitDraftSpec, ctx: ServedContext) -> ServedDraft:
@@ -100,7 +121,9 @@ def _vllm(name: str, spec: EarlyExitDraftSpec, ctx: VLLMContext) -> VLLMDraft:
     try:
         path = hf_directory(ctx.target, num_layers=spec.num_layers, cache_dir=ctx.cache_dir)
     except Exception as e:  # noqa: BLE001 - transformers' loaders raise many kinds: bad input, named
-        raise PolicyValueError(f"drafts.{name}.num_layers", f"cannot write the early-exit model directory: {e}") from None
+        raise PolicyValueError(
+            f"drafts.{name}.num_layers", f"cannot write the early-exit model directory: {e}"
+        ) from None
     return VLLMDraft({"method": "draft_model", "model": str(path), "num_speculative_tokens": spec.num_draft_tokens})
 
 

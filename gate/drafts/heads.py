@@ -48,14 +48,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, model_info)
+from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, model_info
 from gate.errors import PolicyValueError
 from gate.law import Law, law_probs
 from gate.measure.bill import DraftBill
@@ -104,7 +105,9 @@ def output_head(target: torch.nn.Module) -> torch.nn.Module:
     return head
 
 
-def head_logits(heads: MedusaHeads, lm_head: torch.nn.Module, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+def head_logits(
+    heads: MedusaHeads, lm_head: torch.nn.Module, hidden: torch.Tensor, num_heads: int | None = None
+) -> torch.Tensor:
     """Logits [k, N, V] of heads 1..k for hidden states [N, H], through the shared lm_head."""
     states = heads(hidden, num_heads)
     return lm_head(states.to(lm_head.weight.dtype))
@@ -120,8 +123,15 @@ class HeadsDraft(Draft):
     probability_info = "distribution"
     uses_target_hidden = True
 
-    def __init__(self, name: str, target: torch.nn.Module, heads: MedusaHeads, num_draft_tokens: int, device: torch.device,
-                 vocab_size: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        target: torch.nn.Module,
+        heads: MedusaHeads,
+        num_draft_tokens: int,
+        device: torch.device,
+        vocab_size: int | None = None,
+    ):
         self.name = name
         self.kind = "heads"
         self.target = target
@@ -165,8 +175,9 @@ class HeadsDraft(Draft):
         return self.teacher_forced_heads(ids, start, law, vocab_size, num_heads=1)[0]
 
     @torch.inference_mode()
-    def teacher_forced_heads(self, ids: list[int], start: int, law: Law, vocab_size: int,
-                             num_heads: int | None = None) -> torch.Tensor:
+    def teacher_forced_heads(
+        self, ids: list[int], start: int, law: Law, vocab_size: int, num_heads: int | None = None
+    ) -> torch.Tensor:
         """Per-head teacher-forced q: [k, len(ids) - start, V] float32, row j-1 giving at
         position i head j's q when the step started after ids[:i - j + 1], i.e. head j on the
         target's hidden state at position i - j - 1 (all zeros where that position is < 0).
@@ -182,10 +193,10 @@ class HeadsDraft(Draft):
             first = max(start, j + 1)  # position i needs row i - j - 1 >= 0
             if first >= len(ids):
                 continue
-            rows = hidden[first - j - 1: len(ids) - j - 1]
+            rows = hidden[first - j - 1 : len(ids) - j - 1]
             logits = head_logits(self.heads, self.lm_head, rows, j)[j - 1]
             q = law_probs(_fit(logits, vocab_size), law, ids, first).cpu()
-            out[j - 1, first - start:] = q
+            out[j - 1, first - start :] = q
         return out
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
@@ -216,12 +227,20 @@ def base_identity(target: torch.nn.Module, source: str) -> dict[str, Any]:
     from gate.models.loading import dtype_name, fingerprint
 
     config = target.config
-    return {"fingerprint": fingerprint(target), "model_type": getattr(config, "model_type", None),
-            "num_hidden_layers": getattr(config, "num_hidden_layers", None), "hidden_size": int(config.hidden_size),
-            "vocab_size": int(output_head(target).weight.shape[0]), "dtype": dtype_name(target), "source": source}
+    return {
+        "fingerprint": fingerprint(target),
+        "model_type": getattr(config, "model_type", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "hidden_size": int(config.hidden_size),
+        "vocab_size": int(output_head(target).weight.shape[0]),
+        "dtype": dtype_name(target),
+        "source": source,
+    }
 
 
-def save_checkpoint(folder: str | Path, heads: MedusaHeads, base: dict[str, Any], training: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    folder: str | Path, heads: MedusaHeads, base: dict[str, Any], training: dict[str, Any] | None = None
+) -> Path:
     """Write heads.json and heads.safetensors into `folder` (created). `base`: base_identity
     of the target the heads were trained on. Returns the folder."""
     from safetensors.torch import save_file
@@ -230,11 +249,23 @@ def save_checkpoint(folder: str | Path, heads: MedusaHeads, base: dict[str, Any]
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    header = {"format": FORMAT, "version": VERSION, "head_type": HEAD_TYPE, "num_heads": heads.num_heads,
-              "hidden_size": heads.hidden_size, "vocab_size": base["vocab_size"], "lm_head": "target",
-              "dtype": dtype_name(heads), "base": base, "training": training or {}}
-    save_file({"weight": heads.weight.detach().contiguous().cpu(), "bias": heads.bias.detach().contiguous().cpu()},
-              str(folder / TENSORS), metadata={"format": FORMAT})
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "head_type": HEAD_TYPE,
+        "num_heads": heads.num_heads,
+        "hidden_size": heads.hidden_size,
+        "vocab_size": base["vocab_size"],
+        "lm_head": "target",
+        "dtype": dtype_name(heads),
+        "base": base,
+        "training": training or {},
+    }
+    save_file(
+        {"weight": heads.weight.detach().contiguous().cpu(), "bias": heads.bias.detach().contiguous().cpu()},
+        str(folder / TENSORS),
+        metadata={"format": FORMAT},
+    )
     (folder / HEADER).write_text(json.dumps(header, indent=2) + "\n")
     return folder
 
@@ -251,8 +282,11 @@ def read_header(folder: Path, yaml_path: str) -> dict[str, Any]:
     this format and version."""
     file = folder / HEADER
     if not folder.is_dir():
-        raise PolicyValueError(yaml_path, f"no heads checkpoint folder at {folder} (it holds {HEADER} and {TENSORS}; "
-                               "examples/heads/train_heads.py writes one for SmolLM2)")
+        raise PolicyValueError(
+            yaml_path,
+            f"no heads checkpoint folder at {folder} (it holds {HEADER} and {TENSORS}; "
+            "examples/heads/train_heads.py writes one for SmolLM2)",
+        )
     try:
         header = json.loads(file.read_text())
     except FileNotFoundError:
@@ -260,12 +294,20 @@ def read_header(folder: Path, yaml_path: str) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise PolicyValueError(yaml_path, f"cannot read {file}: {e}") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise PolicyValueError(yaml_path, f"{file} is not a {FORMAT} header (format: {header.get('format') if isinstance(header, dict) else None!r})")
+        raise PolicyValueError(
+            yaml_path,
+            f"{file} is not a {FORMAT} header (format: {header.get('format') if isinstance(header, dict) else None!r})",
+        )
     if header.get("version") != VERSION or isinstance(header.get("version"), bool):
-        raise PolicyValueError(yaml_path, f"{file} is {FORMAT} version {header.get('version')!r}; this gate reads version {VERSION}")
+        raise PolicyValueError(
+            yaml_path, f"{file} is {FORMAT} version {header.get('version')!r}; this gate reads version {VERSION}"
+        )
     if header.get("head_type") != HEAD_TYPE or header.get("lm_head") != "target":
-        raise PolicyValueError(yaml_path, f"{file}: head_type {header.get('head_type')!r} with lm_head {header.get('lm_head')!r}; "
-                               f"this gate runs {HEAD_TYPE!r} heads sharing the target's lm_head")
+        raise PolicyValueError(
+            yaml_path,
+            f"{file}: head_type {header.get('head_type')!r} with lm_head {header.get('lm_head')!r}; "
+            f"this gate runs {HEAD_TYPE!r} heads sharing the target's lm_head",
+        )
     for key in ("num_heads", "hidden_size", "vocab_size"):
         if not isinstance(header.get(key), int) or isinstance(header.get(key), bool) or header[key] < 1:
             raise PolicyValueError(yaml_path, f"{file}: {key} must be a positive integer (got {header.get(key)!r})")
@@ -279,21 +321,32 @@ def check_header_config(header: dict[str, Any], config: Any, yaml_path: str) -> 
     lm_head width (vocab_size, when the config states it) and the base's model_type and layer
     count. Raises PolicyValueError at `yaml_path` naming the first difference."""
     base = header["base"]
-    checks = [("hidden_size", header["hidden_size"], getattr(config, "hidden_size", None)),
-              ("vocab_size", header["vocab_size"], getattr(config, "vocab_size", None)),
-              ("base.model_type", base.get("model_type"), getattr(config, "model_type", None)),
-              ("base.num_hidden_layers", base.get("num_hidden_layers"), getattr(config, "num_hidden_layers", None))]
+    checks = [
+        ("hidden_size", header["hidden_size"], getattr(config, "hidden_size", None)),
+        ("vocab_size", header["vocab_size"], getattr(config, "vocab_size", None)),
+        ("base.model_type", base.get("model_type"), getattr(config, "model_type", None)),
+        ("base.num_hidden_layers", base.get("num_hidden_layers"), getattr(config, "num_hidden_layers", None)),
+    ]
     for key, theirs, ours in checks:
         if theirs is not None and ours is not None and theirs != ours:
-            raise PolicyValueError(yaml_path, f"the heads were trained on another backbone: {key} is {theirs!r} in "
-                                   f"{HEADER}, {ours!r} in the target's config")
+            raise PolicyValueError(
+                yaml_path,
+                f"the heads were trained on another backbone: {key} is {theirs!r} in "
+                f"{HEADER}, {ours!r} in the target's config",
+            )
 
 
-def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fingerprint: bool = True,
-               target_fingerprint: str | None = None) -> tuple[MedusaHeads, dict[str, Any]]:
+def load_heads(
+    folder: Path,
+    target: torch.nn.Module,
+    yaml_path: str,
+    check_fingerprint: bool = True,
+    target_fingerprint: str | None = None,
+) -> tuple[MedusaHeads, dict[str, Any]]:
     """The heads of a checkpoint folder for `target`, on its device and at its lm_head's
     dtype, and their header. Checks the header (read_header, check_header_config), that the
-    base fingerprint equals the target's (`target_fingerprint` when the caller has it, else gate.models.loading.fingerprint; heads are trained on
+    base fingerprint equals the target's (`target_fingerprint` when the caller has it, else
+    gate.models.loading.fingerprint; heads are trained on
     one backbone's hidden states) and the tensors' shapes. Raises PolicyValueError at
     `yaml_path`."""
     from safetensors import SafetensorError
@@ -306,9 +359,12 @@ def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fing
     if check_fingerprint:
         ours = target_fingerprint or fingerprint(target)  # the session's, when given: hashing the target is seconds
         if header["base"].get("fingerprint") != ours:
-            raise PolicyValueError(yaml_path, f"the heads were trained on another backbone: base fingerprint "
-                                   f"{header['base'].get('fingerprint')!r} in {HEADER} (dtype {header['base'].get('dtype')}), the "
-                                   f"loaded target's is {ours!r}; retrain the heads on this target (and dtype)")
+            raise PolicyValueError(
+                yaml_path,
+                f"the heads were trained on another backbone: base fingerprint "
+                f"{header['base'].get('fingerprint')!r} in {HEADER} (dtype {header['base'].get('dtype')}), the "
+                f"loaded target's is {ours!r}; retrain the heads on this target (and dtype)",
+            )
     try:
         tensors = load_file(str(folder / TENSORS))
     except (OSError, SafetensorError) as e:
@@ -318,7 +374,9 @@ def load_heads(folder: Path, target: torch.nn.Module, yaml_path: str, check_fing
     for key, shape in want.items():
         if key not in tensors or tuple(tensors[key].shape) != shape:
             got = tuple(tensors[key].shape) if key in tensors else None
-            raise PolicyValueError(yaml_path, f"{folder / TENSORS}: tensor {key!r} has shape {got}, {HEADER} says {shape}")
+            raise PolicyValueError(
+                yaml_path, f"{folder / TENSORS}: tensor {key!r} has shape {got}, {HEADER} says {shape}"
+            )
     lm_head = output_head(target)
     heads = MedusaHeads(k, h, dtype=lm_head.weight.dtype)
     with torch.no_grad():
@@ -348,8 +406,13 @@ class TeacherStates:
 
 
 @torch.no_grad()
-def teacher_states(target: torch.nn.Module, sequences: Sequence[Sequence[int]], teacher_top_k: int = 32,
-                   device: torch.device | None = None, starts: Sequence[int] | None = None) -> TeacherStates:
+def teacher_states(
+    target: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    teacher_top_k: int = 32,
+    device: torch.device | None = None,
+    starts: Sequence[int] | None = None,
+) -> TeacherStates:
     """One target forward per token sequence (each at least 2 tokens), keeping every position's
     hidden state and the target's top-`teacher_top_k` next-token probabilities. `starts`: per
     sequence, the first row heads are trained at (e.g. where the target's own continuation
@@ -389,13 +452,27 @@ class TrainingStats:
     wall_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "batch_size": self.batch_size, "positions": self.positions,
-                "first_loss": [round(x, 4) for x in self.first_loss], "last_loss": [round(x, 4) for x in self.last_loss],
-                "lr": self.lr, "seed": self.seed, "wall_s": round(self.wall_s, 2)}
+        return {
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "positions": self.positions,
+            "first_loss": [round(x, 4) for x in self.first_loss],
+            "last_loss": [round(x, 4) for x in self.last_loss],
+            "lr": self.lr,
+            "seed": self.seed,
+            "wall_s": round(self.wall_s, 2),
+        }
 
 
-def train_heads(target: torch.nn.Module, states: TeacherStates, num_heads: int, steps: int, batch_size: int = 64,
-                lr: float = 1e-3, seed: int = 0) -> tuple[MedusaHeads, TrainingStats]:
+def train_heads(
+    target: torch.nn.Module,
+    states: TeacherStates,
+    num_heads: int,
+    steps: int,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> tuple[MedusaHeads, TrainingStats]:
     """Train K = `num_heads` heads on `states` with the target frozen (self-distillation,
     module docstring): each step draws `batch_size` trainable rows t (seeded torch.Generator) and
     minimises, for every head k, -sum_x p_{t+k}(x) log q_k(x | h_t), p_{t+k} being the
@@ -438,8 +515,16 @@ def train_heads(target: torch.nn.Module, states: TeacherStates, num_heads: int, 
     def mean(rows_: list[list[float]]) -> list[float]:
         return [sum(r[k] for r in rows_) / len(rows_) for k in range(num_heads)] if rows_ else []
 
-    stats = TrainingStats(steps, batch_size, int(len(rows)), mean(losses[:tenth]), mean(losses[-tenth:]), lr, seed,
-                          time.perf_counter() - started)
+    stats = TrainingStats(
+        steps,
+        batch_size,
+        int(len(rows)),
+        mean(losses[:tenth]),
+        mean(losses[-tenth:]),
+        lr,
+        seed,
+        time.perf_counter() - started,
+    )
     heads.requires_grad_(False)
     return heads.eval(), stats
 
@@ -459,8 +544,10 @@ class HeadsDraftSpec(DraftSpecBase):
     model_config = ConfigDict(title="HeadsDraft")
 
     kind: Literal["heads"]
-    checkpoint: str = Field(..., description="Folder with heads.json and heads.safetensors (gate.drafts.heads); "
-                                             "relative to the policy file.")
+    checkpoint: str = Field(
+        ...,
+        description="Folder with heads.json and heads.safetensors (gate.drafts.heads); relative to the policy file.",
+    )
 
 
 def _build(name: str, spec: HeadsDraftSpec, ctx: BuildContext) -> BuiltDraft:
@@ -483,9 +570,12 @@ def _build(name: str, spec: HeadsDraftSpec, ctx: BuildContext) -> BuiltDraft:
 def _check_heads(name: str, spec: HeadsDraftSpec, header: dict[str, Any]) -> None:
     if spec.num_draft_tokens > header["num_heads"]:
         default = "" if "num_draft_tokens" in spec.model_fields_set else " (the default)"
-        raise PolicyValueError(f"drafts.{name}.num_draft_tokens", f"the checkpoint has {header['num_heads']} heads, one per "
-                               f"proposal; num_draft_tokens {spec.num_draft_tokens}{default} is more: set num_draft_tokens "
-                               f"to at most {header['num_heads']}")
+        raise PolicyValueError(
+            f"drafts.{name}.num_draft_tokens",
+            f"the checkpoint has {header['num_heads']} heads, one per "
+            f"proposal; num_draft_tokens {spec.num_draft_tokens}{default} is more: set num_draft_tokens "
+            f"to at most {header['num_heads']}",
+        )
 
 
 def _check_files(name: str, spec: HeadsDraftSpec, policy_dir: Path, config: Any) -> None:
@@ -512,7 +602,9 @@ def _check_tensor_shapes(folder: Path, header: dict[str, Any], yaml_path: str) -
     k, h = header["num_heads"], header["hidden_size"]
     for key, shape in {"weight": (k, h, h), "bias": (k, h)}.items():
         if shapes.get(key) != shape:
-            raise PolicyValueError(yaml_path, f"{file}: tensor {key!r} has shape {shapes.get(key)}, {HEADER} says {shape}")
+            raise PolicyValueError(
+                yaml_path, f"{file}: tensor {key!r} has shape {shapes.get(key)}, {HEADER} says {shape}"
+            )
 
 
 def _loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Any) -> DraftBill:

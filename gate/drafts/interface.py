@@ -14,18 +14,19 @@ contexts its hooks receive), listed in gate.drafts.registry.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from gate.law import Law
-from gate.models.loading import model_info  # noqa: F401 - what a kind records of its model (re-exported)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.measure.speculation import ProposalFloor, every_step
+from gate.models.loading import model_info  # noqa: F401 - what a kind records of its model (re-exported)
 from gate.records import ModelInfo
 
 ProbabilityInfo = Literal["distribution", "point_mass"]
@@ -102,9 +103,12 @@ class DraftSpecBase(BaseModel):
 
     num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
     num_draft_tokens_sweep: list[Annotated[int, Field(ge=0, le=64)]] | None = Field(
-        None, min_length=1, description="Also measure this draft with each of these num_draft_tokens (0: speculation "
+        None,
+        min_length=1,
+        description="Also measure this draft with each of these num_draft_tokens (0: speculation "
         "off, which is the fallback): each value runs as its own runner '<name>.k<K>' (a managed server restarted "
-        "with that K), and the report picks the best K per load point (gate.rules.schedule).")
+        "with that K), and the report picks the best K per load point (gate.rules.schedule).",
+    )
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,9 @@ class DraftModelConfig:
     quantization: str = "none"
     kv_dtype: str | None = None  # None: dtype
     shares_target_weights: bool = False
-    own_vocab_size: int | None = None  # a draft with its own tokenizer (cross_tokenizer): its logits' width, billed apart
+    own_vocab_size: int | None = (
+        None  # a draft with its own tokenizer (cross_tokenizer): its logits' width, billed apart
+    )
 
     @property
     def cache_dtype(self) -> str:
@@ -173,7 +179,9 @@ class DraftModelConfig:
         return self.kv_dtype or self.dtype
 
 
-def bill_from_modules(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]) -> DraftBill:
+def bill_from_modules(
+    name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Callable[[str], KVFormat]
+) -> DraftBill:
     """A loaded draft's bill inputs (gate check): the cache of its first module's config at
     `kv_format_of(dtype name of that module)`, the weight bytes of its modules not shared
     with `target`, and whether it keeps a distribution q. A draft without modules bills no

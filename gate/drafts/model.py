@@ -10,9 +10,23 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig, ServedContext,
-                                   ServedDraft, VLLMContext, VLLMDraft,
-                                   DraftSpecBase, DType, ModelRef, Proposal, model_info)
+from gate.drafts.interface import (
+    BuildContext,
+    BuiltDraft,
+    ConfigContext,
+    Draft,
+    DraftKind,
+    DraftModelConfig,
+    DraftSpecBase,
+    DType,
+    ModelRef,
+    Proposal,
+    ServedContext,
+    ServedDraft,
+    VLLMContext,
+    VLLMDraft,
+    model_info,
+)
 from gate.errors import PolicyValueError
 from gate.law import Law, law_probs
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
@@ -27,8 +41,15 @@ class ModelDraft(Draft):
 
     probability_info = "distribution"
 
-    def __init__(self, name: str, kind: str, model: torch.nn.Module, num_draft_tokens: int, device: torch.device,
-                 vocab_size: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        model: torch.nn.Module,
+        num_draft_tokens: int,
+        device: torch.device,
+        vocab_size: int | None = None,
+    ):
         self.name = name
         self.kind = kind
         self.model = model
@@ -61,11 +82,13 @@ class ModelDraft(Draft):
             tokens.append(x)
             qs.append(q)
             new = [x]
-        return Proposal(torch.tensor(tokens, device=self.device, dtype=torch.long), torch.stack(qs) if qs else torch.empty(0))
+        return Proposal(
+            torch.tensor(tokens, device=self.device, dtype=torch.long), torch.stack(qs) if qs else torch.empty(0)
+        )
 
     def teacher_forced(self, ids: list[int], start: int, law: Law, vocab_size: int) -> torch.Tensor:
         logits = forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0]
-        return law_probs(self._aligned(logits[start - 1:]), law, ids, start)
+        return law_probs(self._aligned(logits[start - 1 :]), law, ids, start)
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits [..., V_draft] on the target's vocabulary [..., V_target]: padded ids a
@@ -75,7 +98,9 @@ class ModelDraft(Draft):
             return logits
         if logits.shape[-1] > v:
             return logits[..., :v]
-        pad = torch.full((*logits.shape[:-1], v - logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=logits.device)
+        pad = torch.full(
+            (*logits.shape[:-1], v - logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=logits.device
+        )
         return torch.cat([logits, pad], dim=-1)
 
     def cache_bytes(self) -> int:
@@ -105,7 +130,9 @@ class ModelDraftSpec(DraftSpecBase):
     gguf_file: str | None = None
     dtype: DType | None = Field(None, description="Default: the target's dtype.")
     quantization: Literal["none", "int8_dynamic"] = Field(
-        "none", description="int8_dynamic: int8 weights with per-tensor scales on every Linear (torch dynamic quantization, CPU)."
+        "none",
+        description="int8_dynamic: int8 weights with per-tensor scales on every Linear (torch dynamic "
+        "quantization, CPU).",
     )
 
 
@@ -124,7 +151,9 @@ def _build(name: str, spec: ModelDraftSpec, ctx: BuildContext) -> BuiltDraft:
         model, label = models.load_model(source, dtype, ctx.device), str(source)
     if spec.quantization == "int8_dynamic":
         if ctx.device.type != "cpu":
-            raise PolicyValueError(f"{path}.quantization", "int8_dynamic (torch dynamic quantization) runs on the CPU only")
+            raise PolicyValueError(
+                f"{path}.quantization", "int8_dynamic (torch dynamic quantization) runs on the CPU only"
+            )
         if dtype != "float32":
             raise PolicyValueError(f"{path}.dtype", "int8_dynamic quantizes float32 weights; leave dtype at float32")
         model = models.quantize_int8_dynamic(model)
@@ -137,9 +166,14 @@ def _model_config(name: str, spec: ModelDraftSpec, ctx: ConfigContext) -> DraftM
     """The target's config (model: target) or the separate model's; int8_dynamic keeps its
     cache at float32."""
     dtype = spec.dtype or ctx.target_dtype
-    config = ctx.target_config if spec.model == "target" else ctx.read_config(spec.model, spec.gguf_file,
-                                                                              f"drafts.{name}.model")
-    return DraftModelConfig(config, dtype, spec.quantization, "float32" if spec.quantization == "int8_dynamic" else dtype)
+    config = (
+        ctx.target_config
+        if spec.model == "target"
+        else ctx.read_config(spec.model, spec.gguf_file, f"drafts.{name}.model")
+    )
+    return DraftModelConfig(
+        config, dtype, spec.quantization, "float32" if spec.quantization == "int8_dynamic" else dtype
+    )
 
 
 def _tokenizer_sources(name: str, spec: ModelDraftSpec) -> list[ModelRef]:
@@ -160,8 +194,11 @@ def _llama_server(name: str, spec: ModelDraftSpec, ctx: ServedContext) -> Served
 
     path = f"drafts.{name}"
     if spec.model == "target":
-        raise PolicyValueError(f"{path}.model", "llama-server runs GGUF files as they are: a draft of the target's "
-                               "weights at another dtype or quantization needs its own GGUF file; name it in model")
+        raise PolicyValueError(
+            f"{path}.model",
+            "llama-server runs GGUF files as they are: a draft of the target's "
+            "weights at another dtype or quantization needs its own GGUF file; name it in model",
+        )
     if spec.dtype is not None or spec.quantization != "none":
         key = "dtype" if spec.dtype is not None else "quantization"
         raise PolicyValueError(f"{path}.{key}", f"llama-server runs the GGUF's own tensor types; {key} does not apply")
@@ -180,15 +217,24 @@ def _vllm(name: str, spec: ModelDraftSpec, ctx: VLLMContext) -> VLLMDraft:
 
     path = f"drafts.{name}"
     if spec.quantization != "none":
-        raise PolicyValueError(f"{path}.quantization", f"vLLM does not run gate's {spec.quantization} scheme; give a "
-                               "quantized checkpoint vLLM loads as the draft model instead")
+        raise PolicyValueError(
+            f"{path}.quantization",
+            f"vLLM does not run gate's {spec.quantization} scheme; give a "
+            "quantized checkpoint vLLM loads as the draft model instead",
+        )
     if spec.model == "target":  # vLLM runs a draft model at the target's dtype: it would be the target itself
-        raise PolicyValueError(f"{path}.model", "vLLM serves a draft model at the target's dtype: a draft of the "
-                               "target's weights at another dtype cannot be run; name a separate model")
+        raise PolicyValueError(
+            f"{path}.model",
+            "vLLM serves a draft model at the target's dtype: a draft of the "
+            "target's weights at another dtype cannot be run; name a separate model",
+        )
     source = models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
     try:
-        folder = hf_directory(source, dtype=spec.dtype or "float32", cache_dir=ctx.cache_dir) \
-            if spec.dtype or source.kind != "hf_dir" else Path(source.location)
+        folder = (
+            hf_directory(source, dtype=spec.dtype or "float32", cache_dir=ctx.cache_dir)
+            if spec.dtype or source.kind != "hf_dir"
+            else Path(source.location)
+        )
     except Exception as e:  # noqa: BLE001 - transformers' loaders raise many kinds: bad input, named
         raise PolicyValueError(f"{path}.model", f"cannot write the draft's model directory for vLLM: {e}") from None
     return VLLMDraft({"method": "draft_model", "model": str(folder), "num_speculative_tokens": spec.num_draft_tokens})

@@ -13,9 +13,20 @@ from typing import Literal
 import torch
 from pydantic import ConfigDict, Field
 
-from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, ServedContext, ServedDraft, VLLMContext, VLLMDraft
-from gate.law import Law
+from gate.drafts.interface import (
+    BuildContext,
+    BuiltDraft,
+    Draft,
+    DraftKind,
+    DraftSpecBase,
+    Proposal,
+    ServedContext,
+    ServedDraft,
+    VLLMContext,
+    VLLMDraft,
+)
 from gate.errors import PolicyValueError
+from gate.law import Law
 from gate.measure.speculation import ProposalFloor, lookup_floor
 
 
@@ -24,10 +35,10 @@ def lookup(context: list[int], max_ngram_size: int, n: int) -> list[int]:
     longest matching suffix n-gram (n-gram sizes max_ngram_size..1); [] when none matches."""
     length = len(context)
     for size in range(min(max_ngram_size, length - 1), 0, -1):
-        suffix = context[length - size:]
+        suffix = context[length - size :]
         for start in range(0, length - size):
-            if context[start:start + size] == suffix:
-                follow = context[start + size:start + size + n]
+            if context[start : start + size] == suffix:
+                follow = context[start + size : start + size + n]
                 if follow:
                     return follow
     return []
@@ -82,19 +93,39 @@ def _llama_server(name: str, spec: PromptLookupDraftSpec, ctx: ServedContext) ->
     n_draft_min gives no draft), so a num_draft_tokens below max_ngram_size never proposes.
     Raises PolicyValueError at drafts.<name>.num_draft_tokens for that."""
     if spec.num_draft_tokens < spec.max_ngram_size:
-        raise PolicyValueError(f"drafts.{name}.num_draft_tokens", (
-            f"llama.cpp's ngram-simple proposes only when it can copy at least max_ngram_size ({spec.max_ngram_size}) "
-            f"tokens, so num_draft_tokens {spec.num_draft_tokens} would never propose (speculation would never run): "
-            f"use num_draft_tokens >= {spec.max_ngram_size} or a smaller max_ngram_size"))
-    return ServedDraft(None, "ngram-simple", ("--spec-ngram-simple-size-n", str(spec.max_ngram_size),
-                                              "--spec-ngram-simple-size-m", str(spec.num_draft_tokens)))
+        raise PolicyValueError(
+            f"drafts.{name}.num_draft_tokens",
+            (
+                "llama.cpp's ngram-simple proposes only when it can copy at least max_ngram_size "
+                f"({spec.max_ngram_size}) "
+                f"tokens, so num_draft_tokens {spec.num_draft_tokens} would never propose (speculation would never "
+                "run): "
+                f"use num_draft_tokens >= {spec.max_ngram_size} or a smaller max_ngram_size"
+            ),
+        )
+    return ServedDraft(
+        None,
+        "ngram-simple",
+        (
+            "--spec-ngram-simple-size-n",
+            str(spec.max_ngram_size),
+            "--spec-ngram-simple-size-m",
+            str(spec.num_draft_tokens),
+        ),
+    )
 
 
 def _vllm(name: str, spec: PromptLookupDraftSpec, ctx: VLLMContext) -> VLLMDraft:
     """vLLM's ngram method: the longest suffix of max_ngram_size down to 1 tokens found
     earlier in the context, and the num_draft_tokens that followed it (as gate's own)."""
-    return VLLMDraft({"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens,
-                      "prompt_lookup_max": spec.max_ngram_size, "prompt_lookup_min": 1})
+    return VLLMDraft(
+        {
+            "method": "ngram",
+            "num_speculative_tokens": spec.num_draft_tokens,
+            "prompt_lookup_max": spec.max_ngram_size,
+            "prompt_lookup_min": 1,
+        }
+    )
 
 
 def _floor(spec: PromptLookupDraftSpec) -> ProposalFloor:
@@ -104,5 +135,12 @@ def _floor(spec: PromptLookupDraftSpec) -> ProposalFloor:
 
 
 # No model, no cache, no draft step: the defaults for bill, roofline and checks.
-KIND = DraftKind(name="prompt_lookup", spec=PromptLookupDraftSpec, probability_info="point_mass", build=_build,
-                 llama_server=_llama_server, vllm=_vllm, proposal_floor=_floor)
+KIND = DraftKind(
+    name="prompt_lookup",
+    spec=PromptLookupDraftSpec,
+    probability_info="point_mass",
+    build=_build,
+    llama_server=_llama_server,
+    vllm=_vllm,
+    proposal_floor=_floor,
+)

@@ -13,13 +13,22 @@ This module imports no gate.policy: the policy imports drafts, never the other w
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Union
+from collections.abc import Callable
+from typing import Annotated, Any, Union
 
 import torch
 from pydantic import Field
 
-from gate.drafts.interface import (BuildContext, BuiltDraft, ConfigContext, Draft, DraftKind, DraftModelConfig, ModelRef,
-                                   bill_from_modules)
+from gate.drafts.interface import (
+    BuildContext,
+    BuiltDraft,
+    ConfigContext,
+    Draft,
+    DraftKind,
+    DraftModelConfig,
+    ModelRef,
+    bill_from_modules,
+)
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.measure.speculation import ProposalFloor
@@ -35,15 +44,24 @@ BUILTIN = (
     "gate.drafts.heads",
 )
 
+
 def _well_formed(kind: DraftKind) -> None:
     """A kind's spec must accept exactly its name as `kind:` (the union's discriminator)."""
     tag = kind.spec.model_fields.get("kind")
     if tag is None or getattr(tag.annotation, "__args__", None) != (kind.name,):
-        raise ValueError(f"draft kind {kind.name!r}: its spec {kind.spec.__name__} needs `kind: Literal[{kind.name!r}]`")
+        raise ValueError(
+            f"draft kind {kind.name!r}: its spec {kind.spec.__name__} needs `kind: Literal[{kind.name!r}]`"
+        )
 
 
-_KINDS: Registry[DraftKind] = Registry("draft kind", lambda: BUILTIN, name_of=lambda kind: kind.name,
-                                      module_of=lambda kind: kind.spec.__module__, attribute="KIND", check=_well_formed)
+_KINDS: Registry[DraftKind] = Registry(
+    "draft kind",
+    lambda: BUILTIN,
+    name_of=lambda kind: kind.name,
+    module_of=lambda kind: kind.spec.__module__,
+    attribute="KIND",
+    check=_well_formed,
+)
 
 
 def register(kind: DraftKind) -> DraftKind:
@@ -80,7 +98,7 @@ def draft_spec_union() -> Any:
     specs = tuple(k.spec for k in kinds())
     if len(specs) == 1:
         return specs[0]
-    return Annotated[Union[specs], Field(discriminator="kind")]
+    return Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007 - a union of a tuple built at run time
 
 
 # What callers use, one function per question, so that none of them branches on a kind.

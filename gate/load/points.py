@@ -18,8 +18,12 @@ def load_points(policy: Any) -> list[LoadStrategy]:
     if load is None or (not load.concurrency and not load.request_rate):
         return [ClosedLoop(concurrency=1)]
     points: list[LoadStrategy] = [ClosedLoop(concurrency=c) for c in load.concurrency or []]
-    points += [OpenLoop(request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed,
-                        concurrency=load.max_concurrency) for r in load.request_rate or []]
+    points += [
+        OpenLoop(
+            request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed, concurrency=load.max_concurrency
+        )
+        for r in load.request_rate or []
+    ]
     return points
 
 
@@ -47,7 +51,22 @@ def search_plan(policy: Any) -> Any:
     if load is None or load.search is None:
         return None
     s, ms = load.search, policy.measurement
-    return SearchPlan(s.over, float(s.start), float(s.max), s.repetitions, s.tolerance, s.requests_per_load,
-                      load.goodput.ms() if load.goodput is not None else {}, s.itl_p99_ms(), s.min_good_share,
-                      s.budget_seconds(), load.burstiness, policy.workload.seed, load.max_concurrency, ms.max_cpu_stall,
-                      cpu_count(), ms.max_client_lag_ms, ms.max_contended)
+    return SearchPlan(
+        s.over,
+        float(s.start),
+        float(s.max),
+        s.repetitions,
+        s.tolerance,
+        s.requests_per_load,
+        load.goodput.ms() if load.goodput is not None else {},
+        s.itl_p99_ms(),
+        s.min_good_share,
+        s.budget_seconds(),
+        load.burstiness,
+        policy.workload.seed,
+        load.max_concurrency,
+        ms.max_cpu_stall,
+        cpu_count(),
+        ms.max_client_lag_ms,
+        ms.max_contended,
+    )

@@ -21,7 +21,8 @@ where to probe next and what the probes say). The search:
 
 The answer is an interval [lower, upper): every SLO held at `lower`, and at `upper` an SLO
 failed (`slo`) or the load was past the knee (`saturation`: lower is the knee, upper the load
-just above it whose step added under half its proportional throughput); upper None: held up to `maximum` (`max`); lower None: the
+just above it whose step added under half its proportional throughput); upper None: held up to `maximum` (`max`); lower
+None: the
 first probe failed. A probe whose requests were too often contended or client delayed decides
 nothing: the search stops there (`inconclusive`), as it does when its wall-time budget or the
 run's measurement.max_wall_s runs out (`budget`), a probe's requests failed (`failed`) or a
@@ -32,8 +33,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -113,9 +115,16 @@ def rising(a: float, a_throughput: float | None, b: float, b_throughput: float |
     return e is None or e >= KNEE_ELASTICITY
 
 
-def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, integer: bool, tolerance: float = 0.1,
-           budget_s: float = math.inf, clock: Callable[[], float] = time.monotonic,
-           stopped: Callable[[], bool] = lambda: False) -> Envelope:
+def search(
+    probe: Callable[[float], ProbeResult],
+    start: float,
+    maximum: float,
+    integer: bool,
+    tolerance: float = 0.1,
+    budget_s: float = math.inf,
+    clock: Callable[[], float] = time.monotonic,
+    stopped: Callable[[], bool] = lambda: False,
+) -> Envelope:
     """Bracket, find the knee, bisect the SLO boundary (module docstring) with `probe(load)`
     from `start` up to `maximum`. `integer`: loads are whole numbers (concurrency; adjacent
     means 1 apart); otherwise they are rates, adjacent when upper / lower <= 1 + `tolerance`.
@@ -139,8 +148,13 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
             return None
         r = probe(load)
         seen[load] = r
-        verdict = ("interrupted" if r.interrupted else "budget" if r.ran_out else "failed" if r.failed else "inconclusive") \
-            if r.holds is None or r.ran_out or r.interrupted else "held" if r.holds else "slo"
+        verdict = (
+            ("interrupted" if r.interrupted else "budget" if r.ran_out else "failed" if r.failed else "inconclusive")
+            if r.holds is None or r.ran_out or r.interrupted
+            else "held"
+            if r.holds
+            else "slo"
+        )
         steps.append(Step(load, r, False, verdict))
         if verdict in ("budget", "failed", "inconclusive", "interrupted"):
             ended.append(verdict)  # type: ignore[arg-type]
@@ -154,8 +168,12 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
         return (a + b) // 2 if integer else math.sqrt(a * b)
 
     def result(lower: float | None, upper: float | None, stop: Stop, knee: float | None = None) -> Envelope:
-        marked = tuple(Step(s.load, s.result, True, "saturation" if s.verdict == "held" else s.verdict)
-                       if knee is not None and s.load > knee else s for s in steps)
+        marked = tuple(
+            Step(s.load, s.result, True, "saturation" if s.verdict == "held" else s.verdict)
+            if knee is not None and s.load > knee
+            else s
+            for s in steps
+        )
         return Envelope(lower, upper, ended[0] if ended else stop, marked, clock() - began)
 
     # 1. bracket
@@ -180,6 +198,7 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
     # 2. the knee
     knee: float | None = None
     if flattened is not None:
+
         def below(v: float) -> float:
             return v - 1 if integer else v / (1 + tolerance)
 
@@ -200,7 +219,9 @@ def search(probe: Callable[[float], ProbeResult], start: float, maximum: float, 
 
         lo_k: float = start
         hi_k = flattened
-        for v in sorted((v for v, x in seen.items() if x.holds and v < flattened), reverse=True):  # the bracket, top down
+        for v in sorted(
+            (v for v, x in seen.items() if x.holds and v < flattened), reverse=True
+        ):  # the bracket, top down
             up = step_rises(v)
             if up is None:
                 break
@@ -340,8 +361,16 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
     from gate.measure.client_check import is_client_delayed
     from gate.measure.contention import is_contended
 
-    figures: dict = {"throughputs": [], "good_shares": [], "itl_p99_ms": [], "tpot_mean_ms": [], "requests": 0, "failed": 0,
-                     "excluded": 0, "queueing_grew": []}
+    figures: dict = {
+        "throughputs": [],
+        "good_shares": [],
+        "itl_p99_ms": [],
+        "tpot_mean_ms": [],
+        "requests": 0,
+        "failed": 0,
+        "excluded": 0,
+        "queueing_grew": [],
+    }
     reasons: list[str] = []
     holds = True
     for i, w in enumerate(windows, 1):
@@ -357,8 +386,11 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
         t0 = min(s for s, _ in w.spans)
         t1 = max(s + r.e2el_ms / 1e3 for s, r in w.spans)
         figures["throughputs"].append(sum(r.output_tokens for r in recs) / (t1 - t0) if t1 > t0 else 0.0)
-        clean = [r for r in recs if not is_contended(r, plan.max_cpu_stall, plan.cpus)
-                 and not is_client_delayed(r, plan.max_client_lag_ms)]
+        clean = [
+            r
+            for r in recs
+            if not is_contended(r, plan.max_cpu_stall, plan.cpus) and not is_client_delayed(r, plan.max_client_lag_ms)
+        ]
         figures["excluded"] += len(recs) - len(clean)
         share = sum(meets(r, plan.slo_ms, queued=True) for r in clean) / len(clean) if clean else 0.0
         if not plan.integer:
@@ -382,8 +414,12 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
     if not n:
         return ProbeResult(None, None, "no request measured", failed=True), figures
     if figures["excluded"] / n > plan.max_contended:
-        return ProbeResult(None, throughput, f"{figures['excluded']} of {n} requests contended or client delayed "
-                           f"(over {plan.max_contended:.0%}): the probe decides nothing"), figures
+        return ProbeResult(
+            None,
+            throughput,
+            f"{figures['excluded']} of {n} requests contended or client delayed "
+            f"(over {plan.max_contended:.0%}): the probe decides nothing",
+        ), figures
     grew = [g for g in figures["queueing_grew"] if g is not None]
     saturated = (any(grew) if grew else False) if not plan.integer else None
     if saturated:

@@ -62,36 +62,55 @@ def bill_lines(b: BillInputs) -> list[BillLine]:
         if b.draft_cache is not None:
             lines.append(BillLine("draft KV cache", b.draft_cache.formula(t, s), b.draft_cache.bytes(t, s)))
         per_target, per_draft = b.target_cache.bytes_per_token, b.draft_cache.bytes_per_token if b.draft_cache else 0
-        lines.append(BillLine(
-            "verification positions",
-            f"({g} + 1) positions x {b.tree_branches} branches x {per_target} B/token (target) + {g} x {per_draft} B/token "
-            f"(draft proposals), x {s} seq",
-            ((g + 1) * b.tree_branches * per_target + g * per_draft) * s,
-        ))
-    lines.append(BillLine(
-        "target logits",
-        f"({g} + 1) positions x {b.tree_branches} branches x {b.vocab_size} vocab x {SAMPLING_DTYPE_BYTES} B x {s} seq",
-        (g + 1) * b.tree_branches * b.vocab_size * SAMPLING_DTYPE_BYTES * s,
-    ))
+        lines.append(
+            BillLine(
+                "verification positions",
+                f"({g} + 1) positions x {b.tree_branches} branches x {per_target} B/token (target) + {g} x "
+                f"{per_draft} B/token "
+                f"(draft proposals), x {s} seq",
+                ((g + 1) * b.tree_branches * per_target + g * per_draft) * s,
+            )
+        )
+    lines.append(
+        BillLine(
+            "target logits",
+            f"({g} + 1) positions x {b.tree_branches} branches x {b.vocab_size} vocab x {SAMPLING_DTYPE_BYTES} B x "
+            f"{s} seq",
+            (g + 1) * b.tree_branches * b.vocab_size * SAMPLING_DTYPE_BYTES * s,
+        )
+    )
     if g and b.draft_has_distribution:
-        lines.append(BillLine(
-            "draft probabilities",
-            f"{g} positions x {b.tree_branches} branches x {b.vocab_size} vocab x {SAMPLING_DTYPE_BYTES} B x {s} seq",
-            g * b.tree_branches * b.vocab_size * SAMPLING_DTYPE_BYTES * s,
-        ))
+        lines.append(
+            BillLine(
+                "draft probabilities",
+                f"{g} positions x {b.tree_branches} branches x {b.vocab_size} vocab x {SAMPLING_DTYPE_BYTES} B x {s} "
+                "seq",
+                g * b.tree_branches * b.vocab_size * SAMPLING_DTYPE_BYTES * s,
+            )
+        )
     if g and b.draft_vocab_size:  # the draft samples over its own vocabulary before translating (cross_tokenizer)
-        lines.append(BillLine(
-            "draft logits",
-            f"{g} positions x {b.tree_branches} branches x {b.draft_vocab_size} draft vocab x {SAMPLING_DTYPE_BYTES} B x {s} seq",
-            g * b.tree_branches * b.draft_vocab_size * SAMPLING_DTYPE_BYTES * s,
-        ))
-    for name, value in (("workspace", b.workspace_bytes), ("graph captures", b.graph_capture_bytes),
-                        ("communication buffers", b.communication_bytes)):
+        lines.append(
+            BillLine(
+                "draft logits",
+                f"{g} positions x {b.tree_branches} branches x {b.draft_vocab_size} draft vocab x "
+                f"{SAMPLING_DTYPE_BYTES} B x {s} seq",
+                g * b.tree_branches * b.draft_vocab_size * SAMPLING_DTYPE_BYTES * s,
+            )
+        )
+    for name, value in (
+        ("workspace", b.workspace_bytes),
+        ("graph captures", b.graph_capture_bytes),
+        ("communication buffers", b.communication_bytes),
+    ):
         if value:
             lines.append(BillLine(name, "declared in the policy", value))
     if b.fragmentation:
         subtotal = sum(line.bytes for line in lines)
-        lines.append(BillLine("fragmentation allowance", f"{b.fragmentation:g} x {subtotal} B", int(round(b.fragmentation * subtotal))))
+        lines.append(
+            BillLine(
+                "fragmentation allowance", f"{b.fragmentation:g} x {subtotal} B", int(round(b.fragmentation * subtotal))
+            )
+        )
     return lines
 
 
@@ -146,20 +165,45 @@ def kv_format(resources: Any, model_dtype: str) -> KVFormat:
     return KVFormat(dtype, resources.kv_scale_group)
 
 
-def bills_for(resources: Any, context_tokens: int, vocab_size: int, target_cache: CacheModel, target_weight_bytes: int,
-              drafts: list[DraftBill]) -> list[BillRecord]:
+def bills_for(
+    resources: Any,
+    context_tokens: int,
+    vocab_size: int,
+    target_cache: CacheModel,
+    target_weight_bytes: int,
+    drafts: list[DraftBill],
+) -> list[BillRecord]:
     """The fallback's bill and every draft's, with the budget statement when the policy
     declares a capacity. `resources`: the policy's ResourcesSpec; bytes and tokens throughout."""
     capacity = resources.bytes_of("capacity") if resources.capacity else None
-    common = dict(target_cache=target_cache, target_weight_bytes=target_weight_bytes, vocab_size=vocab_size,
-                  context_tokens=context_tokens, sequences=resources.sequences, tree_branches=resources.tree_branches,
-                  workspace_bytes=resources.bytes_of("workspace"), graph_capture_bytes=resources.bytes_of("graph_captures"),
-                  communication_bytes=resources.bytes_of("communication_buffers"), fragmentation=resources.fragmentation)
+    common = dict(
+        target_cache=target_cache,
+        target_weight_bytes=target_weight_bytes,
+        vocab_size=vocab_size,
+        context_tokens=context_tokens,
+        sequences=resources.sequences,
+        tree_branches=resources.tree_branches,
+        workspace_bytes=resources.bytes_of("workspace"),
+        graph_capture_bytes=resources.bytes_of("graph_captures"),
+        communication_bytes=resources.bytes_of("communication_buffers"),
+        fragmentation=resources.fragmentation,
+    )
     out = [build_bill(BillInputs(FALLBACK, **common), capacity)]
     for d in drafts:
-        out.append(build_bill(BillInputs(d.name, num_draft_tokens=d.num_draft_tokens, draft_cache=d.cache,
-                                         draft_weight_bytes=d.own_weight_bytes, draft_has_distribution=d.has_distribution,
-                                         draft_vocab_size=d.vocab_size, **common), capacity))
+        out.append(
+            build_bill(
+                BillInputs(
+                    d.name,
+                    num_draft_tokens=d.num_draft_tokens,
+                    draft_cache=d.cache,
+                    draft_weight_bytes=d.own_weight_bytes,
+                    draft_has_distribution=d.has_distribution,
+                    draft_vocab_size=d.vocab_size,
+                    **common,
+                ),
+                capacity,
+            )
+        )
     return out
 
 
@@ -173,7 +217,9 @@ def meta_model(config: Any) -> Any:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config)
     except Exception as e:  # noqa: BLE001 - any failure means: not a causal LM gate can bill
-        raise ConfigError(f"cannot build a causal LM from this config ({type(config).__name__}): {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"cannot build a causal LM from this config ({type(config).__name__}): {type(e).__name__}: {e}"
+        ) from None
 
 
 def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -> int:

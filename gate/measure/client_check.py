@@ -32,8 +32,8 @@ Pure functions of records.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from gate.records import RequestRecord, RunRecord
 
@@ -65,7 +65,7 @@ def is_client_delayed(r: RequestRecord, max_client_lag_ms: float | None) -> bool
 
 
 def describe_delayed(delayed: int, total: int, unit: str, max_client_lag_ms: float) -> str:
-    """"client delayed: schedule or event-loop lag over 10 ms on 3 of 24 requests"."""
+    """ "client delayed: schedule or event-loop lag over 10 ms on 3 of 24 requests"."""
     return f"client delayed: schedule or event-loop lag over {max_client_lag_ms:g} ms on {delayed} of {total} {unit}"
 
 
@@ -121,8 +121,13 @@ def _load_name(w: RunRecord) -> str:
     return f"c={w.load.concurrency}" if w.load.concurrency is not None else "unbounded"
 
 
-def check_window(w: RunRecord, records: Sequence[RequestRecord], max_client_lag_ms: float | None,
-                 server_slots: int | None = None, burst_gap_ms: float | None = None) -> ClientCheck | None:
+def check_window(
+    w: RunRecord,
+    records: Sequence[RequestRecord],
+    max_client_lag_ms: float | None,
+    server_slots: int | None = None,
+    burst_gap_ms: float | None = None,
+) -> ClientCheck | None:
     """The ClientCheck of window `w` from its requests' records (None: the client recorded
     nothing of itself, an in-process run). `server_slots`: requests the server admits at
     once, where known; `burst_gap_ms`: the runner's burst rule (None: not checked)."""
@@ -138,20 +143,41 @@ def check_window(w: RunRecord, records: Sequence[RequestRecord], max_client_lag_
     mismatched = [r for r in mine if r.server_output_tokens is not None and r.server_output_tokens != r.output_tokens]
     gaps = [r.ttft_ms - r.server_prefill_ms for r in mine if r.server_prefill_ms is not None and r.token_times_ms]
     workers = len({r.client_worker for r in mine if r.client_worker is not None}) or len(w.client_workers)
-    c = ClientCheck(w.runner, w.law, _load_name(w), w.repetition, len(mine), workers, max_client_lag_ms,
-                    _q(sched, 0.5), _q(sched, 0.99), max(sched, default=None), _q(loop, 0.99), max(loop, default=None),
-                    _q(sends, 0.5), _q(connects, 0.5), max(cpu, default=None), delayed, len(mismatched),
-                    statistics.median(gaps) if gaps else None)
+    c = ClientCheck(
+        w.runner,
+        w.law,
+        _load_name(w),
+        w.repetition,
+        len(mine),
+        workers,
+        max_client_lag_ms,
+        _q(sched, 0.5),
+        _q(sched, 0.99),
+        max(sched, default=None),
+        _q(loop, 0.99),
+        max(loop, default=None),
+        _q(sends, 0.5),
+        _q(connects, 0.5),
+        max(cpu, default=None),
+        delayed,
+        len(mismatched),
+        statistics.median(gaps) if gaps else None,
+    )
     if delayed and max_client_lag_ms is not None:
-        c.warnings.append(describe_delayed(delayed, len(mine), "requests", max_client_lag_ms)
-                          + ": timing verdicts leave them out")
+        c.warnings.append(
+            describe_delayed(delayed, len(mine), "requests", max_client_lag_ms) + ": timing verdicts leave them out"
+        )
     if c.worker_cpu_max is not None and c.worker_cpu_max > SATURATED_CPU:
-        c.warnings.append(f"a client worker was saturated ({c.worker_cpu_max:.0%} of one CPU over the window): raise "
-                          "runner.client_workers or give gate more CPUs")
+        c.warnings.append(
+            f"a client worker was saturated ({c.worker_cpu_max:.0%} of one CPU over the window): raise "
+            "runner.client_workers or give gate more CPUs"
+        )
     if mismatched:
         r = mismatched[0]
-        c.warnings.append(f"client and server token counts differ on {len(mismatched)} of {len(mine)} requests (e.g. "
-                          f"{r.prompt_id}: gate read {r.output_tokens}, the server counted {r.server_output_tokens})")
+        c.warnings.append(
+            f"client and server token counts differ on {len(mismatched)} of {len(mine)} requests (e.g. "
+            f"{r.prompt_id}: gate read {r.output_tokens}, the server counted {r.server_output_tokens})"
+        )
     if w.server_ttft_mean_ms is not None:
         ttfts = [r.ttft_ms for r in mine if r.token_times_ms]
         if ttfts:
@@ -161,12 +187,16 @@ def check_window(w: RunRecord, records: Sequence[RequestRecord], max_client_lag_
         if itls:
             c.itl_minus_server_ms = statistics.fmean(itls) - w.server_itl_mean_ms
     if c.ttft_minus_server_ms is not None and c.ttft_minus_server_ms < -TTFT_CLOCK_SLACK_MS:
-        c.warnings.append(f"gate's mean TTFT is {-c.ttft_minus_server_ms:.1f} ms below the server's own "
-                          f"({w.server_ttft_mean_ms:.1f} ms, its histogram): the client's clock or the server's is off")
+        c.warnings.append(
+            f"gate's mean TTFT is {-c.ttft_minus_server_ms:.1f} ms below the server's own "
+            f"({w.server_ttft_mean_ms:.1f} ms, its histogram): the client's clock or the server's is off"
+        )
     under = [g for g in gaps if g < -TTFT_CLOCK_SLACK_MS]
     if under:
-        c.warnings.append(f"gate's TTFT is below the server's own prefill time on {len(under)} of {len(gaps)} requests "
-                          f"(by up to {-min(under):.1f} ms): the client's clock or the server's timings are off")
+        c.warnings.append(
+            f"gate's TTFT is below the server's own prefill time on {len(under)} of {len(gaps)} requests "
+            f"(by up to {-min(under):.1f} ms): the client's clock or the server's timings are off"
+        )
     if w.load.request_rate is not None:
         # Begun against due, over the same requests: the arrivals drawn (Poisson or gamma) are
         # the offer, so a short window's draw is not mistaken for a client that fell behind.
@@ -177,43 +207,62 @@ def check_window(w: RunRecord, records: Sequence[RequestRecord], max_client_lag_
             c.achieved_rate = (len(begun) - 1) / (begun[-1] - begun[0])
             scheduled = (len(due) - 1) / (due[-1] - due[0])
             if c.achieved_rate < MIN_ACHIEVED * scheduled:
-                c.warnings.append(f"achieved {c.achieved_rate:.2f} requests/s against the {scheduled:.2f}/s of its "
-                                  f"scheduled arrivals ({c.achieved_rate / scheduled:.0%}; offered {c.offered_rate:g}/s): "
-                                  "the load was not the one offered (requests waited for a slot of the cap, or for "
-                                  "the client)")
+                c.warnings.append(
+                    f"achieved {c.achieved_rate:.2f} requests/s against the {scheduled:.2f}/s of its "
+                    f"scheduled arrivals ({c.achieved_rate / scheduled:.0%}; offered {c.offered_rate:g}/s): "
+                    "the load was not the one offered (requests waited for a slot of the cap, or for "
+                    "the client)"
+                )
     in_flight = w.load.concurrency
     if server_slots is not None and in_flight is not None and in_flight > server_slots:
-        c.warnings.append(f"{in_flight} requests in flight, the server admits {server_slots} at once: the rest queue at "
-                          "the server and their TTFT includes that queue")
+        c.warnings.append(
+            f"{in_flight} requests in flight, the server admits {server_slots} at once: the rest queue at "
+            "the server and their TTFT includes that queue"
+        )
     cached = [r for r in mine if r.server_cached_tokens]
     if cached:
-        c.warnings.append(f"prefix-cache hits on {len(cached)} of {len(mine)} requests ({sum(r.server_cached_tokens or 0 for r in cached)} "
-                          "prompt tokens the server did not compute): their TTFT flatters the server")
+        c.warnings.append(
+            f"prefix-cache hits on {len(cached)} of {len(mine)} requests "
+            f"({sum(r.server_cached_tokens or 0 for r in cached)} "
+            "prompt tokens the server did not compute): their TTFT flatters the server"
+        )
     elif w.server_cached_tokens:
-        c.warnings.append(f"prefix-cache hits: the server took {w.server_cached_tokens} prompt tokens from its prefix "
-                          "cache over the window (vllm:prefix_cache_hits): their TTFT flatters the server")
+        c.warnings.append(
+            f"prefix-cache hits: the server took {w.server_cached_tokens} prompt tokens from its prefix "
+            "cache over the window (vllm:prefix_cache_hits): their TTFT flatters the server"
+        )
     busy_s = sum(r.e2el_ms for r in mine) / 1e3
     if w.duration_s > 0 and busy_s > 0:
         in_flight_mean = busy_s / w.duration_s
         if len(mine) < STEADY_WINDOWS * max(1.0, in_flight_mean):
-            c.warnings.append(f"window too short for steady state: {len(mine)} requests with {in_flight_mean:.1f} in flight "
-                              f"on average (at least {STEADY_WINDOWS * max(1.0, in_flight_mean):.0f} give a steady middle; "
-                              "ramp-up and drain are most of it)")
+            c.warnings.append(
+                f"window too short for steady state: {len(mine)} requests with {in_flight_mean:.1f} in flight "
+                f"on average (at least {STEADY_WINDOWS * max(1.0, in_flight_mean):.0f} give a steady middle; "
+                "ramp-up and drain are most of it)"
+            )
     starts = sorted(r.started_s for r in mine if r.started_s is not None)
     if len(starts) >= 4 and (w.load.concurrency or 0) != 1:
-        near = sum(1 for k, t in enumerate(starts) if (k > 0 and t - starts[k - 1] < LOCKSTEP_MS / 1e3)
-                   or (k + 1 < len(starts) and starts[k + 1] - t < LOCKSTEP_MS / 1e3))
+        near = sum(
+            1
+            for k, t in enumerate(starts)
+            if (k > 0 and t - starts[k - 1] < LOCKSTEP_MS / 1e3)
+            or (k + 1 < len(starts) and starts[k + 1] - t < LOCKSTEP_MS / 1e3)
+        )
         if near / len(starts) > LOCKSTEP_SHARE:
-            c.warnings.append(f"lockstep arrivals: {near} of {len(starts)} requests began within {LOCKSTEP_MS:g} ms of "
-                              "another, so the load arrives in waves and TTFT measures bursts (equal output lengths in "
-                              "a closed loop; an open loop, load.request_rate, spreads arrivals)")
+            c.warnings.append(
+                f"lockstep arrivals: {near} of {len(starts)} requests began within {LOCKSTEP_MS:g} ms of "
+                "another, so the load arrives in waves and TTFT measures bursts (equal output lengths in "
+                "a closed loop; an open loop, load.request_rate, spreads arrivals)"
+            )
     if burst_gap_ms is not None:
         unseparated = [r for r in mine if r.loop_lag_ms is not None and r.loop_lag_ms > burst_gap_ms]
         if len(unseparated) > UNSEPARATED_SHARE * len(mine):
             c.bursts_separable = False
-            c.warnings.append(f"the client's timing cannot separate bursts on {len(unseparated)} of {len(mine)} requests "
-                              f"(event-loop lag above runner.burst_gap_ms, {burst_gap_ms:g} ms): tok/burst may split or "
-                              "merge verification steps and is no cross-check of acceptance here")
+            c.warnings.append(
+                f"the client's timing cannot separate bursts on {len(unseparated)} of {len(mine)} requests "
+                f"(event-loop lag above runner.burst_gap_ms, {burst_gap_ms:g} ms): tok/burst may split or "
+                "merge verification steps and is no cross-check of acceptance here"
+            )
     return c
 
 
@@ -232,12 +281,19 @@ def disagreement(windows: Sequence[tuple[RunRecord, Sequence[RequestRecord]]]) -
     if not p < DISAGREE_P:
         return None
     medians = ", ".join(f"{statistics.median(g):.1f}" for g in groups)
-    return (f"repetitions disagree: TTFT medians {medians} ms over {len(groups)} repetitions (Kruskal-Wallis p = {p:.1g}): "
-            "the machine, the load or the server changed between them")
+    return (
+        f"repetitions disagree: TTFT medians {medians} ms over {len(groups)} repetitions (Kruskal-Wallis p = {p:.1g}): "
+        "the machine, the load or the server changed between them"
+    )
 
 
-def client_checks(runs: Iterable[RunRecord], requests: Sequence[RequestRecord], max_client_lag_ms: float | None,
-                  slots: dict[str, int] | None = None, burst_gap_ms: float | None = None) -> list[ClientCheck]:
+def client_checks(
+    runs: Iterable[RunRecord],
+    requests: Sequence[RequestRecord],
+    max_client_lag_ms: float | None,
+    slots: dict[str, int] | None = None,
+    burst_gap_ms: float | None = None,
+) -> list[ClientCheck]:
     """A ClientCheck per served window of `runs` that the client recorded (its requests:
     those of `requests` with the window's runner, law, load point and repetition);
     `slots`: runner -> requests its server admits at once, where known; `burst_gap_ms`:
@@ -248,8 +304,15 @@ def client_checks(runs: Iterable[RunRecord], requests: Sequence[RequestRecord], 
         # requests carry a load point's labels (gate.load.points.point_of): an open loop's rate
         # alone, its cap (the window's concurrency) not
         c = w.load.concurrency if w.load.request_rate is None else None
-        mine = [r for r in requests if r.draft == w.runner and r.law == w.law and r.concurrency == c
-                and r.request_rate == w.load.request_rate and (w.repetition is None or r.repetition == w.repetition)]
+        mine = [
+            r
+            for r in requests
+            if r.draft == w.runner
+            and r.law == w.law
+            and r.concurrency == c
+            and r.request_rate == w.load.request_rate
+            and (w.repetition is None or r.repetition == w.repetition)
+        ]
         c = check_window(w, mine, max_client_lag_ms, (slots or {}).get(w.runner), burst_gap_ms)
         if c is not None:
             out.append(c)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 PSI_CPU = Path("/proc/pressure/cpu")
 
@@ -116,7 +116,11 @@ def stall_share(record: object, cpus: int | None = None) -> float | None:
 
 def cpu_share(record: object) -> float | None:
     """Process CPU time over wall time x compute threads (1.0: every thread busy throughout)."""
-    cpu, threads, wall = getattr(record, "cpu_time_ms", None), getattr(record, "threads", None), getattr(record, "e2el_ms", 0.0)
+    cpu, threads, wall = (
+        getattr(record, "cpu_time_ms", None),
+        getattr(record, "threads", None),
+        getattr(record, "e2el_ms", 0.0),
+    )
     if cpu is None or not threads or wall <= 0:
         return None
     return cpu / (wall * threads)
@@ -142,7 +146,7 @@ def pooled_stall_share(records: Iterable[object], cpus: int | None = None) -> fl
 
 
 def describe(share: float | None, contended: int, total: int, unit: str) -> str:
-    """"machine contended: 40% of wall time without CPU on 18 of 24 paired requests"."""
+    """ "machine contended: 40% of wall time without CPU on 18 of 24 paired requests"."""
     pct = f"{share:.0%} of wall time without CPU" if share is not None else "CPU pressure"
     return f"machine contended: {pct} on {contended} of {total} {unit}"
 
@@ -243,8 +247,9 @@ class RerunBudget:
         if self.streak >= self.busy_cells:
             self.stopped = f"the machine stayed busy across {self.streak} consecutive cells"
         elif self.rerun_cells >= 2 * self.busy_cells and 2 * self.stuck_cells >= self.rerun_cells:
-            self.stopped = (f"{self.stuck_cells} of the {self.rerun_cells} cells rerun so far stayed contended through "
-                            "every rerun")
+            self.stopped = (
+                f"{self.stuck_cells} of the {self.rerun_cells} cells rerun so far stayed contended through every rerun"
+            )
         if self.stopped is not None:
             self.stopped_at = self.cells
 
@@ -252,13 +257,17 @@ class RerunBudget:
         """What the reruns did not do and why, for the report (None: every contended cell got its reruns)."""
         parts = []
         if self.stopped is not None:
-            parts.append(f"{self.stopped}: reruns cannot help, stopped rerunning after cell {self.stopped_at} of "
-                         f"{self.total_cells} ({self.not_rerun} contended cell(s) after it not rerun)")
+            parts.append(
+                f"{self.stopped}: reruns cannot help, stopped rerunning after cell {self.stopped_at} of "
+                f"{self.total_cells} ({self.not_rerun} contended cell(s) after it not rerun)"
+            )
         if self.over_budget:
-            parts.append(f"{self.over_budget} rerun(s) of contended cells held back by the time budget (reruns took "
-                         f"{self.rerun_ms / 1e3:.1f} s, first attempts {self.first_ms / 1e3:.1f} s; "
-                         f"measurement.contention_rerun_budget {self.budget:g}: at most {1 + self.budget:g}x the run's "
-                         "time without reruns)")
+            parts.append(
+                f"{self.over_budget} rerun(s) of contended cells held back by the time budget (reruns took "
+                f"{self.rerun_ms / 1e3:.1f} s, first attempts {self.first_ms / 1e3:.1f} s; "
+                f"measurement.contention_rerun_budget {self.budget:g}: at most {1 + self.budget:g}x the run's "
+                "time without reruns)"
+            )
         if not parts:
             return None
         return "contention reruns: " + "; ".join(parts) + "; verdicts resting on contended requests are inconclusive"

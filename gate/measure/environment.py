@@ -30,7 +30,11 @@ def environment(device: torch.device, seed: int) -> Environment:
         seed=seed,
         cpu_count=cpu_count(),
         threads=torch.get_num_threads(),
-        cpu_pressure_source=str(PSI_CPU) if read_pressure() is not None else "load average" if load_average() is not None else None,
+        cpu_pressure_source=str(PSI_CPU)
+        if read_pressure() is not None
+        else "load average"
+        if load_average() is not None
+        else None,
     )
 
 

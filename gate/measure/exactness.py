@@ -38,8 +38,9 @@ def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, generator: torch.G
     return torch.where(px > 0, u, torch.full_like(u, float("nan")))
 
 
-def greedy_divergences(logits: torch.Tensor, tokens: list[int], prompt_id: str,
-                       repetition: int | None = None) -> list[Divergence]:
+def greedy_divergences(
+    logits: torch.Tensor, tokens: list[int], prompt_id: str, repetition: int | None = None
+) -> list[Divergence]:
     """Every position where `tokens` [T] is not the argmax of teacher-forced target `logits`
     [T, V] (row i given the prefix before token i), with how far below the top logit the
     committed token is; `repetition`: the request's, kept on each divergence."""
@@ -52,8 +53,9 @@ def greedy_divergences(logits: torch.Tensor, tokens: list[int], prompt_id: str,
     return out
 
 
-def contexts(outputs: list[list[int]], min_first: int = 20, min_later: int = 50, max_later: int = 8,
-             max_depth: int = 8) -> list[tuple[tuple[int, ...], list[int]]]:
+def contexts(
+    outputs: list[list[int]], min_first: int = 20, min_later: int = 50, max_later: int = 8, max_depth: int = 8
+) -> list[tuple[tuple[int, ...], list[int]]]:
     """The contexts of one prompt worth a next-token test, from outputs sampled from it
     under one law: (output prefix, the next tokens of every output that continues it).
 
@@ -72,8 +74,14 @@ def contexts(outputs: list[list[int]], min_first: int = 20, min_later: int = 50,
     return ([((), first)] if len(first) >= min_first else []) + later[:max_later]
 
 
-def sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: float = 1.0 - 1e-6,
-                  max_support: int = 4096, prefix: tuple[int, ...] | list[int] = ()) -> NextTokenCounts:
+def sparse_counts(
+    prompt_id: str,
+    tokens: list[int],
+    p: torch.Tensor,
+    mass: float = 1.0 - 1e-6,
+    max_support: int = 4096,
+    prefix: tuple[int, ...] | list[int] = (),
+) -> NextTokenCounts:
     """Counts of sampled tokens [n] over the law `p` [V]'s likeliest tokens (covering
     `mass`), at the context `prefix` (output tokens before the tested position)."""
     probs, ids = torch.sort(p.float(), descending=True)
@@ -90,5 +98,6 @@ def sparse_counts(prompt_id: str, tokens: list[int], p: torch.Tensor, mass: floa
         else:
             zero += 1
     support_probs = probs[:keep].tolist()
-    return NextTokenCounts(prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero,
-                           list(prefix))
+    return NextTokenCounts(
+        prompt_id, support, support_probs, max(0.0, 1.0 - sum(support_probs)), counts, rest, zero, list(prefix)
+    )

@@ -44,16 +44,25 @@ import gc
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from gate.constraints import bind
 from gate.law import AnyLaw, Law, law_probs
 from gate.measure.release import Release
-from gate.records import (FALLBACK, DriftRecord, Failure, FailureStage, Measurements, ProbeSequence, ReleaseComparison,
-                          TargetIdentity)
+from gate.records import (
+    FALLBACK,
+    DriftRecord,
+    Failure,
+    FailureStage,
+    Measurements,
+    ProbeSequence,
+    ReleaseComparison,
+    TargetIdentity,
+)
 
 UNCHANGED = "unchanged target"
 UPDATED = "updated target"
@@ -75,11 +84,32 @@ PROBE_TOP_K = 32  # tokens stored per probe position (ids and logits): ~11,000 n
 # them (a re-quantization is a change of weights, seen by the fingerprint and the probe), nor `architectures`
 # (a class name: a config read from a GGUF file has none, the same weights saved by transformers have one).
 ARCH_KEYS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "hidden_activation",
-    "max_position_embeddings", "rms_norm_eps", "layer_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
-    "partial_rotary_factor", "tie_word_embeddings", "sliding_window", "layer_types", "attention_bias", "mlp_bias",
-    "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "logits_scaling",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "hidden_activation",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "tie_word_embeddings",
+    "sliding_window",
+    "layer_types",
+    "attention_bias",
+    "mlp_bias",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "query_pre_attn_scalar",
+    "logits_scaling",
 )
 
 
@@ -87,7 +117,9 @@ def config_fields(config: Any) -> dict[str, Any]:
     """The architecture fields (ARCH_KEYS) a transformers config sets, as JSON values (a
     value JSON cannot hold is written as its repr)."""
     data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    return json.loads(json.dumps({k: data[k] for k in ARCH_KEYS if data.get(k) is not None}, sort_keys=True, default=repr))
+    return json.loads(
+        json.dumps({k: data[k] for k in ARCH_KEYS if data.get(k) is not None}, sort_keys=True, default=repr)
+    )
 
 
 def config_digest(fields: dict[str, Any]) -> str:
@@ -137,7 +169,9 @@ def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     rounding below 0 is clamped to 0 (KL >= 0, Gibbs' inequality; Cover & Thomas, Thm 2.6.3)."""
     p, q = p.double(), q.double()
     support = p > 0
-    terms = torch.where(support, p * (torch.log(torch.where(support, p, 1.0)) - torch.log(torch.where(support, q, 1.0))), 0.0)
+    terms = torch.where(
+        support, p * (torch.log(torch.where(support, p, 1.0)) - torch.log(torch.where(support, q, 1.0))), 0.0
+    )
     kl = terms.sum(dim=-1).clamp_min(0.0)
     return torch.where((support & (q <= 0)).any(dim=-1), torch.full_like(kl, math.inf), kl)
 
@@ -150,7 +184,9 @@ def sparse_tv(seq: ProbeSequence, logits: torch.Tensor) -> tuple[torch.Tensor, t
     A + 1/2 |r_out - q_out| <= TV <= A + 1/2 (r_out + q_out), an interval of width
     min(r_out, q_out). Returns (low [T], high [T]) in float64."""
     ids = torch.tensor(seq.top_ids, dtype=torch.long)
-    r = torch.exp(torch.tensor(seq.top_logits, dtype=torch.float64) - torch.tensor(seq.logsumexp, dtype=torch.float64)[:, None])
+    r = torch.exp(
+        torch.tensor(seq.top_logits, dtype=torch.float64) - torch.tensor(seq.logsumexp, dtype=torch.float64)[:, None]
+    )
     q_full = torch.softmax(logits.double(), dim=-1)
     q = torch.gather(q_full, 1, ids)
     inside = 0.5 * (r - q).abs().sum(dim=-1)
@@ -180,7 +216,7 @@ def compare_sparse(release: list[ProbeSequence], ids: list[list[int]], logits: l
     tokens at every position, TV by sparse_tv's lower bound (what is certain; where the
     stored tokens carry little mass, e.g. a flat law, the interval is wide: tv_error says how)."""
     diff, tvs = ProbeDiff(), []
-    for seq, mine, lg in zip(release, ids, logits):
+    for seq, mine, lg in zip(release, ids, logits, strict=False):
         if list(mine) != list(seq.token_ids):
             diff.mismatches.append(f"probe prompt {seq.prompt[:30]!r}: token ids differ (a changed tokenizer)")
             continue
@@ -201,9 +237,11 @@ def compare_full(release: list[torch.Tensor], logits: list[torch.Tensor]) -> Pro
     """Both probes full (a release model, same prompts and token ids): exact max |logit
     difference| over the whole vocabulary and exact TV of the raw laws per position."""
     diff, tvs = ProbeDiff(), []
-    for r, lg in zip(release, logits):
+    for r, lg in zip(release, logits, strict=False):
         if r.shape != lg.shape:
-            diff.mismatches.append(f"probe logits of shape {tuple(lg.shape)} against the release's {tuple(r.shape)} (a changed vocabulary)")
+            diff.mismatches.append(
+                f"probe logits of shape {tuple(lg.shape)} against the release's {tuple(r.shape)} (a changed vocabulary)"
+            )
             continue
         diff.max_abs_logit_diff = max(diff.max_abs_logit_diff, float((r.double() - lg.double()).abs().max()))
         tvs.append(tv_distance(torch.softmax(r.double(), -1), torch.softmax(lg.double(), -1)))
@@ -214,8 +252,14 @@ def compare_full(release: list[torch.Tensor], logits: list[torch.Tensor]) -> Pro
     return diff
 
 
-def classify(identity: TargetIdentity, release: Release, probe: ProbeDiff | None, fingerprint: str | None,
-             config: dict[str, Any] | None, modifying: list[str] | None = None) -> ReleaseComparison:
+def classify(
+    identity: TargetIdentity,
+    release: Release,
+    probe: ProbeDiff | None,
+    fingerprint: str | None,
+    config: dict[str, Any] | None,
+    modifying: list[str] | None = None,
+) -> ReleaseComparison:
     """The run's classification against the release (see the module docstring): the release's
     `fingerprint` and `config` fields (None: not known), the probe comparison (None: none
     possible) and the drafts whose kind ships a changed target (`modifying`)."""
@@ -234,10 +278,15 @@ def classify(identity: TargetIdentity, release: Release, probe: ProbeDiff | None
     figures = ""
     if probe is not None and probe.positions:
         over = "the release's stored top-k tokens" if release.probe is not None else "the whole vocabulary"
-        figures = (f"probe max |logit difference| {probe.max_abs_logit_diff:.3g} over {probe.positions} positions and {over}, "
-                   + (f"TV of the raw law at least max {probe.tv_max:.3g}, mean {probe.tv_mean:.3g} (lower bounds from the "
-                      f"stored top-k; up to {probe.tv_error:.2g} more at a position)" if release.probe is not None else
-                      f"TV of the raw law max {probe.tv_max:.3g}, mean {probe.tv_mean:.3g}"))
+        figures = (
+            f"probe max |logit difference| {probe.max_abs_logit_diff:.3g} over {probe.positions} positions and {over}, "
+            + (
+                f"TV of the raw law at least max {probe.tv_max:.3g}, mean {probe.tv_mean:.3g} (lower bounds from the "
+                f"stored top-k; up to {probe.tv_error:.2g} more at a position)"
+                if release.probe is not None
+                else f"TV of the raw law max {probe.tv_max:.3g}, mean {probe.tv_mean:.3g}"
+            )
+        )
     within = probe is not None and probe.positions > 0 and not probe.mismatches and probe.max_abs_logit_diff <= tol
     if same_weights and not changed and not (probe and probe.mismatches):
         classification, reason = UNCHANGED, f"identical weights (fingerprint {identity.fingerprint}) and architecture"
@@ -252,26 +301,42 @@ def classify(identity: TargetIdentity, release: Release, probe: ProbeDiff | None
     else:
         classification = UPDATED
         reason = f"{figures}, beyond the tolerance {tol:g}"
-    if figures and figures not in reason and not (same_weights and not changed):  # identical weights: the probe adds nothing
+    if (
+        figures and figures not in reason and not (same_weights and not changed)
+    ):  # identical weights: the probe adds nothing
         reason += f"; {figures}"
-    reason += ("; the drafts are verified proposals: exactness against the release's law is the criterion"
-               if classification == UNCHANGED else
-               "; its exactness is judged against its own law, its quality against the release")
+    reason += (
+        "; the drafts are verified proposals: exactness against the release's law is the criterion"
+        if classification == UNCHANGED
+        else "; its exactness is judged against its own law, its quality against the release"
+    )
     if modifying:
         differences.append(f"drafts shipping a changed target: {', '.join(modifying)}")
         reason += f"; drafts {', '.join(modifying)} ship a changed target: an updated target for them"
     return ReleaseComparison(
-        release=release.given, fingerprint=fingerprint, config_digest=config_digest(config) if config is not None else None,
-        classification=classification, reason=reason, differences=differences, tolerance_logits=tol,
+        release=release.given,
+        fingerprint=fingerprint,
+        config_digest=config_digest(config) if config is not None else None,
+        classification=classification,
+        reason=reason,
+        differences=differences,
+        tolerance_logits=tol,
         probe_positions=probe.positions if probe else 0,
         probe_max_abs_logit_diff=probe.max_abs_logit_diff if probe and probe.positions else None,
         probe_tv_max=probe.tv_max if probe and probe.positions else None,
         probe_tv_mean=probe.tv_mean if probe and probe.positions else None,
-        probe_tv_error=probe.tv_error if probe and probe.positions else None, modifying_drafts=list(modifying or []))
+        probe_tv_error=probe.tv_error if probe and probe.positions else None,
+        modifying_drafts=list(modifying or []),
+    )
 
 
-def drift_along(logits: torch.Tensor, release_logits: torch.Tensor, law: AnyLaw, ids: list[int] | None = None,
-                start: int | None = None) -> tuple[list[float], list[float | None], list[bool]]:
+def drift_along(
+    logits: torch.Tensor,
+    release_logits: torch.Tensor,
+    law: AnyLaw,
+    ids: list[int] | None = None,
+    start: int | None = None,
+) -> tuple[list[float], list[float | None], list[bool]]:
     """Per position, the loaded target's law p against the release's r, both from teacher-forced
     logits [T, V] at positions start.. of `ids`, processed by `law` with each position's history
     (gate.law.law_probs): TV(p, r), KL(p || r) (None where infinite) and whether the raw
@@ -320,8 +385,13 @@ def measure_identity(session: Any, m: Measurements, progress: Callable[[str, int
     model, device = session.target, session.device
     info = next((x for x in session.models if x.role == "target"), None)
     fields = config_fields(model.config)
-    ident = TargetIdentity(info.fingerprint if info else models.fingerprint(model), info.dtype if info else models.dtype_name(model),
-                           fields, config_digest(fields), PROBE_TOP_K)
+    ident = TargetIdentity(
+        info.fingerprint if info else models.fingerprint(model),
+        info.dtype if info else models.dtype_name(model),
+        fields,
+        config_digest(fields),
+        PROBE_TOP_K,
+    )
     m.target_identity = ident
     prompts = [s.prompt for s in release.probe] if release is not None and release.probe else list(PROBE_PROMPTS)
     ids: list[list[int]] | None = None
@@ -330,12 +400,16 @@ def measure_identity(session: Any, m: Measurements, progress: Callable[[str, int
     try:
         ids = probe_ids(session.tokenizer, prompts)
         logits = probe_logits(model, ids, device)
-        ident.probe = [compact(t, i, lg) for t, i, lg in zip(prompts, ids, logits)]
+        ident.probe = [compact(t, i, lg) for t, i, lg in zip(prompts, ids, logits, strict=False)]
     except Exception as e:  # noqa: BLE001
         ident.probe_error = _describe(e)
         ids = logits = None
         if release is not None:
-            m.failures.append(Failure(FailureStage.IDENTITY, "*", "*", "target identity: probe of the loaded target", ident.probe_error))
+            m.failures.append(
+                Failure(
+                    FailureStage.IDENTITY, "*", "*", "target identity: probe of the loaded target", ident.probe_error
+                )
+            )
     if release is None:
         return
     modifying = sorted(name for name, d in m.drafts.items() if d.modifies_target)
@@ -349,7 +423,9 @@ def measure_identity(session: Any, m: Measurements, progress: Callable[[str, int
     except Exception as e:  # noqa: BLE001
         why = _describe(e)
         m.failures.append(Failure(FailureStage.IDENTITY, "*", "*", "target identity: loading the release model", why))
-        m.failures.append(Failure(FailureStage.DRIFT, "*", "*", "target drift: the release model could not be loaded", why))
+        m.failures.append(
+            Failure(FailureStage.DRIFT, "*", "*", "target drift: the release model could not be loaded", why)
+        )
         return
     try:
         probe = None
@@ -357,7 +433,9 @@ def measure_identity(session: Any, m: Measurements, progress: Callable[[str, int
             try:
                 probe = compare_full(probe_logits(ref, ids, device), logits)
             except Exception as e:  # noqa: BLE001
-                m.failures.append(Failure(FailureStage.IDENTITY, "*", "*", "target identity: probe of the release", _describe(e)))
+                m.failures.append(
+                    Failure(FailureStage.IDENTITY, "*", "*", "target identity: probe of the release", _describe(e))
+                )
         ident.release = classify(ident, release, probe, models.fingerprint(ref), config_fields(ref.config), modifying)
         progress("target identity", 2, 3)
         _drift(session, m, TargetOracle(ref, device))
@@ -381,9 +459,18 @@ def _drift(session: Any, m: Measurements, release: Any) -> None:
         try:
             planned = prompts[rec.prompt_id]
             law = bind(laws[rec.law], len(prompt), planned.response_format, getattr(session, "grammars", None))
-            tv, kl, top1 = drift_along(session.oracle.target_logits(ids, len(prompt)).float().cpu(),
-                                       release.target_logits(ids, len(prompt)).float().cpu(), law, ids, len(prompt))
+            tv, kl, top1 = drift_along(
+                session.oracle.target_logits(ids, len(prompt)).float().cpu(),
+                release.target_logits(ids, len(prompt)).float().cpu(),
+                law,
+                ids,
+                len(prompt),
+            )
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure(FailureStage.DRIFT, "*", rec.law, f"target drift {rec.prompt_id}", _describe(e)))
             continue
-        m.drift.append(DriftRecord(rec.law, rec.prompt_id, rec.category, tv, kl, top1, rec.context_length, constraint=rec.constraint))
+        m.drift.append(
+            DriftRecord(
+                rec.law, rec.prompt_id, rec.category, tv, kl, top1, rec.context_length, constraint=rec.constraint
+            )
+        )

@@ -99,12 +99,17 @@ class CacheModel:
                 continue
             one = group[0]
             if kind in ("full", "hybrid"):
-                text = f"{len(group)} layers x 2 x {self.num_kv_heads} KV heads x {self.head_dim} head_dim x {self._scalar()} x {tokens} tokens"
+                text = (
+                    f"{len(group)} layers x 2 x {self.num_kv_heads} KV heads x {self.head_dim} head_dim x "
+                    f"{self._scalar()} x {tokens} tokens"
+                )
                 if kind == "hybrid":
                     text += f" + {len(group)} x {one.state_bytes} B state"
             elif kind == "sliding":
-                text = (f"{len(group)} sliding layers x 2 x {self.num_kv_heads} KV heads x {self.head_dim} head_dim x "
-                        f"{self._scalar()} x min({tokens}, {one.window} - 1) tokens")
+                text = (
+                    f"{len(group)} sliding layers x 2 x {self.num_kv_heads} KV heads x {self.head_dim} head_dim x "
+                    f"{self._scalar()} x min({tokens}, {one.window} - 1) tokens"
+                )
             elif kind == "latent":
                 text = f"{len(group)} MLA layers x {one.token_bytes:g} B latent x {tokens} tokens"
             else:
@@ -115,7 +120,8 @@ class CacheModel:
     def _scalar(self) -> str:
         if not self.fmt.quantized:
             return f"{KV_DTYPE_BITS[self.fmt.dtype] // 8} B"
-        return f"{self.fmt.dtype} ({self.fmt.vector_bytes(self.head_dim):g} B per {self.head_dim}-vector with scales)/{self.head_dim}"
+        vector = self.fmt.vector_bytes(self.head_dim)
+        return f"{self.fmt.dtype} ({vector:g} B per {self.head_dim}-vector with scales)/{self.head_dim}"
 
 
 def _layer_types(config: Any, n: int) -> list[str]:
@@ -143,8 +149,10 @@ def _recurrent_state_bytes(config: Any, scalar_bytes: int) -> int:
         k_heads = getattr(config, "linear_num_key_heads", v_heads)
         conv = (2 * k_heads * k_dim + v_heads * v_dim) * getattr(config, "linear_conv_kernel_dim", 4)
         return int((v_heads * k_dim * v_dim + conv) * scalar_bytes)
-    raise ConfigError("config has recurrent (linear_attention / mamba) layers but no state dimensions gate knows "
-                      "(mamba_d_state + mamba_expand, or linear_num_value_heads + linear_key_head_dim)")
+    raise ConfigError(
+        "config has recurrent (linear_attention / mamba) layers but no state dimensions gate knows "
+        "(mamba_d_state + mamba_expand, or linear_num_value_heads + linear_key_head_dim)"
+    )
 
 
 def cache_model(config: Any, fmt: KVFormat | str = "bfloat16") -> CacheModel:
@@ -166,7 +174,10 @@ def cache_model(config: Any, fmt: KVFormat | str = "bfloat16") -> CacheModel:
     if not head_dim:
         hidden = getattr(config, "hidden_size", None)
         if not hidden or hidden % heads:
-            raise ConfigError(f"config states no head_dim and hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})")
+            raise ConfigError(
+                f"config states no head_dim and hidden_size ({hidden}) is not a multiple of num_attention_heads "
+                f"({heads})"
+            )
         head_dim = hidden // heads
     attention = 2 * kv_heads * fmt.vector_bytes(head_dim)
     window = getattr(config, "sliding_window", None)

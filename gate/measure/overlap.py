@@ -30,7 +30,7 @@ def position_overlaps(p: torch.Tensor, q: torch.Tensor) -> tuple[list[float | No
     agree = argmax(p) == argmax(q)
     ov: list[float | None] = []
     top1: list[bool | None] = []
-    for v, has, a in zip(values.tolist(), proposed.tolist(), agree.tolist()):
+    for v, has, a in zip(values.tolist(), proposed.tolist(), agree.tolist(), strict=False):
         ov.append(min(1.0, max(0.0, v)) if has else None)
         top1.append(bool(a) if has else None)
     return ov, top1

@@ -16,8 +16,19 @@ import math
 import re
 from dataclasses import dataclass
 
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+_PREFIX = {
+    "": 1.0,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+}
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([kKMGTP]i?)?\s*(B/s|FLOP/s|FLOPS|FLOP)\s*$")
 
 
@@ -26,8 +37,10 @@ def parse_rate(text: str, unit: str) -> float:
     m = _RATE.match(text)
     found = {"B/s": "B/s", "FLOP/s": "FLOP/s", "FLOPS": "FLOP/s", "FLOP": "FLOP/s"}[m.group(3)] if m else None
     if not m or found != unit:
-        raise ValueError(f"cannot read {text!r} as {unit} (a number, an optional prefix k M G T P or Ki Mi Gi Ti, "
-                         f"then {unit}; e.g. {'100GB/s' if unit == 'B/s' else '1000GFLOP/s'})")
+        raise ValueError(
+            f"cannot read {text!r} as {unit} (a number, an optional prefix k M G T P or Ki Mi Gi Ti, "
+            f"then {unit}; e.g. {'100GB/s' if unit == 'B/s' else '1000GFLOP/s'})"
+        )
     return float(m.group(1)) * _PREFIX[m.group(2) or ""]
 
 
@@ -51,8 +64,18 @@ class Step:
     bound: str  # "bandwidth" or "compute"
 
 
-def step(name: str, params: int, weight_bytes: int, kv_bytes_per_token: int, context_tokens: int, batch: int,
-         tokens_per_sequence: int, peak_flops: float, bandwidth: float, attention_width: int = 0) -> Step:
+def step(
+    name: str,
+    params: int,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    context_tokens: int,
+    batch: int,
+    tokens_per_sequence: int,
+    peak_flops: float,
+    bandwidth: float,
+    attention_width: int = 0,
+) -> Step:
     """A step reading the weights once and every sequence's cache (context_tokens each),
     doing 2 x params x batch x tokens_per_sequence FLOPs for the matmuls plus
     4 x attention_width x context_tokens per token for attention (QK^T and AV), where
@@ -65,8 +88,16 @@ def step(name: str, params: int, weight_bytes: int, kv_bytes_per_token: int, con
     return Step(name, batch, tokens_per_sequence, flops, nbytes, intensity, att, flops / att, bound)
 
 
-def ridge_batch(params: int, weight_bytes: int, kv_bytes_per_token: int, context_tokens: int, tokens_per_sequence: int,
-                peak_flops: float, bandwidth: float, attention_width: int = 0) -> float:
+def ridge_batch(
+    params: int,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    context_tokens: int,
+    tokens_per_sequence: int,
+    peak_flops: float,
+    bandwidth: float,
+    attention_width: int = 0,
+) -> float:
     """The batch size at which a step's intensity reaches the ridge point (inf: never)."""
     ridge = peak_flops / bandwidth
     per_token = 2.0 * params + 4.0 * attention_width * context_tokens

@@ -41,8 +41,8 @@ Pure: records in, records out; no model, no rule.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from gate.records import FALLBACK, UNKNOWN_ID, Measurements, RequestRecord, SpeculationRecord, SpeculationStatus
 
@@ -70,8 +70,11 @@ def every_step(num_draft_tokens: int) -> ProposalFloor:
     def steps(output_ids: Sequence[int]) -> int:
         return max(0, (len(output_ids) - 1) // (k + 1) - 1)
 
-    return ProposalFloor(f"a draft with a model proposes at every verification step, and a step commits at most "
-                         f"num_draft_tokens + 1 = {k + 1} tokens", steps)
+    return ProposalFloor(
+        f"a draft with a model proposes at every verification step, and a step commits at most "
+        f"num_draft_tokens + 1 = {k + 1} tokens",
+        steps,
+    )
 
 
 def copyable_positions(output_ids: Sequence[int], ngram: int, follow: int) -> int:
@@ -83,7 +86,7 @@ def copyable_positions(output_ids: Sequence[int], ngram: int, follow: int) -> in
     last: dict[tuple[int, ...], int] = {}  # n-gram -> where it last started
     count = 0
     for i in range(ngram, len(output_ids)):
-        gram = tuple(output_ids[i - ngram:i])
+        gram = tuple(output_ids[i - ngram : i])
         start = last.get(gram)
         if start is not None and start + ngram + follow <= i:
             count += 1
@@ -103,9 +106,12 @@ def lookup_floor(max_ngram_size: int, num_draft_tokens: int) -> ProposalFloor:
             return None
         return math.ceil(copyable_positions(output_ids, max_ngram_size, follow) / (k + 1))
 
-    return ProposalFloor(f"prompt lookup proposes where the output's last {max_ngram_size} tokens occurred earlier in "
-                         f"it and the nearest such occurrence has {follow} tokens after it, and a step covers at most "
-                         f"{k + 1} such positions", steps)
+    return ProposalFloor(
+        f"prompt lookup proposes where the output's last {max_ngram_size} tokens occurred earlier in "
+        f"it and the nearest such occurrence has {follow} tokens after it, and a step covers at most "
+        f"{k + 1} such positions",
+        steps,
+    )
 
 
 def proposals(r: RequestRecord) -> int | None:
@@ -140,16 +146,41 @@ def check(m: Measurements, floors: Mapping[str, ProposalFloor]) -> list[Speculat
             source = "per-request counts"
             if known is not None:
                 eligible = sum(1 for f in known if f >= MIN_FLOOR)
-                silent = sum(1 for f, c in zip(known, counts) if f >= MIN_FLOOR and c == 0)
+                silent = sum(1 for f, c in zip(known, counts, strict=False) if f >= MIN_FLOOR and c == 0)
         else:
-            windows = [w for w in m.runs if w.runner == runner and w.law == law and w.counters is not None
-                       and w.load.concurrency == concurrency and w.load.request_rate == rate]
-            made = sum(max(w.counters.num_draft_tokens, w.counters.num_drafts) for w in windows  # type: ignore[union-attr]
-                       ) if windows else None
+            windows = [
+                w
+                for w in m.runs
+                if w.runner == runner
+                and w.law == law
+                and w.counters is not None
+                and w.load.concurrency == concurrency
+                and w.load.request_rate == rate
+            ]
+            made = (
+                sum(
+                    max(w.counters.num_draft_tokens, w.counters.num_drafts)
+                    for w in windows  # type: ignore[union-attr]
+                )
+                if windows
+                else None
+            )
             source = "server counters"
-        rec = SpeculationRecord(runner, law, SpeculationStatus.SPECULATED, len(reqs), sum(r.output_tokens for r in reqs),
-                                made, None if known is None else sum(known), floor.rule, source, silent, eligible,
-                                concurrency, rate)
+        rec = SpeculationRecord(
+            runner,
+            law,
+            SpeculationStatus.SPECULATED,
+            len(reqs),
+            sum(r.output_tokens for r in reqs),
+            made,
+            None if known is None else sum(known),
+            floor.rule,
+            source,
+            silent,
+            eligible,
+            concurrency,
+            rate,
+        )
         rec.status = _status(rec)
         out.append(rec)
     return out
@@ -162,7 +193,11 @@ def _status(rec: SpeculationRecord) -> SpeculationStatus:
         return SpeculationStatus.OFF if rec.floor_steps >= MIN_FLOOR else SpeculationStatus.NOTHING_TO_PROPOSE
     if rec.floor_steps >= MIN_FLOOR and rec.draft_tokens < FEW_SHARE * rec.floor_steps:
         return SpeculationStatus.FEW
-    if (rec.silent_requests is not None and rec.eligible_requests and rec.silent_requests >= MIN_FLOOR
-            and rec.silent_requests >= SOME_SHARE * rec.eligible_requests):
+    if (
+        rec.silent_requests is not None
+        and rec.eligible_requests
+        and rec.silent_requests >= MIN_FLOOR
+        and rec.silent_requests >= SOME_SHARE * rec.eligible_requests
+    ):
         return SpeculationStatus.SOME_OFF
     return SpeculationStatus.SPECULATED

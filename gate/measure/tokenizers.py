@@ -14,7 +14,8 @@ Works on any transformers tokenizer (`len(tok)`, `get_vocab()`, `batch_decode`,
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gate.records import TokenizerComparison
 
@@ -25,8 +26,11 @@ def token_texts(tokenizer: Any) -> list[str]:
     """The decoded text of every id 0..len(tokenizer)-1 on its own (special tokens as their
     text): [V] strings. SentencePiece's '▁' and byte-level BPE's 'Ġ' both decode to a space,
     so equal texts mean the same characters whatever the tokenizer's internal spelling."""
-    return list(tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False,
-                                       clean_up_tokenization_spaces=False))
+    return list(
+        tokenizer.batch_decode(
+            [[i] for i in range(len(tokenizer))], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+    )
 
 
 def added_prefix(tokenizer: Any) -> list[int]:
@@ -36,7 +40,7 @@ def added_prefix(tokenizer: Any) -> list[int]:
     with_special = list(tokenizer(probe)["input_ids"])
     plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
     for i in range(len(with_special)):
-        if with_special[i:i + len(plain)] == plain:
+        if with_special[i : i + len(plain)] == plain:
             return with_special[:i]
     return []
 
@@ -69,9 +73,14 @@ def _ids_by_text(texts: list[str], exclude: set[int]) -> dict[str, list[int]]:
     return out
 
 
-def shared_token_map(target_texts: list[str], draft_texts: list[str], exclude_target: set[int] = frozenset(),
-                     exclude_draft: set[int] = frozenset(), prefer_target: Prefer = lowest,
-                     prefer_draft: Prefer = lowest) -> tuple[list[int], list[int]]:
+def shared_token_map(
+    target_texts: list[str],
+    draft_texts: list[str],
+    exclude_target: set[int] = frozenset(),
+    exclude_draft: set[int] = frozenset(),
+    prefer_target: Prefer = lowest,
+    prefer_draft: Prefer = lowest,
+) -> tuple[list[int], list[int]]:
     """Pairs (draft id, target id) of tokens with the same non-empty decoded text, as two
     equally long lists, one pair per shared text. Where several ids of one tokenizer decode
     to the same text, `prefer_target`/`prefer_draft` choose (default: the lowest id; see
@@ -97,8 +106,13 @@ def special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-def compare_tokenizers(draft_name: str, target: Any, draft: Any, target_texts: list[str] | None = None,
-                       draft_texts: list[str] | None = None) -> TokenizerComparison:
+def compare_tokenizers(
+    draft_name: str,
+    target: Any,
+    draft: Any,
+    target_texts: list[str] | None = None,
+    draft_texts: list[str] | None = None,
+) -> TokenizerComparison:
     """The comparison of the target's tokenizer with draft `draft_name`'s (see the module
     docstring). `target_texts`/`draft_texts`: token_texts() already computed (else computed
     here: one batch decode per tokenizer, ~2 s for a 262,144-token vocabulary on one core)."""
@@ -113,17 +127,24 @@ def compare_tokenizers(draft_name: str, target: Any, draft: Any, target_texts: l
     t_prefix, d_prefix = added_prefix(target), added_prefix(draft)
     return TokenizerComparison(
         draft=draft_name,
-        target_class=type(target).__name__, draft_class=type(draft).__name__,
-        target_vocab_size=len(target), draft_vocab_size=len(draft),
+        target_class=type(target).__name__,
+        draft_class=type(draft).__name__,
+        target_vocab_size=len(target),
+        draft_vocab_size=len(draft),
         identical=not differing and all(t == d for t, d in specials.values()),
         first_differing_id=first,
         first_differing_target=t_tokens.get(first) if first is not None else None,
         first_differing_draft=d_tokens.get(first) if first is not None else None,
-        target_bos_token_id=specials["bos_token_id"][0], draft_bos_token_id=specials["bos_token_id"][1],
-        target_eos_token_id=specials["eos_token_id"][0], draft_eos_token_id=specials["eos_token_id"][1],
-        target_pad_token_id=specials["pad_token_id"][0], draft_pad_token_id=specials["pad_token_id"][1],
-        target_unk_token_id=specials["unk_token_id"][0], draft_unk_token_id=specials["unk_token_id"][1],
-        target_adds_prefix=t_prefix, draft_adds_prefix=d_prefix,
+        target_bos_token_id=specials["bos_token_id"][0],
+        draft_bos_token_id=specials["bos_token_id"][1],
+        target_eos_token_id=specials["eos_token_id"][0],
+        draft_eos_token_id=specials["eos_token_id"][1],
+        target_pad_token_id=specials["pad_token_id"][0],
+        draft_pad_token_id=specials["pad_token_id"][1],
+        target_unk_token_id=specials["unk_token_id"][0],
+        draft_unk_token_id=specials["unk_token_id"][1],
+        target_adds_prefix=t_prefix,
+        draft_adds_prefix=d_prefix,
         shared_tokens=len(shared),
     )
 
@@ -132,15 +153,23 @@ def describe(c: TokenizerComparison) -> list[str]:
     """Human-readable lines of a comparison (console, markdown, html reports)."""
     if c.identical:
         return [f"draft {c.draft}: same tokenizer as the target ({c.target_vocab_size} tokens)"]
-    out = [f"draft {c.draft}: target {c.target_class} {c.target_vocab_size} tokens, draft {c.draft_class} "
-           f"{c.draft_vocab_size} tokens; {c.shared_tokens} tokens shared by decoded text"]
+    out = [
+        f"draft {c.draft}: target {c.target_class} {c.target_vocab_size} tokens, draft {c.draft_class} "
+        f"{c.draft_vocab_size} tokens; {c.shared_tokens} tokens shared by decoded text"
+    ]
     if c.first_differing_id is not None:
-        out.append(f"  first differing id {c.first_differing_id}: target {_shown(c.first_differing_target)}, "
-                   f"draft {_shown(c.first_differing_draft)}")
-    out.append(f"  BOS {c.target_bos_token_id}/{c.draft_bos_token_id}, EOS {c.target_eos_token_id}/{c.draft_eos_token_id}, "
-               f"PAD {c.target_pad_token_id}/{c.draft_pad_token_id} (target/draft)")
-    out.append(f"  adds before text: target {c.target_adds_prefix or 'nothing'}, draft {c.draft_adds_prefix or 'nothing'}"
-               + ("" if c.target_adds_prefix == c.draft_adds_prefix else " (add-BOS differs)"))
+        out.append(
+            f"  first differing id {c.first_differing_id}: target {_shown(c.first_differing_target)}, "
+            f"draft {_shown(c.first_differing_draft)}"
+        )
+    out.append(
+        f"  BOS {c.target_bos_token_id}/{c.draft_bos_token_id}, EOS {c.target_eos_token_id}/{c.draft_eos_token_id}, "
+        f"PAD {c.target_pad_token_id}/{c.draft_pad_token_id} (target/draft)"
+    )
+    out.append(
+        f"  adds before text: target {c.target_adds_prefix or 'nothing'}, draft {c.draft_adds_prefix or 'nothing'}"
+        + ("" if c.target_adds_prefix == c.draft_adds_prefix else " (add-BOS differs)")
+    )
     return out
 
 
@@ -163,12 +192,25 @@ def mapping_lines(m: Any) -> list[str]:
         if r.step_mapping_ms and any(r.step_mapping_ms):
             groups.setdefault((r.draft, r.law), []).append(r)
     for (draft, law), reqs in groups.items():
-        steps = [ms for r in reqs for ms, n in zip(r.step_mapping_ms, r.step_draft_tokens or r.step_mapping_ms) if n]
+        steps = [
+            ms
+            for r in reqs
+            for ms, n in zip(r.step_mapping_ms, r.step_draft_tokens or r.step_mapping_ms, strict=False)
+            if n
+        ]
         shares = [r.mapping_ms / r.e2el_ms for r in reqs if r.e2el_ms > 0]
         drafted = sum(r.draft_tokens or 0 for r in reqs)
         verified = sum(sum(r.step_proposed or []) for r in reqs)
-        loss = f"{100 * (1 - verified / drafted):.1f}% ({drafted} drafted, {verified} target tokens verified)" if drafted else "-"
-        out.append(f"draft {draft}, law {law}: mapping {np.mean(steps):.2f} ms per step (p99 {np.percentile(steps, 99):.2f} ms, "
-                   f"{len(steps)} steps), {100 * float(np.mean(shares)):.1f}% of E2E latency (mean of {len(shares)} requests); "
-                   f"lost in translation {loss}")
+        loss = (
+            f"{100 * (1 - verified / drafted):.1f}% ({drafted} drafted, {verified} target tokens verified)"
+            if drafted
+            else "-"
+        )
+        out.append(
+            f"draft {draft}, law {law}: mapping {np.mean(steps):.2f} ms per step (p99 {np.percentile(steps, 99):.2f} "
+            "ms, "
+            f"{len(steps)} steps), {100 * float(np.mean(shares)):.1f}% of E2E latency (mean of {len(shares)} "
+            "requests); "
+            f"lost in translation {loss}"
+        )
     return out

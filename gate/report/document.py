@@ -14,9 +14,9 @@ from pydantic import TypeAdapter
 from gate.measure.client_check import ClientCheck
 from gate.records import Measurements
 from gate.rules.interactivity import EqualInteractivity, InteractivityPoint
-from gate.rules.schedule import KChoice
 from gate.rules.load_points import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
+from gate.rules.schedule import KChoice
 from gate.rules.summary import SummaryRow
 
 FORMAT = "gate-report/1"
@@ -41,25 +41,43 @@ class Report:
     crossovers: list[Crossover] = field(default_factory=list)  # served runs: where each draft stops paying
     client: list[ClientCheck] = field(default_factory=list)  # served runs: the client's check of itself, per window
     interactivity: list[InteractivityPoint] = field(default_factory=list)  # served: throughput against per-user speed
-    equal_interactivity: list[EqualInteractivity] = field(default_factory=list)  # drafts vs fallback at load.per_user_tokens_s
+    equal_interactivity: list[EqualInteractivity] = field(
+        default_factory=list
+    )  # drafts vs fallback at load.per_user_tokens_s
     schedule: list[KChoice] = field(default_factory=list)  # num_draft_tokens_sweep: every K per load point, the best K
-    shard: str | None = None  # "i/n": this report measured the i-th of n shards of the run (gate check --shard; gate merge)
+    shard: str | None = (
+        None  # "i/n": this report measured the i-th of n shards of the run (gate check --shard; gate merge)
+    )
     merged_from: list[str] = field(default_factory=list)  # gate merge: the shard reports this one joins
 
 
 ADAPTER = TypeAdapter(Report)
 
 
-def make_report(policy_file: str, policy: dict[str, Any], m: Measurements, outcomes: list[Outcome],
-                summary: list[SummaryRow], exit_code: int, load: list[LoadPoint] | None = None,
-                crossovers: list[Crossover] | None = None) -> Report:
+def make_report(
+    policy_file: str,
+    policy: dict[str, Any],
+    m: Measurements,
+    outcomes: list[Outcome],
+    summary: list[SummaryRow],
+    exit_code: int,
+    load: list[LoadPoint] | None = None,
+    crossovers: list[Crossover] | None = None,
+) -> Report:
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
     return Report(
-        gate_version=m.environment.gate, policy_file=policy_file, policy=policy,
-        created_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), exit_code=exit_code,
-        status_counts=counts, outcomes=outcomes, summary=summary, measurements=m, load=list(load or []),
+        gate_version=m.environment.gate,
+        policy_file=policy_file,
+        policy=policy,
+        created_utc=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        exit_code=exit_code,
+        status_counts=counts,
+        outcomes=outcomes,
+        summary=summary,
+        measurements=m,
+        load=list(load or []),
         crossovers=list(crossovers or []),
     )
 

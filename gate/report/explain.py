@@ -13,8 +13,8 @@ from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, stall_s
 from gate.metrics import METRICS, TIMED
 from gate.report.document import Report
 from gate.rules.kinds import registry as rule_kinds
-from gate.rules.scope import parse_scope
 from gate.rules.samples import FALLBACK, samples
+from gate.rules.scope import parse_scope
 from gate.rules.status import Status
 from gate.saved import read_report as load_report
 from gate.units import Dimension, format_value
@@ -29,26 +29,61 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         scopes = sorted({o.scope for o in report.outcomes if o.rule_id == rule_id})
         if scope is not None and scopes:  # the rule is there, the scope is not: name its scopes
             close = difflib.get_close_matches(scope, scopes, n=1)
-            raise KeyError(f"no outcome for rule {rule_id!r} in scope {scope!r}"
-                           + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its scopes: {', '.join(scopes)}")
+            raise KeyError(
+                f"no outcome for rule {rule_id!r} in scope {scope!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; its scopes: {', '.join(scopes)}"
+            )
         known = sorted({o.rule_id for o in report.outcomes})
         close = difflib.get_close_matches(rule_id, known, n=1)
-        raise KeyError(f"no outcome for rule {rule_id!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                       + f"; rules: {', '.join(known)}")
+        raise KeyError(
+            f"no outcome for rule {rule_id!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; rules: {', '.join(known)}"
+        )
     policy_rule = next((r for r in report.policy.get("rules", []) if r.get("id") == rule_id), {})
     keys = rule_kinds.get(policy_rule.get("kind") or rule_kinds.names()[0]).keys
     shown_rule = dict(policy_rule, scope={k: v for k, v in (policy_rule.get("scope") or {}).items() if v})
-    lines = [f"rule {rule_id}: " + ", ".join(f"{k}={shown_rule[k]}" for k in keys if shown_rule.get(k) not in (None, {}, []))]
+    lines = [
+        f"rule {rule_id}: " + ", ".join(f"{k}={shown_rule[k]}" for k in keys if shown_rule.get(k) not in (None, {}, []))
+    ]
     m = report.measurements
     for o in outcomes:
         lines += ["", f"{o.name}: {o.status.upper()} (level {o.level})", f"  {o.message}"]
         if o.metric not in METRICS:  # a rule kind that decides no metric (exactness): its details explain it
             for d in o.details:
-                keys = ("name", "kind", "role", "n", "statistic", "pvalue", "adjusted_pvalue", "detectable", "samples_needed", "verdict",
-                        "prompt_id", "repetition", "concurrency", "request_rate", "position", "draft_token", "target_token",
-                        "fallback_token", "gap_logits", "near_tie", "within_server_numerics", "lower", "upper", "probes")
-                lines.append("  - " + ", ".join(f"{k}={_number(d[k])}" for k in keys
-                                                if k in d and (d[k] is not None or k not in _WHERE)))
+                keys = (
+                    "name",
+                    "kind",
+                    "role",
+                    "n",
+                    "statistic",
+                    "pvalue",
+                    "adjusted_pvalue",
+                    "detectable",
+                    "samples_needed",
+                    "verdict",
+                    "prompt_id",
+                    "repetition",
+                    "concurrency",
+                    "request_rate",
+                    "position",
+                    "draft_token",
+                    "target_token",
+                    "fallback_token",
+                    "gap_logits",
+                    "near_tie",
+                    "within_server_numerics",
+                    "lower",
+                    "upper",
+                    "probes",
+                )
+                lines.append(
+                    "  - "
+                    + ", ".join(
+                        f"{k}={_number(d[k])}" for k in keys if k in d and (d[k] is not None or k not in _WHERE)
+                    )
+                )
             continue
         metric = METRICS[o.metric]
         where = parse_scope(o.scope)
@@ -57,7 +92,10 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
             if o.metric in TIMED:
                 lines += _contended(report, where.of(runner))
             if o.aggregation == "pooled":
-                lines.append(f"  {runner}: pooled over {o.samples} requests (counters and totals are summed, never ratios averaged)")
+                lines.append(
+                    f"  {runner}: pooled over {o.samples} requests (counters and totals are summed, never ratios "
+                    "averaged)"
+                )
                 continue
             xs = samples(o.metric, m, where.of(runner), line)
             shown = ", ".join(format_value(x, metric.dimension) for x in xs[:max_values])
@@ -65,25 +103,44 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
             lines.append(f"  {runner}: {len(xs)} samples ({metric.sample}), {o.aggregation} taken: {shown}{more}")
         if o.measured is not None:
             dim = Dimension.RATIO if o.relative_to or o.metric == "speedup" else metric.dimension
-            how = (f"{o.aggregation}(draft) / {o.aggregation}({o.relative_to})" if o.relative_to else
-                   "pooled tokens/s of the draft / of the fallback on the same cells" if o.metric == "speedup" else o.aggregation)
-            lines.append(f"  value: {how} = {format_value(o.measured, dim)}; threshold: {o.comparison} {format_value(o.threshold, dim)}")
+            how = (
+                f"{o.aggregation}(draft) / {o.aggregation}({o.relative_to})"
+                if o.relative_to
+                else "pooled tokens/s of the draft / of the fallback on the same cells"
+                if o.metric == "speedup"
+                else o.aggregation
+            )
+            lines.append(
+                f"  value: {how} = {format_value(o.measured, dim)}; threshold: {o.comparison} "
+                f"{format_value(o.threshold, dim)}"
+            )
         if o.interval is not None:
             i = o.interval
-            lines.append(f"  interval: {i.level:.0%} CI {format_value(i.low, dim)} to {format_value(i.high, dim)} ({i.method}, "
-                         f"resampling {i.units} units: whole requests, so tokens of one request stay together)")
+            lines.append(
+                f"  interval: {i.level:.0%} CI {format_value(i.low, dim)} to {format_value(i.high, dim)} ({i.method}, "
+                f"resampling {i.units} units: whole requests, so tokens of one request stay together)"
+            )
         if o.exceedance is not None:
             e = o.exceedance
-            lines.append(f"  decided by counting: {e.count} of {e.n} samples beyond the threshold ({e.share:.3%}); design effect "
-                         f"{e.design_effect:.2f} over {e.units} requests -> effective n {e.n / e.design_effect:.0f}; Clopper-Pearson "
-                         f"{e.level:.0%} CI of the share {e.low:.3%} to {e.high:.3%} vs at most {e.allowed:.0%} allowed")
-        rule_text = {Status.PASS: "the whole interval satisfies the rule", Status.FAIL: "the whole interval violates the rule",
-                     Status.WARN: "the whole interval violates the rule (level warn)",
-                     Status.INCONCLUSIVE: f"the interval straddles the threshold (counts as {o.inconclusive_as})"}
+            lines.append(
+                f"  decided by counting: {e.count} of {e.n} samples beyond the threshold ({e.share:.3%}); design "
+                "effect "
+                f"{e.design_effect:.2f} over {e.units} requests -> effective n {e.n / e.design_effect:.0f}; "
+                "Clopper-Pearson "
+                f"{e.level:.0%} CI of the share {e.low:.3%} to {e.high:.3%} vs at most {e.allowed:.0%} allowed"
+            )
+        rule_text = {
+            Status.PASS: "the whole interval satisfies the rule",
+            Status.FAIL: "the whole interval violates the rule",
+            Status.WARN: "the whole interval violates the rule (level warn)",
+            Status.INCONCLUSIVE: f"the interval straddles the threshold (counts as {o.inconclusive_as})",
+        }
         if o.status in rule_text and (o.interval is not None or o.exceedance is not None):
             lines.append(f"  decision: {o.status}: {rule_text[o.status]}")
         if o.waiver:
-            lines.append(f"  waiver: {o.waiver}" + (f" (status without it: {o.waived_status})" if o.waived_status else ""))
+            lines.append(
+                f"  waiver: {o.waiver}" + (f" (status without it: {o.waived_status})" if o.waived_status else "")
+            )
     return "\n".join(lines)
 
 
@@ -95,15 +152,23 @@ def _contended(report: Report, where: Any) -> list[str]:
     busy = [r for r in reqs if is_contended(r, limit, cpus)]
     out = []
     if busy:
-        ids = ", ".join(f"{r.prompt_id} ({stall_share(r, cpus):.0%})" for r in busy[:8]) + (" ..." if len(busy) > 8 else "")
-        out.append(f"  {where.runner}: {len(busy)} of {len(reqs)} requests contended (over {limit:.0%} of wall time without "
-                   f"CPU): {ids}")
+        ids = ", ".join(f"{r.prompt_id} ({stall_share(r, cpus):.0%})" for r in busy[:8]) + (
+            " ..." if len(busy) > 8 else ""
+        )
+        out.append(
+            f"  {where.runner}: {len(busy)} of {len(reqs)} requests contended (over {limit:.0%} of wall time without "
+            f"CPU): {ids}"
+        )
     bound = (report.policy.get("measurement") or {}).get("max_client_lag_ms", DEFAULT_MAX_CLIENT_LAG_MS)
     delayed = [r for r in reqs if is_client_delayed(r, bound)]
     if delayed:
-        ids = ", ".join(f"{r.prompt_id} ({client_delay_ms(r):.1f} ms)" for r in delayed[:8]) + (" ..." if len(delayed) > 8 else "")
-        out.append(f"  {where.runner}: {len(delayed)} of {len(reqs)} requests client delayed (schedule or event-loop lag "
-                   f"over {bound:g} ms): {ids}")
+        ids = ", ".join(f"{r.prompt_id} ({client_delay_ms(r):.1f} ms)" for r in delayed[:8]) + (
+            " ..." if len(delayed) > 8 else ""
+        )
+        out.append(
+            f"  {where.runner}: {len(delayed)} of {len(reqs)} requests client delayed (schedule or event-loop lag "
+            f"over {bound:g} ms): {ids}"
+        )
     return out
 
 

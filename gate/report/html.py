@@ -30,27 +30,60 @@ import io
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from gate.report.identity import identity_lines
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
-from gate.report.console import (CLIENT_COLUMNS, CONSTRAINT_FIGURES, ENVELOPE_COLUMNS, PREDICTION_COLUMNS, SCHEDULE_COLUMNS,
-                                 client_rows, client_warnings, constraint_labels, constraint_rows, envelope_rows,
-                                 prediction_rows, schedule_rows)
+from gate.report.console import (
+    CLIENT_COLUMNS,
+    CONSTRAINT_FIGURES,
+    ENVELOPE_COLUMNS,
+    PREDICTION_COLUMNS,
+    SCHEDULE_COLUMNS,
+    client_rows,
+    client_warnings,
+    constraint_labels,
+    constraint_rows,
+    envelope_rows,
+    prediction_rows,
+    schedule_rows,
+)
 from gate.report.document import Report
+from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
 from gate.rules.schedule import schedule_lines
 from gate.rules.status import Status
 from gate.units import Dimension, format_value
 
-_VERDICT = {0: "passed", 1: "failed", 2: "invalid input", 3: "could not measure everything",
-            130: "interrupted (SIGINT), not a verdict", 143: "interrupted (SIGTERM), not a verdict"}
-_STATUS_CLASS = {Status.FAIL: "fail", Status.ERROR: "error", Status.INCONCLUSIVE: "inconclusive", Status.WARN: "warn",
-                 Status.WAIVED: "waived", Status.SKIPPED: "skipped", Status.PASS: "pass"}
-_ORDER = {Status.ERROR: 0, Status.FAIL: 1, Status.INCONCLUSIVE: 2, Status.WARN: 3, Status.WAIVED: 4, Status.SKIPPED: 5, Status.PASS: 6}
+_VERDICT = {
+    0: "passed",
+    1: "failed",
+    2: "invalid input",
+    3: "could not measure everything",
+    130: "interrupted (SIGINT), not a verdict",
+    143: "interrupted (SIGTERM), not a verdict",
+}
+_STATUS_CLASS = {
+    Status.FAIL: "fail",
+    Status.ERROR: "error",
+    Status.INCONCLUSIVE: "inconclusive",
+    Status.WARN: "warn",
+    Status.WAIVED: "waived",
+    Status.SKIPPED: "skipped",
+    Status.PASS: "pass",
+}
+_ORDER = {
+    Status.ERROR: 0,
+    Status.FAIL: 1,
+    Status.INCONCLUSIVE: 2,
+    Status.WARN: 3,
+    Status.WAIVED: 4,
+    Status.SKIPPED: 5,
+    Status.PASS: 6,
+}
 _CDF_QUANTILES = 200  # points per CDF curve at most: the page's size does not grow with the requests
 _WIDTH_IN = 7.6  # figure width (inches): fits an A4/Letter page at 100 dpi-equivalent
 
@@ -147,7 +180,7 @@ def _svg(fig: Any, name: str) -> str:
     # matplotlib numbers its groups per figure (figure_1, axes_1, ...): prefix every id and
     # every reference to one with the plot's name, so ids stay unique on the page
     text = re.sub(r'\bid="([^"]+)"', rf'id="{name}-\1"', text)
-    text = re.sub(r'url\(#([^)]+)\)', rf'url(#{name}-\1)', text)
+    text = re.sub(r"url\(#([^)]+)\)", rf"url(#{name}-\1)", text)
     text = re.sub(r'href="#([^"]+)"', rf'href="#{name}-\1"', text)
     # let CSS size it: keep the viewBox, drop the fixed width and height of the root element
     return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 role="img"', text, count=1).strip()
@@ -185,8 +218,9 @@ class HtmlReport(ReportFormat):
 
     name = "html"
 
-    def __init__(self, roofline: list[Any] | None = None, bandwidth: float | None = None,
-                 peak_flops: float | None = None) -> None:
+    def __init__(
+        self, roofline: list[Any] | None = None, bandwidth: float | None = None, peak_flops: float | None = None
+    ) -> None:
         self.roofline = list(roofline or [])
         self.bandwidth = bandwidth
         self.peak_flops = peak_flops
@@ -199,17 +233,30 @@ class HtmlReport(ReportFormat):
         verdict = _VERDICT.get(report.exit_code, f"exit {report.exit_code}")
         counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
         verdict_class = {0: "pass", 1: "fail"}.get(report.exit_code, "error")
-        out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
-               '<meta name="viewport" content="width=device-width, initial-scale=1">',
-               '<link rel="icon" href="data:,">',  # no favicon request (no network, no console error)
-               f"<title>gate: {esc(verdict)} ({esc(report.policy_file)})</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
-               "<header>", f'<h1 class="verdict {verdict_class}">gate: {esc(verdict)}</h1>',
-               f"<p><code>{esc(report.policy_file)}</code>: {esc(counts)}; exit code {report.exit_code}.</p>",
-               f'<p class="meta">gate {esc(report.gate_version)}, {esc(report.created_utc)}; torch {esc(env.torch)}, '
-               f"transformers {esc(env.transformers)}, {esc(env.device)} ({esc(env.device_name)}), seed {esc(env.seed)}"
-               + (f", {env.cpu_count} CPUs, {env.threads} threads" if env.cpu_count else "") + ".</p>", "</header>"]
+        out = [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            '<link rel="icon" href="data:,">',  # no favicon request (no network, no console error)
+            f"<title>gate: {esc(verdict)} ({esc(report.policy_file)})</title>",
+            f"<style>{_CSS}</style>",
+            "</head>",
+            "<body>",
+            "<header>",
+            f'<h1 class="verdict {verdict_class}">gate: {esc(verdict)}</h1>',
+            f"<p><code>{esc(report.policy_file)}</code>: {esc(counts)}; exit code {report.exit_code}.</p>",
+            f'<p class="meta">gate {esc(report.gate_version)}, {esc(report.created_utc)}; torch {esc(env.torch)}, '
+            f"transformers {esc(env.transformers)}, {esc(env.device)} ({esc(env.device_name)}), seed {esc(env.seed)}"
+            + (f", {env.cpu_count} CPUs, {env.threads} threads" if env.cpu_count else "")
+            + ".</p>",
+            "</header>",
+        ]
         if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.measure.identity)
-            out += ['<section id="target-identity"><h2>Target identity</h2><ul>'] + [f"<li>{esc(x)}</li>" for x in identity]
+            out += ['<section id="target-identity"><h2>Target identity</h2><ul>'] + [
+                f"<li>{esc(x)}</li>" for x in identity
+            ]
             out.append("</ul></section>")
         out += self._not_passed(report)
         out += self._summary_table(report)
@@ -219,13 +266,23 @@ class HtmlReport(ReportFormat):
             out += [f"<li><pre>{esc(x)}</pre></li>" for x in mapping] + ["</ul></section>"]
         out.append('<section id="plots"><h2>Plots</h2>')
         if report.crossovers:
-            out.append("<ul class=\"crossovers\">" + "".join(f"<li>{esc(c.message)}</li>" for c in report.crossovers) + "</ul>")
+            out.append(
+                '<ul class="crossovers">' + "".join(f"<li>{esc(c.message)}</li>" for c in report.crossovers) + "</ul>"
+            )
         for p in plots:
-            out += [f'<figure class="plot" id="plot-{esc(p.name)}" data-plot="{esc(p.name)}" data-points="{p.points}">',
-                    f"<h3>{esc(p.title)}</h3>", p.svg, f"<figcaption>{esc(p.caption)}</figcaption>", "</figure>"]
+            out += [
+                f'<figure class="plot" id="plot-{esc(p.name)}" data-plot="{esc(p.name)}" data-points="{p.points}">',
+                f"<h3>{esc(p.title)}</h3>",
+                p.svg,
+                f"<figcaption>{esc(p.caption)}</figcaption>",
+                "</figure>",
+            ]
         if skipped:
             out.append('<h3>Not plotted</h3><ul class="skipped">')
-            out += [f'<li data-skipped="{esc(s.name)}"><strong>{esc(s.title)}</strong>: {esc(s.reason)}</li>' for s in skipped]
+            out += [
+                f'<li data-skipped="{esc(s.name)}"><strong>{esc(s.title)}</strong>: {esc(s.reason)}</li>'
+                for s in skipped
+            ]
             out.append("</ul>")
         out.append("</section>")
         out += self._envelope(report)
@@ -244,15 +301,19 @@ class HtmlReport(ReportFormat):
             out.append(f"<p>Every rule outcome passed ({passed}).</p>" if passed else "<p>No rule outcome.</p>")
         else:
             out += self._grid(report, shown)
-            out += [f"<details><summary>Every outcome that did not pass, with its message ({len(shown)})</summary>",
-                    "<table><thead><tr><th>status</th><th>rule</th><th>level</th><th>measured</th><th>message</th></tr></thead><tbody>"]
+            out += [
+                f"<details><summary>Every outcome that did not pass, with its message ({len(shown)})</summary>",
+                "<table><thead><tr><th>status</th><th>rule</th><th>level</th><th>measured</th><th>message</th></tr></thead><tbody>",
+            ]
             for o in sorted(shown, key=lambda o: _ORDER.get(o.status, 9)):
                 measured = "-" if o.measured is None else f"{o.measured:.4g}"
                 if o.interval is not None:
                     measured += f" ({o.interval.low:.4g}-{o.interval.high:.4g})"
-                out.append(f'<tr class="{_STATUS_CLASS.get(o.status, "")}"><td>{esc(str(o.status).upper())}</td>'
-                           f"<td><code>{esc(o.name)}</code></td><td>{esc(o.level)}</td><td>{esc(measured)}</td>"
-                           f"<td>{_long(o.message)}</td></tr>")
+                out.append(
+                    f'<tr class="{_STATUS_CLASS.get(o.status, "")}"><td>{esc(str(o.status).upper())}</td>'
+                    f"<td><code>{esc(o.name)}</code></td><td>{esc(o.level)}</td><td>{esc(measured)}</td>"
+                    f"<td>{_long(o.message)}</td></tr>"
+                )
             out.append("</tbody></table></details>")
             out.append(f"<p>{passed} rule outcome(s) passed.</p>")
         out.append("</section>")
@@ -262,13 +323,19 @@ class HtmlReport(ReportFormat):
         """Rules that did not pass (rows) by scope (columns): status and measured value per
         cell, so thirty outcomes fit on one screen; passing cells of those rules included."""
         rules = list(dict.fromkeys(o.rule_id for o in shown))
-        column = {o.scope: "/".join(o.scope.split("/", 2)[:2]) for o in report.outcomes}  # draft/law; categories in the cell
+        column = {
+            o.scope: "/".join(o.scope.split("/", 2)[:2]) for o in report.outcomes
+        }  # draft/law; categories in the cell
         scopes = list(dict.fromkeys(column[o.scope] for o in report.outcomes if o.rule_id in rules))
         cells: dict[tuple[str, str], list[Any]] = defaultdict(list)
         for o in report.outcomes:
             if o.rule_id in rules:
                 cells[(o.rule_id, column[o.scope])].append(o)
-        out = ['<table class="grid"><thead><tr><th>rule</th>' + "".join(f"<th>{esc(x)}</th>" for x in scopes) + "</tr></thead><tbody>"]
+        out = [
+            '<table class="grid"><thead><tr><th>rule</th>'
+            + "".join(f"<th>{esc(x)}</th>" for x in scopes)
+            + "</tr></thead><tbody>"
+        ]
         for rule in rules:
             row = [f"<td><code>{esc(rule)}</code></td>"]
             for scope in scopes:
@@ -282,7 +349,10 @@ class HtmlReport(ReportFormat):
                     cats = o.scope.split("/", 2)[2] if o.scope.count("/") >= 2 else ""
                     value = "" if o.measured is None else f"{o.measured:.3g}"
                     label = str(o.status) if len(here) == 1 else f"{cats}: {o.status}"
-                    parts.append(f'<span title="{esc(o.message)}">{esc(label)}</span>' + (f" <small>{esc(value)}</small>" if value else ""))
+                    parts.append(
+                        f'<span title="{esc(o.message)}">{esc(label)}</span>'
+                        + (f" <small>{esc(value)}</small>" if value else "")
+                    )
                 row.append(f'<td class="{_STATUS_CLASS.get(worst.status, "")}">' + "<br>".join(parts) + "</td>")
             out.append("<tr>" + "".join(row) + "</tr>")
         out.append("</tbody></table>")
@@ -297,10 +367,13 @@ class HtmlReport(ReportFormat):
             return "-" if x is None else format(x, fmt) + suffix
 
         intervals = _speedup_intervals(report)
-        out = ['<section id="summary"><h2>Drafts against the fallback</h2>',
-               "<table><thead><tr><th>draft</th><th>law</th><th>req</th><th>overlap</th><th>accept rate</th>"
-               "<th>mean acc len</th><th>tokens/s</th><th>speedup (CI)</th><th>slower</th><th>TTFT p50</th><th>ITL p99</th>"
-               "<th>bill</th></tr></thead><tbody>"]
+        out = [
+            '<section id="summary"><h2>Drafts against the fallback</h2>',
+            "<table><thead><tr><th>draft</th><th>law</th><th>req</th><th>overlap</th><th>accept rate</th>"
+            "<th>mean acc len</th><th>tokens/s</th><th>speedup (CI)</th><th>slower</th><th>TTFT p50</th><th>ITL "
+            "p99</th>"
+            "<th>bill</th></tr></thead><tbody>",
+        ]
         for r in rows:
             speedup = f(r.speedup, ".2f", "x")
             iv = intervals.get((r.runner, r.law, None))
@@ -310,11 +383,15 @@ class HtmlReport(ReportFormat):
             decided = r.runner != FALLBACK and iv is not None and iv[1] is not None and iv[2] is not None
             cls = "" if not decided else ' class="pays"' if iv[1] > 1 else ' class="costs"' if iv[2] < 1 else ""
             bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
-            out.append(f"<tr{cls}><td>{esc(r.runner)}</td><td>{esc(r.law)}</td><td>{r.requests}</td><td>{f(r.overlap_mean, '.3f')}</td>"
-                       f"<td>{f(r.acceptance_rate, '.3f')}</td><td>{f(r.mean_acceptance_length, '.2f')}</td>"
-                       f"<td>{f(r.committed_tokens_per_s, '.1f')}</td><td>{esc(speedup)}</td>"
-                       f"<td>{f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')}</td>"
-                       f"<td>{f(r.ttft_p50_ms, '.0f', ' ms')}</td><td>{f(r.itl_p99_ms, '.1f', ' ms')}</td><td>{esc(bill)}</td></tr>")
+            out.append(
+                f"<tr{cls}><td>{esc(r.runner)}</td><td>{esc(r.law)}</td><td>{r.requests}</td>"
+                f"<td>{f(r.overlap_mean, '.3f')}</td>"
+                f"<td>{f(r.acceptance_rate, '.3f')}</td><td>{f(r.mean_acceptance_length, '.2f')}</td>"
+                f"<td>{f(r.committed_tokens_per_s, '.1f')}</td><td>{esc(speedup)}</td>"
+                f"<td>{f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')}</td>"
+                f"<td>{f(r.ttft_p50_ms, '.0f', ' ms')}</td><td>{f(r.itl_p99_ms, '.1f', ' ms')}</td>"
+                f"<td>{esc(bill)}</td></tr>"
+            )
         out += ["</tbody></table>", "</section>"]
         return out
 
@@ -326,12 +403,16 @@ class HtmlReport(ReportFormat):
         if not rows:
             return []
         figures = [name for name, _, _ in CONSTRAINT_FIGURES]
-        out = ['<section id="constraints"><h2>Acceptance under each grammar constraint</h2>',
-               "<p>Counters pooled per constraint (workload.constraints): the same prompts, each run under every "
-               "constraint as its own request; the grammar masks p and q alike.</p>",
-               '<table><thead><tr><th rowspan="2">draft</th><th rowspan="2">law</th>'
-               + "".join(f'<th colspan="{len(figures)}">{esc(c)}</th>' for c in labels) + "</tr><tr>"
-               + "".join(f"<th>{esc(x)}</th>" for _ in labels for x in figures) + "</tr></thead><tbody>"]
+        out = [
+            '<section id="constraints"><h2>Acceptance under each grammar constraint</h2>',
+            "<p>Counters pooled per constraint (workload.constraints): the same prompts, each run under every "
+            "constraint as its own request; the grammar masks p and q alike.</p>",
+            '<table><thead><tr><th rowspan="2">draft</th><th rowspan="2">law</th>'
+            + "".join(f'<th colspan="{len(figures)}">{esc(c)}</th>' for c in labels)
+            + "</tr><tr>"
+            + "".join(f"<th>{esc(x)}</th>" for _ in labels for x in figures)
+            + "</tr></thead><tbody>",
+        ]
         out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
         out += ["</tbody></table>", "</section>"]
         return out
@@ -340,50 +421,81 @@ class HtmlReport(ReportFormat):
         """The envelope search (load.search): each runner's SLO load and its probes."""
         if not report.measurements.envelopes:
             return []
-        return _table_section("envelope", "Envelope search", "Each runner's SLO load: every SLO held at the interval's "
-                              "lower end, something failed at its upper end (an SLO, or the throughput stopped rising: "
-                              "the server saturated).", ENVELOPE_COLUMNS, envelope_rows(report))
+        return _table_section(
+            "envelope",
+            "Envelope search",
+            "Each runner's SLO load: every SLO held at the interval's "
+            "lower end, something failed at its upper end (an SLO, or the throughput stopped rising: "
+            "the server saturated).",
+            ENVELOPE_COLUMNS,
+            envelope_rows(report),
+        )
 
     def _prediction(self, report: Report) -> list[str]:
         """The speedup model at each load point beside the measured speedup (gate.rules.load_points)."""
         rows = prediction_rows(report)
         if not rows:
             return []
-        return _table_section("predicted-at-load", "Predicted at load", "A step with a proposal commits (1 - alpha^(K+1)) "
-                              "/ (1 - alpha) tokens (i.i.d. acceptance alpha), a step without one 1 token; a step costs as "
-                              "many decode steps of the fallback as the step cost says (the draft's TPOT x its measured "
-                              "tokens per step over the fallback's TPOT, at the same load); predicted = the model's tokens "
-                              "per step / cost. In flight: request throughput x mean E2EL (Little's law); verified tokens "
-                              "per step: in flight x (1 + proposals per step).", PREDICTION_COLUMNS, rows)
+        return _table_section(
+            "predicted-at-load",
+            "Predicted at load",
+            "A step with a proposal commits (1 - alpha^(K+1)) "
+            "/ (1 - alpha) tokens (i.i.d. acceptance alpha), a step without one 1 token; a step costs as "
+            "many decode steps of the fallback as the step cost says (the draft's TPOT x its measured "
+            "tokens per step over the fallback's TPOT, at the same load); predicted = the model's tokens "
+            "per step / cost. In flight: request throughput x mean E2EL (Little's law); verified tokens "
+            "per step: in flight x (1 + proposals per step).",
+            PREDICTION_COLUMNS,
+            rows,
+        )
 
     def _schedule(self, report: Report) -> list[str]:
         """num_draft_tokens per load (num_draft_tokens_sweep): every K's speedup and the best K."""
         if not report.schedule:
             return []
-        return _table_section("num-draft-tokens", "num_draft_tokens per load", "Each swept K's speedup over the fallback per "
-                              "repetition, their median (the score) and spread (max - min over the median); the best K is "
-                              "the stable K of highest score, K=0 being speculation off.", SCHEDULE_COLUMNS,
-                              schedule_rows(report), "schedule",
-                              schedule_lines(report.schedule) + [c.message for c in report.schedule])
+        return _table_section(
+            "num-draft-tokens",
+            "num_draft_tokens per load",
+            "Each swept K's speedup over the fallback per "
+            "repetition, their median (the score) and spread (max - min over the median); the best K is "
+            "the stable K of highest score, K=0 being speculation off.",
+            SCHEDULE_COLUMNS,
+            schedule_rows(report),
+            "schedule",
+            schedule_lines(report.schedule) + [c.message for c in report.schedule],
+        )
 
     def _client(self, report: Report) -> list[str]:
         """The client's check of itself, per served window (gate.measure.client_check)."""
         if not report.client:
             return []
-        return _table_section("client", "Client self-check", "How late the client sent and read each window's requests "
-                              "(schedule lag: begun after it was due; loop lag: its worker's event loop ran late while it "
-                              "was in flight). Requests it delayed beyond the bound are left out of timing verdicts.",
-                              CLIENT_COLUMNS, client_rows(report), "client-warnings", client_warnings(report))
+        return _table_section(
+            "client",
+            "Client self-check",
+            "How late the client sent and read each window's requests "
+            "(schedule lag: begun after it was due; loop lag: its worker's event loop ran late while it "
+            "was in flight). Requests it delayed beyond the bound are left out of timing verdicts.",
+            CLIENT_COLUMNS,
+            client_rows(report),
+            "client-warnings",
+            client_warnings(report),
+        )
 
     def _tail(self, report: Report) -> list[str]:
         out = []
         failures = report.measurements.failures
         if failures:
             out += ['<section id="failures"><h2>Measurements that could not be made</h2><ul>']
-            out += [f"<li>{esc(f.stage)} {esc(f.draft)}/{esc(f.law)} {esc(f.what)}: {esc(f.message)}</li>" for f in failures]
+            out += [
+                f"<li>{esc(f.stage)} {esc(f.draft)}/{esc(f.law)} {esc(f.what)}: {esc(f.message)}</li>" for f in failures
+            ]
             out.append("</ul></section>")
         if report.notes:
-            out += ['<section id="notes"><h2>Notes</h2><ul>'] + [f"<li>{esc(n)}</li>" for n in report.notes] + ["</ul></section>"]
+            out += (
+                ['<section id="notes"><h2>Notes</h2><ul>']
+                + [f"<li>{esc(n)}</li>" for n in report.notes]
+                + ["</ul></section>"]
+            )
         return out
 
     # --- the plots -----------------------------------------------------------------------
@@ -425,20 +537,35 @@ class HtmlReport(ReportFormat):
     def _roofline(self, report: Report, colors: dict[str, Any]) -> Plot | str:
         steps = [(r.runner, s) for r in self.roofline for s in r.steps]
         if not steps:
-            return "a saved report has no roofline: run `gate report` with --roofline-policy, --bandwidth and --peak (or see `gate roofline`)"
+            return (
+                "a saved report has no roofline: run `gate report` with --roofline-policy, --bandwidth and --peak "
+                "(or see `gate roofline`)"
+            )
         fig, (ax,) = _figure(height_in=3.2)
         xs = [s.intensity for _, s in steps]
         if self.bandwidth and self.peak_flops:
             lo, hi = min(xs) / 4, max(max(xs) * 4, 4 * self.peak_flops / self.bandwidth)
             grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
-            ax.plot(grid, [min(self.peak_flops, self.bandwidth * x) / 1e9 for x in grid], color="black", lw=1, label="roof")
+            ax.plot(
+                grid, [min(self.peak_flops, self.bandwidth * x) / 1e9 for x in grid], color="black", lw=1, label="roof"
+            )
         for runner in dict.fromkeys(r for r, _ in steps):
             mine = [s for r, s in steps if r == runner]
-            ax.plot([s.intensity for s in mine], [s.attainable_flops / 1e9 for s in mine], "o" if runner == FALLBACK else "s",
-                    color=colors.get(runner), label=f"{runner} ({mine[0].name})")
+            ax.plot(
+                [s.intensity for s in mine],
+                [s.attainable_flops / 1e9 for s in mine],
+                "o" if runner == FALLBACK else "s",
+                color=colors.get(runner),
+                label=f"{runner} ({mine[0].name})",
+            )
             for s in mine:
-                ax.annotate(f"b={s.batch}", (s.intensity, s.attainable_flops / 1e9), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+                ax.annotate(
+                    f"b={s.batch}",
+                    (s.intensity, s.attainable_flops / 1e9),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         _plain_log(ax.xaxis)
@@ -446,15 +573,27 @@ class HtmlReport(ReportFormat):
         ax.set_xlabel("operational intensity (FLOP/byte)")
         ax.set_ylabel("attainable (GFLOP/s)")
         _legend(ax, loc="lower right")
-        return Plot("", "", len(steps), _svg(fig, "roofline"),
-                    "The fallback's decode step and each draft's verification step (num_draft_tokens + 1 tokens per sequence) "
-                    "at each batch size b on the roofline: left of the ridge a step is bandwidth-bound.")
+        return Plot(
+            "",
+            "",
+            len(steps),
+            _svg(fig, "roofline"),
+            "The fallback's decode step and each draft's verification step (num_draft_tokens + 1 tokens per sequence) "
+            "at each batch size b on the roofline: left of the ridge a step is bandwidth-bound.",
+        )
 
     def _predicted(self, report: Report, colors: dict[str, Any]) -> Plot | str:
-        pts = [(r.runner, law, v["predicted_speedup"], v["measured_speedup"]) for r in self.roofline
-               for law, v in r.by_law.items() if v.get("predicted_speedup") is not None and v.get("measured_speedup") is not None]
+        pts = [
+            (r.runner, law, v["predicted_speedup"], v["measured_speedup"])
+            for r in self.roofline
+            for law, v in r.by_law.items()
+            if v.get("predicted_speedup") is not None and v.get("measured_speedup") is not None
+        ]
         if not pts:
-            return "the report carries no predicted speedup (gate roofline --report computes one from a policy, bandwidth and peak)"
+            return (
+                "the report carries no predicted speedup (gate roofline --report computes one from a policy, "
+                "bandwidth and peak)"
+            )
         fig, (ax,) = _figure(height_in=3.2)
         top = max(max(p[2], p[3]) for p in pts) * 1.15
         ax.plot([0, top], [0, top], color="black", lw=0.8, ls="--", label="predicted = measured")
@@ -466,9 +605,14 @@ class HtmlReport(ReportFormat):
         ax.set_xlabel("predicted speedup (x, primer formula: alpha = mean overlap, c from the roofline)")
         ax.set_ylabel("measured speedup (x)")
         _legend(ax, loc="upper left")
-        return Plot("", "", len(pts), _svg(fig, "predicted"),
-                    "Each draft and law: the speedup Leviathan et al.'s formula predicts from the measured overlap and the "
-                    "roofline's cost coefficient against the speedup measured; below the diagonal the draft underdelivers.")
+        return Plot(
+            "",
+            "",
+            len(pts),
+            _svg(fig, "predicted"),
+            "Each draft and law: the speedup Leviathan et al.'s formula predicts from the measured overlap and the "
+            "roofline's cost coefficient against the speedup measured; below the diagonal the draft underdelivers.",
+        )
 
 
 # --- plot makers: each returns a Plot or the reason it has nothing to plot ---------------
@@ -501,10 +645,19 @@ def _speedup_intervals(report: Report) -> dict[tuple[str, str, str | None], tupl
     return out
 
 
-def _errorbar(ax: Any, y: float, point: float, low: float | None, high: float | None, color: Any, label: str | None) -> None:
+def _errorbar(
+    ax: Any, y: float, point: float, low: float | None, high: float | None, color: Any, label: str | None
+) -> None:
     if low is not None and high is not None:
-        ax.errorbar([point], [y], xerr=[[max(point - low, 0)], [max(high - point, 0)]], fmt="o", color=color, capsize=3,
-                    label=label)
+        ax.errorbar(
+            [point],
+            [y],
+            xerr=[[max(point - low, 0)], [max(high - point, 0)]],
+            fmt="o",
+            color=color,
+            capsize=3,
+            label=label,
+        )
     else:
         ax.plot([point], [y], "D", color=color, mfc="white", label=label)
 
@@ -518,7 +671,7 @@ def _speedup(report: Report, colors: dict[str, Any]) -> Plot | str:
     labels, with_ci, seen = [], 0, []
     for i, r in enumerate(rows):
         iv = intervals.get((r.runner, r.law, None))
-        point, low, high = (iv if iv is not None and iv[1] is not None else (r.speedup, None, None))
+        point, low, high = iv if iv is not None and iv[1] is not None else (r.speedup, None, None)
         with_ci += low is not None
         seen += [x for x in (point, low, high) if x is not None]
         _errorbar(ax, -i, point, low, high, colors.get(r.runner), None)
@@ -530,8 +683,10 @@ def _speedup(report: Report, colors: dict[str, Any]) -> Plot | str:
     ax.set_xlabel("speedup (x, committed tokens/s over the fallback's on the same prompts)")
     ax.grid(axis="y", visible=False)
     level = next((o.interval.level for o in report.outcomes if o.interval is not None), 0.95)
-    caption = (f"Which draft pays: pooled speedup per draft and law; bars are the speedup rule's {level:.0%} interval "
-               f"({with_ci} of {len(rows)}), hollow diamonds point values without one; right of 1.0x the draft pays.")
+    caption = (
+        f"Which draft pays: pooled speedup per draft and law; bars are the speedup rule's {level:.0%} interval "
+        f"({with_ci} of {len(rows)}), hollow diamonds point values without one; right of 1.0x the draft pays."
+    )
     return Plot("", "", len(rows), _svg(fig, "speedup"), caption)
 
 
@@ -540,13 +695,17 @@ def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str
     rows = _drafts(report)
     laws = _laws(rows)
     slices = list(dict.fromkeys(s for r in rows for s in (r.by_category if by == "category" else r.by_context_length)))
-    if not slices or all(getattr(b, figure) is None for r in rows for b in (r.by_category if by == "category" else r.by_context_length).values()):
+    if not slices or all(
+        getattr(b, figure) is None
+        for r in rows
+        for b in (r.by_category if by == "category" else r.by_context_length).values()
+    ):
         return None
     intervals = _speedup_intervals(report) if figure == "speedup" else {}
     fig, axes = _figure(len(laws), height_in=0.9 + 0.28 * len(slices))
     drafts = list(dict.fromkeys(r.runner for r in rows))
     n, seen = 0, []
-    for ax, law in zip(axes, laws):
+    for ax, law in zip(axes, laws, strict=False):
         for j, d in enumerate(drafts):
             r = next((x for x in rows if x.runner == d and x.law == law), None)
             if r is None:
@@ -561,7 +720,15 @@ def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str
                     continue
                 iv = intervals.get((d, law, s)) if by == "category" else None
                 iv = iv if iv is not None and iv[1] is not None else None
-                _errorbar(ax, -i + off, value, iv[1] if iv else None, iv[2] if iv else None, colors.get(d), d if first else None)
+                _errorbar(
+                    ax,
+                    -i + off,
+                    value,
+                    iv[1] if iv else None,
+                    iv[2] if iv else None,
+                    colors.get(d),
+                    d if first else None,
+                )
                 seen += [x for x in (value, *(iv[1:] if iv else ())) if x is not None]
                 first = False
                 n += 1
@@ -572,7 +739,9 @@ def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str
         for ax in axes:
             ax.axvline(1.0, color="black", lw=0.8, ls="--")
             _around_one(ax, seen)
-    axes[0].set_yticks([-i for i in range(len(slices))], slices if by == "category" else [f"{s} tokens" for s in slices])
+    axes[0].set_yticks(
+        [-i for i in range(len(slices))], slices if by == "category" else [f"{s} tokens" for s in slices]
+    )
     _legend(axes[-1], outside=True)
     return fig, n
 
@@ -581,8 +750,9 @@ _OVERLAP_AXIS = "mean overlap (sum min(p, q), 0-1)"
 _NO_SWEEP = "the workload has no context-length sweep (workload.context_lengths)"
 
 
-def _breakdown(by: str, field: str, name: str, xlabel: str, missing: str, caption: str,
-               unit_range: bool = False) -> Callable[[Report, dict[str, Any]], Plot | str]:
+def _breakdown(
+    by: str, field: str, name: str, xlabel: str, missing: str, caption: str, unit_range: bool = False
+) -> Callable[[Report, dict[str, Any]], Plot | str]:
     """A plot of one breakdown figure (SummaryRow.by_category / by_context_length) per slice,
     draft and law; `missing`: why it is not plotted when no slice has the figure."""
 
@@ -603,21 +773,42 @@ def _breakdown(by: str, field: str, name: str, xlabel: str, missing: str, captio
 
 
 _speedup_by_category = _breakdown(
-    "category", "speedup", "speedup-by-category", "speedup (x)", "no category has a measured speedup",
+    "category",
+    "speedup",
+    "speedup-by-category",
+    "speedup (x)",
+    "no category has a measured speedup",
     "Where each draft pays: pooled speedup per workload category and law (point values; bars where a speedup rule is "
-    "scoped to the category); right of the dashed 1.0x line the draft pays.")
+    "scoped to the category); right of the dashed 1.0x line the draft pays.",
+)
 _speedup_by_context = _breakdown(
-    "context_length", "speedup", "speedup-by-context", "speedup (x)", _NO_SWEEP,
+    "context_length",
+    "speedup",
+    "speedup-by-context",
+    "speedup (x)",
+    _NO_SWEEP,
     "Pooled speedup per requested context length (prompt tokens) and law: how the draft's gain changes with longer "
-    "contexts; right of 1.0x it pays.")
+    "contexts; right of 1.0x it pays.",
+)
 _overlap_by_category = _breakdown(
-    "category", "overlap_mean", "overlap-by-category", _OVERLAP_AXIS, "no overlap was measured per category",
+    "category",
+    "overlap_mean",
+    "overlap-by-category",
+    _OVERLAP_AXIS,
+    "no overlap was measured per category",
     "Why a draft pays where it does: mean per-position overlap sum_x min(p(x), q(x)) of each draft with the target "
-    "along the target's own continuations, per category and law.", unit_range=True)
+    "along the target's own continuations, per category and law.",
+    unit_range=True,
+)
 _overlap_by_context = _breakdown(
-    "context_length", "overlap_mean", "overlap-by-context", _OVERLAP_AXIS, _NO_SWEEP,
+    "context_length",
+    "overlap_mean",
+    "overlap-by-context",
+    _OVERLAP_AXIS,
+    _NO_SWEEP,
     "Mean per-position overlap of each draft with the target per requested context length (prompt tokens) and law.",
-    unit_range=True)
+    unit_range=True,
+)
 
 
 def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
@@ -626,7 +817,7 @@ def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
         return "not a served run (no load points)" if not report.load else "no load point has a draft speedup"
     panels = list(dict.fromkeys((p.law, p.kind) for p in pts))
     fig, axes = _figure(len(panels), height_in=3.0)
-    for ax, (law, kind) in zip(axes, panels):
+    for ax, (law, kind) in zip(axes, panels, strict=False):
         mine = [p for p in pts if (p.law, p.kind) == (law, kind)]
         for d in dict.fromkeys(p.runner for p in mine):
             line = sorted((p for p in mine if p.runner == d), key=lambda p: p.value)
@@ -634,13 +825,26 @@ def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
             ax.plot(xs, [p.speedup for p in line], "o-", color=colors.get(d), label=d)
             ci = [p for p in line if p.speedup_low is not None and p.speedup_high is not None]
             if ci:
-                ax.fill_between([p.value for p in ci], [p.speedup_low for p in ci], [p.speedup_high for p in ci],
-                                color=colors.get(d), alpha=0.2, lw=0)
+                ax.fill_between(
+                    [p.value for p in ci],
+                    [p.speedup_low for p in ci],
+                    [p.speedup_high for p in ci],
+                    color=colors.get(d),
+                    alpha=0.2,
+                    lw=0,
+                )
             for c in report.crossovers:
                 if (c.draft, c.law, c.kind) == (d, law, kind) and c.at is not None:
                     ax.axvline(c.at, color=colors.get(d), ls=":", lw=1.2)
-                    ax.annotate(f"crossover {d}", (c.at, 1.0), rotation=90, fontsize=7, xytext=(3, 4), textcoords="offset points",
-                                color=colors.get(d))
+                    ax.annotate(
+                        f"crossover {d}",
+                        (c.at, 1.0),
+                        rotation=90,
+                        fontsize=7,
+                        xytext=(3, 4),
+                        textcoords="offset points",
+                        color=colors.get(d),
+                    )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         if len({p.value for p in mine}) > 2 and min(p.value for p in mine) > 0:
             ax.set_xscale("log", base=2)
@@ -649,17 +853,32 @@ def _speedup_by_load(report: Report, colors: dict[str, Any]) -> Plot | str:
         ax.set_title(law, fontsize=9)
     axes[0].set_ylabel("speedup (x)")
     _legend(axes[-1], outside=True)
-    return Plot("", "", len(pts), _svg(fig, "speedup-by-load"),
-                "Served runs: each draft's speedup (paired requests, shaded: its interval) at every load point; a dotted line "
-                "marks the crossover, the lowest load whose whole interval lies below 1.0x.")
+    return Plot(
+        "",
+        "",
+        len(pts),
+        _svg(fig, "speedup-by-load"),
+        "Served runs: each draft's speedup (paired requests, shaded: its interval) at every load point; a dotted line "
+        "marks the crossover, the lowest load whose whole interval lies below 1.0x.",
+    )
 
 
-def _table_section(section_id: str, title: str, intro: str, columns: Sequence[str], rows: list[list[str]],
-                   list_class: str | None = None, items: list[str] | None = None) -> list[str]:
+def _table_section(
+    section_id: str,
+    title: str,
+    intro: str,
+    columns: Sequence[str],
+    rows: list[list[str]],
+    list_class: str | None = None,
+    items: list[str] | None = None,
+) -> list[str]:
     """A report section: heading, one paragraph, a table of `rows` under `columns`, and a list
     of `items` (class `list_class`) when there are any; every text escaped."""
-    out = [f'<section id="{section_id}"><h2>{esc(title)}</h2>', f"<p>{esc(intro)}</p>",
-           "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
+    out = [
+        f'<section id="{section_id}"><h2>{esc(title)}</h2>',
+        f"<p>{esc(intro)}</p>",
+        "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>",
+    ]
     out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
     out.append("</tbody></table>")
     if items:
@@ -674,14 +893,26 @@ def _interactivity(report: Report, colors: dict[str, Any]) -> Plot | str:
         return "not a served run (no load points)" if not report.load else "no load point or probe has a TPOT"
     laws = list(dict.fromkeys(p.law for p in pts))
     fig, axes = _figure(len(laws), height_in=3.0)
-    for ax, law in zip(axes, laws):
+    for ax, law in zip(axes, laws, strict=False):
         mine = [p for p in pts if p.law == law]
         for r in dict.fromkeys(p.runner for p in mine):
             theirs = [p for p in mine if p.runner == r]
-            ax.plot([p.per_user_tokens_s for p in theirs], [p.output_throughput for p in theirs], "o", color=colors.get(r),
-                    alpha=0.35, ms=4)
+            ax.plot(
+                [p.per_user_tokens_s for p in theirs],
+                [p.output_throughput for p in theirs],
+                "o",
+                color=colors.get(r),
+                alpha=0.35,
+                ms=4,
+            )
             front = sorted((p for p in theirs if p.pareto), key=lambda p: p.per_user_tokens_s)
-            ax.plot([p.per_user_tokens_s for p in front], [p.output_throughput for p in front], "o-", color=colors.get(r), label=r)
+            ax.plot(
+                [p.per_user_tokens_s for p in front],
+                [p.output_throughput for p in front],
+                "o-",
+                color=colors.get(r),
+                label=r,
+            )
         for e in report.equal_interactivity:
             if e.law == law:
                 ax.axvline(e.per_user_tokens_s, color="black", lw=0.8, ls=":")
@@ -689,10 +920,15 @@ def _interactivity(report: Report, colors: dict[str, Any]) -> Plot | str:
         ax.set_title(law, fontsize=9)
     axes[0].set_ylabel("output throughput (tokens/s)")
     _legend(axes[-1], outside=True)
-    return Plot("", "", len(pts), _svg(fig, "interactivity"),
-                "Served runs: output throughput against per-user speed at every load point and envelope-search probe; the "
-                "line joins each runner's Pareto front (no other point of it is both faster per user and higher in "
-                "throughput), the dotted line marks load.per_user_tokens_s, where drafts are compared at equal interactivity.")
+    return Plot(
+        "",
+        "",
+        len(pts),
+        _svg(fig, "interactivity"),
+        "Served runs: output throughput against per-user speed at every load point and envelope-search probe; the "
+        "line joins each runner's Pareto front (no other point of it is both faster per user and higher in "
+        "throughput), the dotted line marks load.per_user_tokens_s, where drafts are compared at equal interactivity.",
+    )
 
 
 def _acceptance_per_position(report: Report, colors: dict[str, Any]) -> Plot | str:
@@ -702,7 +938,7 @@ def _acceptance_per_position(report: Report, colors: dict[str, Any]) -> Plot | s
     laws = _laws(rows)
     fig, axes = _figure(len(laws))
     n = 0
-    for ax, law in zip(axes, laws):
+    for ax, law in zip(axes, laws, strict=False):
         for r in (x for x in rows if x.law == law):
             xs = list(range(1, len(r.acceptance_rate_per_pos) + 1))
             ax.plot(xs, r.acceptance_rate_per_pos, "o-", color=colors.get(r.runner), label=r.runner)
@@ -713,9 +949,14 @@ def _acceptance_per_position(report: Report, colors: dict[str, Any]) -> Plot | s
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].set_ylabel("acceptance rate (share of steps)")
     _legend(axes[-1], outside=True)
-    return Plot("", "", n, _svg(fig, "acceptance-per-position"),
-                "Share of verification steps whose proposal at each position was committed (vLLM's "
-                "num_accepted_tokens_per_pos / num_drafts), per draft and law: how fast acceptance decays along the block.")
+    return Plot(
+        "",
+        "",
+        n,
+        _svg(fig, "acceptance-per-position"),
+        "Share of verification steps whose proposal at each position was committed (vLLM's "
+        "num_accepted_tokens_per_pos / num_drafts), per draft and law: how fast acceptance decays along the block.",
+    )
 
 
 def _accepted_length(report: Report, colors: dict[str, Any]) -> Plot | str:
@@ -725,14 +966,19 @@ def _accepted_length(report: Report, colors: dict[str, Any]) -> Plot | str:
     laws = _laws(rows)
     fig, axes = _figure(len(laws))
     n = 0
-    for ax, law in zip(axes, laws):
+    for ax, law in zip(axes, laws, strict=False):
         mine = [x for x in rows if x.law == law]
         width = 0.8 / max(len(mine), 1)
         for j, r in enumerate(mine):
             total = sum(r.accepted_length_histogram)
             xs = [k + (j - (len(mine) - 1) / 2) * width for k in range(len(r.accepted_length_histogram))]
-            ax.bar(xs, [100 * c / total for c in r.accepted_length_histogram], width=width, color=colors.get(r.runner),
-                   label=r.runner)
+            ax.bar(
+                xs,
+                [100 * c / total for c in r.accepted_length_histogram],
+                width=width,
+                color=colors.get(r.runner),
+                label=r.runner,
+            )
             n += len(xs)
         ax.set_xlabel("proposals committed per step (k)")
         ax.set_title(law, fontsize=9)
@@ -740,9 +986,14 @@ def _accepted_length(report: Report, colors: dict[str, Any]) -> Plot | str:
         ax.grid(axis="x", visible=False)
     axes[0].set_ylabel("steps (%)")
     _legend(axes[-1], outside=True)
-    return Plot("", "", n, _svg(fig, "accepted-length"),
-                "Accepted-length histogram: the share of verification steps that committed k of their proposals, per draft "
-                "and law (k = num_draft_tokens: the whole block was accepted).")
+    return Plot(
+        "",
+        "",
+        n,
+        _svg(fig, "accepted-length"),
+        "Accepted-length histogram: the share of verification steps that committed k of their proposals, per draft "
+        "and law (k = num_draft_tokens: the whole block was accepted).",
+    )
 
 
 def _quantile_curve(values: list[float]) -> tuple[list[float], list[float]]:
@@ -755,8 +1006,9 @@ def _quantile_curve(values: list[float]) -> tuple[list[float], list[float]]:
     return [xs[i] for i in idx], [(i + 1) / n for i in idx]
 
 
-def _cdf(report: Report, colors: dict[str, Any], values: Callable[[Any], list[float]], name: str,
-         xlabel: str) -> tuple[Any, int] | None:
+def _cdf(
+    report: Report, colors: dict[str, Any], values: Callable[[Any], list[float]], name: str, xlabel: str
+) -> tuple[Any, int] | None:
     by: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in report.measurements.requests:
         if r.token_times_ms:
@@ -767,13 +1019,20 @@ def _cdf(report: Report, colors: dict[str, Any], values: Callable[[Any], list[fl
     laws = list(dict.fromkeys(law for law, _ in by))
     fig, axes = _figure(len(laws))
     n = 0
-    for ax, law in zip(axes, laws):
+    for ax, law in zip(axes, laws, strict=False):
         runners = [d for (lw, d) in by if lw == law]
         runners.sort(key=lambda d: d != FALLBACK)
         for d in runners:
             xs, fs = _quantile_curve(by[(law, d)])
-            ax.step(xs, fs, where="post", color=colors.get(d), lw=2.0 if d == FALLBACK else 1.2,
-                    ls="--" if d == FALLBACK else "-", label=d)
+            ax.step(
+                xs,
+                fs,
+                where="post",
+                color=colors.get(d),
+                lw=2.0 if d == FALLBACK else 1.2,
+                ls="--" if d == FALLBACK else "-",
+                label=d,
+            )
             n += len(by[(law, d)])
         # log above 1 ms (contended outliers would squash the body of the curve), linear
         # below so that ITL 0 (tokens of one step) stays on the axis
@@ -791,27 +1050,38 @@ def _cdf(report: Report, colors: dict[str, Any], values: Callable[[Any], list[fl
     return fig, n
 
 
-def _cdf_plot(values: Callable[[Any], list[float]], key: str, xlabel: str, empty: str,
-              caption: str) -> Callable[[Report, dict[str, Any]], Plot | str]:
+def _cdf_plot(
+    values: Callable[[Any], list[float]], key: str, xlabel: str, empty: str, caption: str
+) -> Callable[[Report, dict[str, Any]], Plot | str]:
     """A per-law CDF plot of `values` (one request record -> its samples): the plot, or
     `empty` when no timed speculative request gives a sample."""
+
     def plot(report: Report, colors: dict[str, Any]) -> Plot | str:
         got = _cdf(report, colors, values, key, xlabel)
         if got is None:
             return empty
         fig, n = got
         return Plot("", "", n, _svg(fig, key), caption)
+
     return plot
 
 
-_ttft_cdf = _cdf_plot(lambda r: [r.ttft_ms], "ttft-cdf", "time to first token (ms, log scale)",
-                      "no timed speculative request with token times",
-                      "Distribution of time to first token per request, each draft (solid) against the fallback (dashed), per law: "
-                      "a curve to the right is slower.")
-_itl_cdf = _cdf_plot(lambda r: r.itl_ms, "itl-cdf", "inter-token latency (ms, log scale above 1)",
-                     "no timed speculative request with two or more tokens",
-                     "Distribution of token-by-token inter-token latency, each draft (solid) against the fallback (dashed), per "
-                     "law; tokens committed by one verification step share a time (ITL 0), so a draft's curve starts with a jump.")
+_ttft_cdf = _cdf_plot(
+    lambda r: [r.ttft_ms],
+    "ttft-cdf",
+    "time to first token (ms, log scale)",
+    "no timed speculative request with token times",
+    "Distribution of time to first token per request, each draft (solid) against the fallback (dashed), per law: "
+    "a curve to the right is slower.",
+)
+_itl_cdf = _cdf_plot(
+    lambda r: r.itl_ms,
+    "itl-cdf",
+    "inter-token latency (ms, log scale above 1)",
+    "no timed speculative request with two or more tokens",
+    "Distribution of token-by-token inter-token latency, each draft (solid) against the fallback (dashed), per "
+    "law; tokens committed by one verification step share a time (ITL 0), so a draft's curve starts with a jump.",
+)
 
 
 def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
@@ -819,8 +1089,13 @@ def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
     if not bills:
         return "no resource bill was made"
     capacity = next((b.budget.capacity_bytes for b in bills if b.budget is not None), None)
-    budgets = sorted({o.threshold for o in report.outcomes if o.metric == "memory_bill_bytes" and o.comparison in ("<=", "<")
-                      and o.relative_to is None})
+    budgets = sorted(
+        {
+            o.threshold
+            for o in report.outcomes
+            if o.metric == "memory_bill_bytes" and o.comparison in ("<=", "<") and o.relative_to is None
+        }
+    )
     top = max([b.total_bytes for b in bills] + ([capacity] if capacity else []) + budgets)
     unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     names = list(dict.fromkeys(line.name for b in bills for line in b.lines if line.coexists_at_peak))
@@ -835,29 +1110,51 @@ def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
         for line in b.lines:
             if not line.coexists_at_peak or line.bytes <= 0:
                 continue
-            ax.barh([-i], [line.bytes / scale], left=left, color=line_color[line.name],
-                    label=line.name if i == next(j for j, x in enumerate(bills) if any(y.name == line.name for y in x.lines)) else None)
+            ax.barh(
+                [-i],
+                [line.bytes / scale],
+                left=left,
+                color=line_color[line.name],
+                label=line.name
+                if i == next(j for j, x in enumerate(bills) if any(y.name == line.name for y in x.lines))
+                else None,
+            )
             left += line.bytes / scale
             n += 1
         text = format_value(b.total_bytes, Dimension.BYTES)
         if b.budget is not None:
             text += f"; headroom {format_value(b.budget.headroom_bytes, Dimension.BYTES)}" + (
-                " (does not fit)" if b.budget.headroom_bytes < 0 else f", {b.budget.extra_sequences} more sequences")
+                " (does not fit)" if b.budget.headroom_bytes < 0 else f", {b.budget.extra_sequences} more sequences"
+            )
         ax.annotate(text, (left, -i), xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     if capacity:
         ax.axvline(capacity / scale, color="black", lw=1.2, label=f"capacity {format_value(capacity, Dimension.BYTES)}")
     for t in budgets:
-        ax.axvline(t / scale, color="firebrick", lw=1, ls="--", label=f"rule threshold {format_value(int(t), Dimension.BYTES)}")
+        ax.axvline(
+            t / scale, color="firebrick", lw=1, ls="--", label=f"rule threshold {format_value(int(t), Dimension.BYTES)}"
+        )
     ax.set_xlim(0, top / scale * 1.35)
-    ax.set_yticks([-i for i in range(len(bills))], [f"{b.draft}\n({b.sequences} seq x {b.context_tokens} tok)" for b in bills])
+    ax.set_yticks(
+        [-i for i in range(len(bills))], [f"{b.draft}\n({b.sequences} seq x {b.context_tokens} tok)" for b in bills]
+    )
     ax.set_xlabel(f"resident bytes at the peak of a step ({unit})")
     ax.grid(axis="y", visible=False)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / len(bills)), ncol=3)
-    against = ("the declared capacity (resources.capacity) and the headroom left" if capacity else
-               "the memory rules' thresholds" if budgets else "no capacity (resources.capacity is not declared)")
-    return Plot("", "", n, _svg(fig, "memory-bill"),
-                f"The resident memory bill per runner, its lines stacked (weights, KV caches, verification, logits, ...), "
-                f"against {against}.")
+    against = (
+        "the declared capacity (resources.capacity) and the headroom left"
+        if capacity
+        else "the memory rules' thresholds"
+        if budgets
+        else "no capacity (resources.capacity is not declared)"
+    )
+    return Plot(
+        "",
+        "",
+        n,
+        _svg(fig, "memory-bill"),
+        f"The resident memory bill per runner, its lines stacked (weights, KV caches, verification, logits, ...), "
+        f"against {against}.",
+    )
 
 
 def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
@@ -871,7 +1168,9 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
                 tests.append((o, d, max(float(p), 1e-300)))
     if not tests:
         return "no sampling exactness test in the report (greedy exactness is token equality: see the rules table)"
-    significance = {r.get("id"): r.get("significance", 0.01) for r in report.policy.get("rules", []) if isinstance(r, dict)}
+    significance = {
+        r.get("id"): r.get("significance", 0.01) for r in report.policy.get("rules", []) if isinstance(r, dict)
+    }
     fig, axes = _figure(2, height_in=0.9 + 0.3 * len(tests), sharey=True)
     labels = []
     for i, (o, d, p) in enumerate(tests):
@@ -899,10 +1198,15 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
     for ax in axes:
         ax.grid(axis="y", visible=False)
     _legend(axes[0], loc="best")
-    return Plot("", "", len(tests), _svg(fig, "exactness"),
-                "Sampling exactness: each test's Holm-adjusted p-value (left of the dashed line: the sampler differs from the "
-                "target's law) and the smallest effect it detects at the stated power (circles: claim tests, squares: evidence "
-                "only; the black tick: the effect the policy requires).")
+    return Plot(
+        "",
+        "",
+        len(tests),
+        _svg(fig, "exactness"),
+        "Sampling exactness: each test's Holm-adjusted p-value (left of the dashed line: the sampler differs from the "
+        "target's law) and the smallest effect it detects at the stated power (circles: claim tests, squares: evidence "
+        "only; the black tick: the effect the policy requires).",
+    )
 
 
 _CSS = """
@@ -916,9 +1220,11 @@ table { border-collapse: collapse; width: 100%; font-size: .82rem; margin: .5rem
 th, td { border-bottom: 1px solid #ddd; padding: .25rem .4rem; text-align: left; vertical-align: top; }
 tr.fail td:first-child, tr.error td:first-child { color: var(--fail); font-weight: 600; }
 tr.inconclusive td:first-child, tr.warn td:first-child { color: var(--warn); font-weight: 600; }
-table.grid td { white-space: nowrap; } table.grid small { color: #555; font-weight: 400; } table.grid td.fail, table.grid td.error { color: var(--fail); font-weight: 600; }
+table.grid td { white-space: nowrap; } table.grid small { color: #555; font-weight: 400; } table.grid td.fail,
+table.grid td.error { color: var(--fail); font-weight: 600; }
 table.grid td.inconclusive, table.grid td.warn { color: var(--warn); } table.grid td.pass { color: var(--pass); }
-tr.pays td:nth-child(8) { color: var(--pass); font-weight: 600; } tr.costs td:nth-child(8) { color: var(--fail); font-weight: 600; }
+tr.pays td:nth-child(8) { color: var(--pass); font-weight: 600; } tr.costs td:nth-child(8) { color: var(--fail);
+font-weight: 600; }
 figure.plot { margin: 1.2rem 0 1.8rem; }
 figure.plot h3 { margin: 0 0 .3rem; font-size: 1rem; }
 figure.plot svg { width: 100%; height: auto; display: block; }

@@ -33,8 +33,14 @@ def identity_lines(m: Any) -> list[str]:
             continue
         infinite = sum(math.isinf(v) for v in kl)
         kl_mean = sum(kl) / len(kl)
-        out.append(f"target drift against the release ({law}, {len(tv)} positions of {len(rows)} continuations): TV mean "
-                   f"{sum(tv) / len(tv):.4g} (max {max(tv):.4g}), KL(target || release) mean "
-                   + (f"{kl_mean:.4g} nats" if not math.isinf(kl_mean) else f"inf ({infinite} position{'s' if infinite != 1 else ''} infinite)")
-                   + f", top-1 agreement {sum(top1) / len(top1):.4g}")
+        out.append(
+            f"target drift against the release ({law}, {len(tv)} positions of {len(rows)} continuations): TV mean "
+            f"{sum(tv) / len(tv):.4g} (max {max(tv):.4g}), KL(target || release) mean "
+            + (
+                f"{kl_mean:.4g} nats"
+                if not math.isinf(kl_mean)
+                else f"inf ({infinite} position{'s' if infinite != 1 else ''} infinite)"
+            )
+            + f", top-1 agreement {sum(top1) / len(top1):.4g}"
+        )
     return out

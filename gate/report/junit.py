@@ -1,7 +1,8 @@
 """JUnit XML through the junit-xml package (it escapes; no string-built XML).
 
 One test case per rule and scope, named "<rule_id>[<scope>]" (scope "draft/law" or
-"draft/law/categories", "/constraint=<label>" when scoped by grammar constraint) with the classname "gate.<rule_id>": both depend only on the
+"draft/law/categories", "/constraint=<label>" when scoped by grammar constraint) with the classname "gate.<rule_id>":
+both depend only on the
 policy, so they are stable from run to run, and unique (GitLab drops duplicate names).
 Passing cases are always present (message in system-out).
 
@@ -34,9 +35,9 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
-from gate.report.identity import identity_lines
 from gate.metrics import COMPUTED_ONCE
 from gate.report.document import Report
+from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
 from gate.rules.status import Status
@@ -44,14 +45,23 @@ from gate.rules.status import Status
 
 def _properties(report: Report) -> dict[str, str]:
     env = report.measurements.environment
-    props = {"gate": env.gate, "python": env.python, "torch": env.torch, "transformers": env.transformers,
-             "device": env.device, "device_name": env.device_name, "platform": env.platform, "seed": str(env.seed),
-             "policy": report.policy_file}
+    props = {
+        "gate": env.gate,
+        "python": env.python,
+        "torch": env.torch,
+        "transformers": env.transformers,
+        "device": env.device,
+        "device_name": env.device_name,
+        "platform": env.platform,
+        "seed": str(env.seed),
+        "policy": report.policy_file,
+    }
     for model in env.models:
         props[f"model.{model.role}"] = f"{model.source} {model.kind} {model.dtype} sha256:{model.fingerprint}"
     for server in report.measurements.servers:  # served runs: what each runner's engine was
-        props[f"server.{server.runner}"] = " ".join(x for x in (server.version, " ".join(server.command or []) or server.endpoint)
-                                                    if x)
+        props[f"server.{server.runner}"] = " ".join(
+            x for x in (server.version, " ".join(server.command or []) or server.endpoint) if x
+        )
     for c in report.crossovers:
         props[f"crossover.{c.draft}.{c.law}.{c.kind}"] = "none" if c.at is None else f"{c.at:g}"
     ident = report.measurements.target_identity
@@ -78,8 +88,13 @@ class JunitReport(ReportFormat):
 
     name = "junit"
 
-    def __init__(self, fail_on_warn: bool = False, fail_on_inconclusive: bool = False, warn_as: str | None = None,
-                 inconclusive_as: str = "auto"):
+    def __init__(
+        self,
+        fail_on_warn: bool = False,
+        fail_on_inconclusive: bool = False,
+        warn_as: str | None = None,
+        inconclusive_as: str = "auto",
+    ):
         self.warn_as = warn_as or ("failure" if fail_on_warn else "skipped")
         self.fail_on_inconclusive = fail_on_inconclusive
         self.inconclusive_as = inconclusive_as
@@ -111,7 +126,9 @@ class JunitReport(ReportFormat):
         if identity:  # a pinned release: the classification and its figures, a passing case (rules on drift decide)
             cases.append(TestCase("target-identity", classname="gate.target_identity", stdout="\n".join(identity)))
         for f in report.measurements.failures:
-            case = TestCase(f"measurement[{f.stage}/{f.draft}/{f.law}/{f.what}]", classname="gate.measurement", stdout=f.message)
+            case = TestCase(
+                f"measurement[{f.stage}/{f.draft}/{f.law}/{f.what}]", classname="gate.measurement", stdout=f.message
+            )
             _mark(case, "error", f.message or "measurement failed", "gate.measurement_failed")
             cases.append(case)
         suite = TestSuite("gate", cases, properties=_properties(report))
@@ -132,8 +149,11 @@ def _seconds(report: Report, o: object) -> float | None:
     except ValueError:
         return None
     runners = {where.runner} | ({"fallback"} if o.relative_to == "fallback" or o.metric == "speedup" else set())  # type: ignore[attr-defined]
-    ms = sum(r.e2el_ms for r in report.measurements.requests
-             if r.draft in runners and where.of(r.draft).takes(r) and r.e2el_ms == r.e2el_ms)
+    ms = sum(
+        r.e2el_ms
+        for r in report.measurements.requests
+        if r.draft in runners and where.of(r.draft).takes(r) and r.e2el_ms == r.e2el_ms
+    )
     return round(ms / 1e3, 6) or None
 
 
@@ -157,7 +177,9 @@ def _document(suites: list[TestSuite], seconds: float) -> str:
         root.set(key, str(value))
     root.set("time", f"{seconds:.6f}")
     text = _ILLEGAL.sub("", ET.tostring(root, encoding="unicode"))
-    return xml.dom.minidom.parseString(text.encode("utf-8")).toprettyxml(indent="    ", encoding="utf-8").decode("utf-8")
+    return (
+        xml.dom.minidom.parseString(text.encode("utf-8")).toprettyxml(indent="    ", encoding="utf-8").decode("utf-8")
+    )
 
 
 register(JunitReport, "JUnit XML: one test case per rule and scope, for CI test views")

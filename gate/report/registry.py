@@ -19,7 +19,8 @@ from gate.report.interface import ReportFormat
 BUILTIN = ("gate.report.json", "gate.report.junit", "gate.report.markdown", "gate.report.console", "gate.report.html")
 
 _FORMATS: Registry[tuple[type[ReportFormat], str]] = Registry(
-    "report format", lambda: BUILTIN, name_of=lambda entry: entry[0].name, module_of=lambda entry: entry[0].__module__)
+    "report format", lambda: BUILTIN, name_of=lambda entry: entry[0].name, module_of=lambda entry: entry[0].__module__
+)
 
 
 def register(cls: type[ReportFormat], description: str) -> type[ReportFormat]:

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 from scipy import stats
 
 from gate.records import FALLBACK, Measurements
-from gate.rules.selection import Selection
-from gate.rules.status import Status
 from gate.rules.resampling import UnitSet, units
 from gate.rules.samples import window_of
+from gate.rules.selection import Selection
+from gate.rules.status import Status
 
 PASS, FAIL, INCONCLUSIVE = Status.PASS, Status.FAIL, Status.INCONCLUSIVE
 # Fewer resampling units than this give no interval: with 2-4 units the bootstrap has a
@@ -82,7 +82,7 @@ class Estimand:
     combine: Callable[[list[np.ndarray]], np.ndarray]
 
     def value(self, *idx: np.ndarray) -> np.ndarray:
-        stats_ = [s.statistic(i) for group, i in zip(self.groups, idx) for s in group]
+        stats_ = [s.statistic(i) for group, i in zip(self.groups, idx, strict=False) for s in group]
         return self.combine(stats_)
 
     def point(self) -> float:
@@ -147,8 +147,17 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                res = stats.bootstrap(data, statistic, n_resamples=resamples, vectorized=True, paired=False,
-                                      confidence_level=level, method=method, rng=np.random.default_rng(seed), batch=256)
+                res = stats.bootstrap(
+                    data,
+                    statistic,
+                    n_resamples=resamples,
+                    vectorized=True,
+                    paired=False,
+                    confidence_level=level,
+                    method=method,
+                    rng=np.random.default_rng(seed),
+                    batch=256,
+                )
             except (ValueError, FloatingPointError):
                 continue
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
@@ -164,8 +173,9 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     return None
 
 
-def speedup_interval(m: Measurements, where: Selection, level: float, resamples: int,
-                     seed: int) -> tuple[float | None, float | None, float | None]:
+def speedup_interval(
+    m: Measurements, where: Selection, level: float, resamples: int, seed: int
+) -> tuple[float | None, float | None, float | None]:
     """A runner's pooled speedup over the fallback on the paired requests of `where` (x), with
     its bootstrap interval at `level`, widened by the drift between windows (between_windows):
     (point, low, high); None for what cannot be formed (no paired request; fewer than
@@ -203,8 +213,10 @@ class Drift:
         """What the drift did to the interval `shown` (widened(bootstrap, self)), for a verdict's
         message; `fmt` formats a value of the comparison (e.g. '0.978x')."""
         if self.sd is None:
-            return ("one repetition of each window: the drift between the runners' windows is not measured and not in "
-                    "the interval (measurement.repetitions >= 2 measures it)")
+            return (
+                "one repetition of each window: the drift between the runners' windows is not measured and not in "
+                "the interval (measurement.repetitions >= 2 measures it)"
+            )
         what = f"the drift between windows (sd {self.sd:.1%} over {self.df} df)"
         if (shown.low, shown.high) == (bootstrap.low, bootstrap.high):
             return f"{what} lies within it"
@@ -276,8 +288,13 @@ def widened(interval: Interval | None, drift: Drift | None) -> Interval | None:
         return interval
     if drift.low >= interval.low and drift.high <= interval.high:
         return interval
-    return Interval(min(interval.low, drift.low), max(interval.high, drift.high), interval.level,
-                    f"{interval.method}, widened to the drift between windows (t, {drift.df} df)", interval.units)
+    return Interval(
+        min(interval.low, drift.low),
+        max(interval.high, drift.high),
+        interval.level,
+        f"{interval.method}, widened to the drift between windows (t, {drift.df} df)",
+        interval.units,
+    )
 
 
 def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, level: float) -> Exceedance:
@@ -289,8 +306,16 @@ def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, l
     sample beyond the threshold (or all of them) the design effect cannot be estimated and
     is taken as 1, as MLPerf's early stopping treats every query as independent."""
     ceiling = comparison in ("<=", "<")
-    beyond = [(v > threshold) if comparison == "<=" else (v >= threshold) if comparison == "<"
-              else (v < threshold) if comparison == ">=" else (v <= threshold) for v in u.values]
+    beyond = [
+        (v > threshold)
+        if comparison == "<="
+        else (v >= threshold)
+        if comparison == "<"
+        else (v < threshold)
+        if comparison == ">="
+        else (v <= threshold)
+        for v in u.values
+    ]
     k_i = np.array([b.sum() for b in beyond], dtype=float)
     n_i = np.array([len(b) for b in beyond], dtype=float)
     k, n, m = k_i.sum(), n_i.sum(), len(n_i)
@@ -323,7 +348,11 @@ def decide_exceedance(e: Exceedance) -> Status:
 def decide(interval: Interval, comparison: str, threshold: float) -> Status:
     """pass / fail / inconclusive for `value <comparison> threshold` over the interval."""
     ops: dict[str, Callable[[float, float], bool]] = {
-        ">=": lambda x, t: x >= t, ">": lambda x, t: x > t, "<=": lambda x, t: x <= t, "<": lambda x, t: x < t}
+        ">=": lambda x, t: x >= t,
+        ">": lambda x, t: x > t,
+        "<=": lambda x, t: x <= t,
+        "<": lambda x, t: x < t,
+    }
     ok = ops[comparison]
     if ok(interval.low, threshold) and ok(interval.high, threshold):
         return PASS

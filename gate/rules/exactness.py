@@ -24,9 +24,27 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gate.records import FALLBACK, RECORDED_SAMPLES, ExactnessRecord, Measurements, NextTokenCounts, TwoSampleCounts, describe_failures
-from gate.rules.exactness_tests import (CLAIM, EVIDENCE, FAIL, ExactnessTest, decide, gtest_samples_needed,
-                                        next_token_test, overall, pit_test, two_sample_test)
+from gate.records import (
+    FALLBACK,
+    RECORDED_SAMPLES,
+    ExactnessRecord,
+    Measurements,
+    NextTokenCounts,
+    TwoSampleCounts,
+    describe_failures,
+)
+from gate.rules.exactness_tests import (
+    CLAIM,
+    EVIDENCE,
+    FAIL,
+    ExactnessTest,
+    decide,
+    gtest_samples_needed,
+    next_token_test,
+    overall,
+    pit_test,
+    two_sample_test,
+)
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
 
@@ -56,7 +74,9 @@ class ServedReference:
     text: str
 
 
-def served_tests(rule: RuleSpec, rec: ExactnessRecord, ref: ExactnessRecord) -> tuple[list[ExactnessTest], ServedReference]:
+def served_tests(
+    rule: RuleSpec, rec: ExactnessRecord, ref: ExactnessRecord
+) -> tuple[list[ExactnessTest], ServedReference]:
     """The tests of a served draft runner's samples `rec` and the reference they rest on,
     checked first on the fallback runner's `ref`: its one-sample tests against the local
     target, Holm-corrected on their own at the rule's significance. Where none rejects, the
@@ -73,17 +93,23 @@ def served_tests(rule: RuleSpec, rec: ExactnessRecord, ref: ExactnessRecord) -> 
     detail = "; ".join(f"{t.name} p {t.pvalue:.3g} over {t.n}" for t in checks[:4])
     if checks and not rejected:
         _claim_per_prompt(one, [nt.prompt_id for nt in rec.next_token], [bool(nt.prefix) for nt in rec.next_token])
-        text = (f"reference: the declared target (one-sample), valid since the fallback runner's own samples pass it "
-                f"({len(checks)} tests, none rejected at family-wise {rule.significance:g}: {detail}); the two-sample "
-                "tests against the fallback runner are evidence")
+        text = (
+            f"reference: the declared target (one-sample), valid since the fallback runner's own samples pass it "
+            f"({len(checks)} tests, none rejected at family-wise {rule.significance:g}: {detail}); the two-sample "
+            "tests against the fallback runner are evidence"
+        )
         return one + two, ServedReference("target", text)
-    why = ("the fallback runner itself fails the one-sample test against the declared target ("
-           + "; ".join(f"{t.name} Holm p {t.adjusted_pvalue:.3g}" for t in rejected[:3])
-           + "): the server's numerics are not the local target's, so the draft runner's one-sample tests are not used"
-           if rejected else "no local target to test the fallback runner against")
+    why = (
+        "the fallback runner itself fails the one-sample test against the declared target ("
+        + "; ".join(f"{t.name} Holm p {t.adjusted_pvalue:.3g}" for t in rejected[:3])
+        + "): the server's numerics are not the local target's, so the draft runner's one-sample tests are not used"
+        if rejected
+        else "no local target to test the fallback runner against"
+    )
     _claim_per_prompt(two, [ts.prompt_id for ts in rec.two_sample], [True] * len(two))
-    return two, ServedReference("fallback", f"reference: the fallback runner, same server with speculation off "
-                                            f"(two-sample), since {why}")
+    return two, ServedReference(
+        "fallback", f"reference: the fallback runner, same server with speculation off (two-sample), since {why}"
+    )
 
 
 def _claim_per_prompt(tests: list[ExactnessTest], prompts: list[str], eligible: list[bool]) -> None:
@@ -97,7 +123,7 @@ def _claim_per_prompt(tests: list[ExactnessTest], prompts: list[str], eligible: 
     def rank(t: ExactnessTest) -> tuple[float, float]:
         return (t.detectable, -(t.effective_n if t.effective_n is not None else t.n))
 
-    for t, pid, ok in zip(tests, prompts, eligible):
+    for t, pid, ok in zip(tests, prompts, eligible, strict=False):
         if ok and (pid not in best or rank(t) < rank(best[pid])):
             best[pid] = t
     for t in best.values():
@@ -105,59 +131,114 @@ def _claim_per_prompt(tests: list[ExactnessTest], prompts: list[str], eligible: 
 
 
 def _two_sample(ts: TwoSampleCounts, rule: RuleSpec) -> ExactnessTest:
-    test = two_sample_test(ts.counts, ts.reference_counts, rule.significance, rule.power, rule.detect_tv,
-                           name=f"two-sample[{ts.prompt_id} after output {list(ts.prefix)}, vs fallback]")
+    test = two_sample_test(
+        ts.counts,
+        ts.reference_counts,
+        rule.significance,
+        rule.power,
+        rule.detect_tv,
+        name=f"two-sample[{ts.prompt_id} after output {list(ts.prefix)}, vs fallback]",
+    )
     test.role = EVIDENCE
     return test
 
 
 def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
     """One outcome per (draft, law) in scope; sampling tests share one Holm family."""
-    base = dict(rule_id=rule.id, metric="exactness", aggregation="-", comparison="", threshold=rule.detect_tv,
-                relative_to=None, level=rule.level, fallback_value=None)
+    base = dict(
+        rule_id=rule.id,
+        metric="exactness",
+        aggregation="-",
+        comparison="",
+        threshold=rule.detect_tv,
+        relative_to=None,
+        level=rule.level,
+        fallback_value=None,
+    )
     records = {(r.draft, r.law): r for r in m.exactness}
     sampling: dict[tuple[str, str], list[ExactnessTest]] = {}
     served: dict[tuple[str, str], ServedReference] = {}
     outcomes: dict[tuple[str, str], Outcome] = {}
     # Recorded samples (gate exactness) name their own sources: only the laws they were sampled under.
-    pairs = [(d, law) for d in drafts for law in laws
-             if (d, law) in records or _kind(m, d) != RECORDED_SAMPLES]
+    pairs = [(d, law) for d in drafts for law in laws if (d, law) in records or _kind(m, d) != RECORDED_SAMPLES]
     for d, law in pairs:
         key = (d, law)
         scope = f"{d}/{law}"
         # a failed request leaves its tokens untested: the verdict would rest on what is left
-        failed = [f for f in m.failures if f.draft in (d, "*") and f.law in (law, "*")
-                  and f.stage in ("exactness", "run", "request", "verification")]
+        failed = [
+            f
+            for f in m.failures
+            if f.draft in (d, "*")
+            and f.law in (law, "*")
+            and f.stage in ("exactness", "run", "request", "verification")
+        ]
         rec = records.get(key)
         if rule.level == "off":
-            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.SKIPPED, measured=None, samples=0,
-                                    message="exactness: level off, not evaluated")
+            outcomes[key] = Outcome(
+                **base,
+                scope=scope,
+                draft=d,
+                law=law,
+                status=Status.SKIPPED,
+                measured=None,
+                samples=0,
+                message="exactness: level off, not evaluated",
+            )
         elif failed or rec is None:
             why = describe_failures(failed) or "no exactness measurement for this scope"
-            outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None, samples=0,
-                                    message=f"exactness: measurement missing ({why})")
+            outcomes[key] = Outcome(
+                **base,
+                scope=scope,
+                draft=d,
+                law=law,
+                status=Status.ERROR,
+                measured=None,
+                samples=0,
+                message=f"exactness: measurement missing ({why})",
+            )
         elif rec.greedy:
             outcomes[key] = _greedy(rule, rec, base, scope)
         elif rec.speculative_from:  # served: the reference first (the fallback runner's own samples)
             ref = records.get((FALLBACK, law))
             if ref is None:
-                outcomes[key] = Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None,
-                                        samples=0, message="exactness (sampling, served): the fallback runner's samples, "
-                                        "the reference, are missing")
+                outcomes[key] = Outcome(
+                    **base,
+                    scope=scope,
+                    draft=d,
+                    law=law,
+                    status=Status.ERROR,
+                    measured=None,
+                    samples=0,
+                    message="exactness (sampling, served): the fallback runner's samples, the reference, are missing",
+                )
                 continue
             tests, served[key] = served_tests(rule, rec, ref)
             sampling[key] = tests
         else:
             tests = []
             if rec.pit:
-                tests.append(pit_test([np.nan if u is None else u for u in rec.pit], rule.significance, rule.power,
-                                      rule.detect_tv))
+                tests.append(
+                    pit_test(
+                        [np.nan if u is None else u for u in rec.pit], rule.significance, rule.power, rule.detect_tv
+                    )
+                )
             tests += [context_test(nt, rule) for nt in rec.next_token]
             sampling[key] = tests
     if not pairs:
-        return [Outcome(**base, scope="*", draft="*", law="*", status=Status.ERROR, measured=None, samples=0,
-                        message=f"exactness: nothing recorded matches this rule's scope (laws: {', '.join(rule.scope.laws or laws)}; "
-                                f"recorded: {', '.join(sorted(f'{d}/{law}' for d, law in records)) or 'none'})")]
+        return [
+            Outcome(
+                **base,
+                scope="*",
+                draft="*",
+                law="*",
+                status=Status.ERROR,
+                measured=None,
+                samples=0,
+                message="exactness: nothing recorded matches this rule's scope "
+                f"(laws: {', '.join(rule.scope.laws or laws)}; "
+                f"recorded: {', '.join(sorted(f'{d}/{law}' for d, law in records)) or 'none'})",
+            )
+        ]
     decide([t for tests in sampling.values() for t in tests], rule.significance)
     for key, tests in sampling.items():
         outcomes[key] = _sampling(rule, key, tests, base, served.get(key), records.get(key))
@@ -169,24 +250,45 @@ def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: s
     # within the server's numerical noise (its kernels against the local computation), not a fault of speculation.
     if rec.numerical_tolerance is not None and rec.numerical_tolerance > rule.reference_tolerance:
         # A control is valid only when the fallback serves the declared target: beyond the bound it is another model
-        return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=Status.ERROR, measured=None,
-                       samples=rec.compared, details=[asdict(d) for d in rec.divergences],
-                       message=f"exactness (greedy): the fallback runner does not serve the declared target: a token "
-                               f"it emitted lies {rec.numerical_tolerance:.3f} logits below the local target's top, beyond "
-                               f"the {rule.reference_tolerance:g}-logit reference tolerance (what the server's dtype and "
-                               "kernels may explain), so no verdict against the declared law can be given: serve the "
-                               "declared target (or declare the one served)")
+        return Outcome(
+            **base,
+            scope=scope,
+            draft=rec.draft,
+            law=rec.law,
+            status=Status.ERROR,
+            measured=None,
+            samples=rec.compared,
+            details=[asdict(d) for d in rec.divergences],
+            message=f"exactness (greedy): the fallback runner does not serve the declared target: a token "
+            f"it emitted lies {rec.numerical_tolerance:.3f} logits below the local target's top, beyond "
+            f"the {rule.reference_tolerance:g}-logit reference tolerance (what the server's dtype and "
+            "kernels may explain), so no verdict against the declared law can be given: serve the "
+            "declared target (or declare the one served)",
+        )
     tolerance = max(rule.tie_tolerance, rec.numerical_tolerance or 0.0)
     faults = [d for d in rec.divergences if d.gap_logits > tolerance]
     # served: the divergence is from the fallback runner's token, not from the target's argmax
-    details = [_renamed(asdict(d), rec.numerical_tolerance is not None)
-               | {"near_tie": d.gap_logits <= rule.tie_tolerance,
-                  "within_server_numerics": rule.tie_tolerance < d.gap_logits <= tolerance} for d in rec.divergences]
+    details = [
+        _renamed(asdict(d), rec.numerical_tolerance is not None)
+        | {
+            "near_tie": d.gap_logits <= rule.tie_tolerance,
+            "within_server_numerics": rule.tie_tolerance < d.gap_logits <= tolerance,
+        }
+        for d in rec.divergences
+    ]
     if rec.compared == 0:
         why = f" ({rec.note})" if rec.note else ""
-        return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=Status.ERROR, measured=None, samples=0,
-                       message=f"exactness (greedy): no speculative request could be compared with the fallback{why}",
-                       details=details)
+        return Outcome(
+            **base,
+            scope=scope,
+            draft=rec.draft,
+            law=rec.law,
+            status=Status.ERROR,
+            measured=None,
+            samples=0,
+            message=f"exactness (greedy): no speculative request could be compared with the fallback{why}",
+            details=details,
+        )
     status = Status.FAIL if faults else Status.PASS
     # within the control's noise but beyond the rule's tolerance: the server's kernels could explain them
     noise = [d for d in rec.divergences if rule.tie_tolerance < d.gap_logits <= tolerance]
@@ -198,9 +300,17 @@ def _greedy(rule: RuleSpec, rec: ExactnessRecord, base: dict[str, Any], scope: s
     text = f"exactness (greedy): {_greedy_text(rule, rec, faults, noise, ties)}"
     if rec.note:
         text += f"; {rec.note}"
-    return Outcome(**base, scope=scope, draft=rec.draft, law=rec.law, status=status,
-                   measured=float(len({d.prompt_id for d in faults})) / rec.compared, samples=rec.compared,
-                   message=f"{text}: {status}", details=details)
+    return Outcome(
+        **base,
+        scope=scope,
+        draft=rec.draft,
+        law=rec.law,
+        status=status,
+        measured=float(len({d.prompt_id for d in faults})) / rec.compared,
+        samples=rec.compared,
+        message=f"{text}: {status}",
+        details=details,
+    )
 
 
 def _renamed(d: dict[str, Any], served: bool) -> dict[str, Any]:
@@ -219,7 +329,9 @@ def _greedy_text(rule: RuleSpec, rec: ExactnessRecord, faults: list[Any], noise:
     control = rec.numerical_tolerance or 0.0
     other = "the fallback runner's" if served else "the target's argmax"
 
-    def requests(ds: list[Any]) -> int:  # in-process every diverging position is recorded, served the first of a request
+    def requests(
+        ds: list[Any],
+    ) -> int:  # in-process every diverging position is recorded, served the first of a request
         return len({(d.prompt_id, d.repetition, d.concurrency, d.request_rate) for d in ds})
 
     def span(ds: list[Any]) -> str:
@@ -228,52 +340,82 @@ def _greedy_text(rule: RuleSpec, rec: ExactnessRecord, faults: list[Any], noise:
 
     def worst(ds: list[Any]) -> str:
         d = max(ds, key=lambda x: x.gap_logits)
-        return (f"worst: {d.where}, token {d.draft_token} where {other} is {d.target_token}, "
-                f"{d.gap_logits:.3g} logits below the target's top")
+        return (
+            f"worst: {d.where}, token {d.draft_token} where {other} is {d.target_token}, "
+            f"{d.gap_logits:.3g} logits below the target's top"
+        )
 
     parts = []
     if faults:
-        parts.append(f"{requests(faults)} of {rec.compared} requests committed tokens more than "
-                     f"{max(rule.tie_tolerance, control):.3g} logits below the target's top ({worst(faults)})")
+        parts.append(
+            f"{requests(faults)} of {rec.compared} requests committed tokens more than "
+            f"{max(rule.tie_tolerance, control):.3g} logits below the target's top ({worst(faults)})"
+        )
     elif not noise:
         against = "the fallback runner's output" if served else "the target's argmax"
-        parts.append(f"every committed token of {rec.compared} requests matches {against}"
-                     + (f" or lies within the {rule.tie_tolerance:g}-logit tie tolerance of the target's top" if ties else ""))
+        parts.append(
+            f"every committed token of {rec.compared} requests matches {against}"
+            + (f" or lies within the {rule.tie_tolerance:g}-logit tie tolerance of the target's top" if ties else "")
+        )
     if noise and faults:
-        parts.append(f"{requests(noise)} more diverged with tokens {span(noise)} below the top, within the {control:.3g} "
-                     "logits by which the fallback runner's own tokens stray from the local target (the server's "
-                     "numerics could explain those)")
+        parts.append(
+            f"{requests(noise)} more diverged with tokens {span(noise)} below the top, within the {control:.3g} "
+            "logits by which the fallback runner's own tokens stray from the local target (the server's "
+            "numerics could explain those)"
+        )
     elif noise:
-        parts.append(f"{requests(noise)} of {rec.compared} requests diverged from the fallback runner with tokens "
-                     f"{span(noise)} below the local target's top ({worst(noise)}): beyond the rule's "
-                     f"{rule.tie_tolerance:g}-logit tie tolerance, but within the {control:.3g} logits by which the "
-                     "fallback runner's own tokens stray from the local target (the server's dtype and kernels), so the "
-                     f"server's numerics could explain them and this cannot be decided; a token more than {control:.3g} "
-                     "logits below the top would fail")
+        parts.append(
+            f"{requests(noise)} of {rec.compared} requests diverged from the fallback runner with tokens "
+            f"{span(noise)} below the local target's top ({worst(noise)}): beyond the rule's "
+            f"{rule.tie_tolerance:g}-logit tie tolerance, but within the {control:.3g} logits by which the "
+            "fallback runner's own tokens stray from the local target (the server's dtype and kernels), so the "
+            f"server's numerics could explain them and this cannot be decided; a token more than {control:.3g} "
+            "logits below the top would fail"
+        )
     if ties:
         parts.append(f"{len(ties)} near-tie(s) within the {rule.tie_tolerance:g}-logit tie tolerance (not faults)")
     if served and not noise:
-        parts.append("the fallback runner's own tokens are the local target's argmax throughout" if control == 0 else
-                     f"the fallback runner's own tokens stray at most {control:.3g} logits from the local target")
+        parts.append(
+            "the fallback runner's own tokens are the local target's argmax throughout"
+            if control == 0
+            else f"the fallback runner's own tokens stray at most {control:.3g} logits from the local target"
+        )
     return "; ".join(parts)
 
 
-def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], base: dict[str, Any],
-              served: ServedReference | None = None, rec: ExactnessRecord | None = None) -> Outcome:
+def _sampling(
+    rule: RuleSpec,
+    key: tuple[str, str],
+    tests: list[ExactnessTest],
+    base: dict[str, Any],
+    served: ServedReference | None = None,
+    rec: ExactnessRecord | None = None,
+) -> Outcome:
     d, law = key
     scope = f"{d}/{law}"
     details = [asdict(t) for t in tests]
     if not tests:
-        return Outcome(**base, scope=scope, draft=d, law=law, status=Status.ERROR, measured=None, samples=0,
-                       message="exactness (sampling): no sampled token to test", details=details)
+        return Outcome(
+            **base,
+            scope=scope,
+            draft=d,
+            law=law,
+            status=Status.ERROR,
+            measured=None,
+            samples=0,
+            message="exactness (sampling): no sampled token to test",
+            details=details,
+        )
     verdict = overall(tests)
     status = verdict if verdict != Status.FAIL or rule.level == "error" else Status.WARN
     parts = []
     for t in tests:
         effect = "PIT CDF distance" if t.kind == "ks" else "TV"
-        part = (f"{t.name} {t.verdict}: statistic {t.statistic:.4g}, p {t.pvalue:.3g} (Holm {t.adjusted_pvalue:.3g}) over "
-                f"{t.n} samples, {'detects' if t.role == CLAIM else 'evidence only, would detect'} {effect} >= "
-                f"{t.detectable:.3f} at power {t.power:g}")
+        part = (
+            f"{t.name} {t.verdict}: statistic {t.statistic:.4g}, p {t.pvalue:.3g} (Holm {t.adjusted_pvalue:.3g}) over "
+            f"{t.n} samples, {'detects' if t.role == CLAIM else 'evidence only, would detect'} {effect} >= "
+            f"{t.detectable:.3f} at power {t.power:g}"
+        )
         if t.note:
             part += f" ({t.note})"
         parts.append(part)
@@ -281,12 +423,24 @@ def _sampling(rule: RuleSpec, key: tuple[str, str], tests: list[ExactnessTest], 
         parts.append(_no_claim(rule, tests, served is not None))
     if served is not None and rec is not None:
         parts.append(served.text)
-        parts.append(f"cost: {rec.sample_requests} sample requests of this runner, {rec.sample_tokens} output tokens, "
-                     f"{rec.sample_wall_s:.1f} s")
+        parts.append(
+            f"cost: {rec.sample_requests} sample requests of this runner, {rec.sample_tokens} output tokens, "
+            f"{rec.sample_wall_s:.1f} s"
+        )
     worst = min(t.adjusted_pvalue for t in tests if t.adjusted_pvalue is not None)
-    return Outcome(**base, scope=scope, draft=d, law=law, status=status, measured=worst, samples=sum(t.n for t in tests),
-                   message=f"exactness (sampling, required TV {rule.detect_tv:g}, significance {rule.significance:g}): "
-                           + "; ".join(parts) + f": {status}", details=details)
+    return Outcome(
+        **base,
+        scope=scope,
+        draft=d,
+        law=law,
+        status=status,
+        measured=worst,
+        samples=sum(t.n for t in tests),
+        message=f"exactness (sampling, required TV {rule.detect_tv:g}, significance {rule.significance:g}): "
+        + "; ".join(parts)
+        + f": {status}",
+        details=details,
+    )
 
 
 def _no_claim(rule: RuleSpec, tests: list[ExactnessTest], served: bool = False) -> str:
@@ -294,14 +448,18 @@ def _no_claim(rule: RuleSpec, tests: list[ExactnessTest], served: bool = False) 
     m = len(tests) + 1
     needed = gtest_samples_needed(rule.detect_tv, 20, rule.significance / m, rule.power)
     if served:
-        return (f"no output prefix was shared by enough samples for a next-token test at a speculative position (a "
-                f"served engine's first token is the prefill's): a pass needs about {needed} samples after one "
-                f"prefix, more sample requests per prompt than that (next_token_samples; about 20 degrees of freedom "
-                "assumed)")
-    return (f"no prompt was sampled often enough for a next-token test, and no other test bounds the TV of the law "
-            f"at any context (the PIT over all tokens pools prompts and positions): a pass needs a prompt sampled "
-            f"about {needed} times (next_token_samples: {needed} in gate check; {needed} samples of one prompt in "
-            f"gate exactness; about 20 degrees of freedom assumed)")
+        return (
+            f"no output prefix was shared by enough samples for a next-token test at a speculative position (a "
+            f"served engine's first token is the prefill's): a pass needs about {needed} samples after one "
+            f"prefix, more sample requests per prompt than that (next_token_samples; about 20 degrees of freedom "
+            "assumed)"
+        )
+    return (
+        f"no prompt was sampled often enough for a next-token test, and no other test bounds the TV of the law "
+        f"at any context (the PIT over all tokens pools prompts and positions): a pass needs a prompt sampled "
+        f"about {needed} times (next_token_samples: {needed} in gate check; {needed} samples of one prompt in "
+        f"gate exactness; about 20 degrees of freedom assumed)"
+    )
 
 
 def _kind(m: Measurements, draft: str) -> str | None:

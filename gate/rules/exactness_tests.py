@@ -147,7 +147,9 @@ def _smallest_n(ok, limit: int = 10**9) -> int:  # type: ignore[no-untyped-def]
     return hi
 
 
-def pit_test(u: np.ndarray | list[float], alpha: float, power: float, effect: float, name: str = "pit-ks") -> ExactnessTest:
+def pit_test(
+    u: np.ndarray | list[float], alpha: float, power: float, effect: float, name: str = "pit-ks"
+) -> ExactnessTest:
     """Kolmogorov-Smirnov test of PIT values against U(0, 1), with its detectable effect.
 
     An *evidence* test: its power is about the KS distance of the pooled PIT values, which
@@ -159,8 +161,17 @@ def pit_test(u: np.ndarray | list[float], alpha: float, power: float, effect: fl
     arr = arr[~np.isnan(arr)]
     n = int(arr.size) + impossible
     if impossible:
-        test = ExactnessTest(name, "ks", 0, math.inf, 0.0, n, effect, power,
-                             note=f"{impossible} sampled tokens have probability 0 under the law")
+        test = ExactnessTest(
+            name,
+            "ks",
+            0,
+            math.inf,
+            0.0,
+            n,
+            effect,
+            power,
+            note=f"{impossible} sampled tokens have probability 0 under the law",
+        )
     elif n == 0:
         test = ExactnessTest(name, "ks", 0, math.nan, 1.0, 0, effect, power, note="no samples")
     else:
@@ -172,9 +183,16 @@ def pit_test(u: np.ndarray | list[float], alpha: float, power: float, effect: fl
     return test
 
 
-def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float], alpha: float, power: float,
-                    effect: float, name: str = "next-token-g", min_expected: float = 5.0,
-                    rng: np.random.Generator | None = None) -> ExactnessTest:
+def next_token_test(
+    counts: np.ndarray | list[int],
+    p: np.ndarray | list[float],
+    alpha: float,
+    power: float,
+    effect: float,
+    name: str = "next-token-g",
+    min_expected: float = 5.0,
+    rng: np.random.Generator | None = None,
+) -> ExactnessTest:
     """G-test of observed token counts [V] against the law p [V].
 
     With two or more categories of expected count >= min_expected, the asymptotic
@@ -201,11 +219,21 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
         cells_p, cells_c = list(p_s), list(c_s)
     df = max(len(cells_p) - 1, 0)
     if outside:
-        test = ExactnessTest(name, "g", df, math.inf, 0.0, n, effect, power,
-                             note=f"{outside} samples fell outside the law's support")
+        test = ExactnessTest(
+            name, "g", df, math.inf, 0.0, n, effect, power, note=f"{outside} samples fell outside the law's support"
+        )
     elif n == 0 or df == 0:
-        test = ExactnessTest(name, "g", df, 0.0, 1.0, n, effect, power,
-                             note="no samples" if n == 0 else "the law puts all its mass on one token")
+        test = ExactnessTest(
+            name,
+            "g",
+            df,
+            0.0,
+            1.0,
+            n,
+            effect,
+            power,
+            note="no samples" if n == 0 else "the law puts all its mass on one token",
+        )
     else:
         test = _gtest(name, np.asarray(cells_c), np.asarray(cells_p), n, df, int(big.sum()) >= 2, effect, power, rng)
         test.pooled_mass = pooled
@@ -216,8 +244,15 @@ def next_token_test(counts: np.ndarray | list[int], p: np.ndarray | list[float],
     return test
 
 
-def two_sample_test(counts: np.ndarray | list[int], reference: np.ndarray | list[int], alpha: float, power: float,
-                    effect: float, name: str = "two-sample-g", min_expected: float = 5.0) -> ExactnessTest:
+def two_sample_test(
+    counts: np.ndarray | list[int],
+    reference: np.ndarray | list[int],
+    alpha: float,
+    power: float,
+    effect: float,
+    name: str = "two-sample-g",
+    min_expected: float = 5.0,
+) -> ExactnessTest:
     """G-test of homogeneity (scipy.stats.chi2_contingency, lambda_="log-likelihood") of two
     runners' token counts over the same categories [K]: `counts` of the draft runner,
     `reference` of the fallback runner at the same context. Categories whose expected count
@@ -273,8 +308,17 @@ def _guard(test: ExactnessTest) -> None:
         test.pvalue = 1.0
 
 
-def _gtest(name: str, cells_c_arr: np.ndarray, cells_p_arr: np.ndarray, n: int, df: int, asymptotic: bool,
-           effect: float, power: float, rng: np.random.Generator | None) -> ExactnessTest:
+def _gtest(
+    name: str,
+    cells_c_arr: np.ndarray,
+    cells_p_arr: np.ndarray,
+    n: int,
+    df: int,
+    asymptotic: bool,
+    effect: float,
+    power: float,
+    rng: np.random.Generator | None,
+) -> ExactnessTest:
     g = stats.power_divergence(cells_c_arr, n * cells_p_arr, lambda_="log-likelihood")
     if asymptotic:
         # G >= 0 exactly; observed == expected rounds to a tiny negative number, for which
@@ -293,10 +337,26 @@ def _gtest(name: str, cells_c_arr: np.ndarray, cells_p_arr: np.ndarray, n: int, 
         return (2.0 * terms.sum(axis=-1)).reshape(np.moveaxis(x, axis, -1).shape[:-1])
 
     observations = np.repeat(cats, cells_c_arr.astype(int))
-    mc = stats.monte_carlo_test(observations, lambda size: rng.choice(cats, size=size, p=cells_p_arr), g_statistic,
-                                vectorized=True, n_resamples=9999, batch=200, alternative="greater")
-    return ExactnessTest(name, "g", df, float(mc.statistic), float(mc.pvalue), n, effect, power,
-                         note="Monte Carlo exact p-value (expected counts too small for the chi-square approximation)")
+    mc = stats.monte_carlo_test(
+        observations,
+        lambda size: rng.choice(cats, size=size, p=cells_p_arr),
+        g_statistic,
+        vectorized=True,
+        n_resamples=9999,
+        batch=200,
+        alternative="greater",
+    )
+    return ExactnessTest(
+        name,
+        "g",
+        df,
+        float(mc.statistic),
+        float(mc.pvalue),
+        n,
+        effect,
+        power,
+        note="Monte Carlo exact p-value (expected counts too small for the chi-square approximation)",
+    )
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -322,7 +382,7 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
     an evidence test that does not reject is "not rejected" (it claims no power)."""
     adjusted = holm([t.pvalue for t in tests])
     level = alpha / max(len(tests), 1)  # Holm's strictest step: power is stated at alpha / m
-    for t, a in zip(tests, adjusted):
+    for t, a in zip(tests, adjusted, strict=False):
         t.adjusted_pvalue = a
         # Restate power at alpha / m, also when nothing is detectable yet (samples_needed at
         # alpha / m); a G-test of a one-token law (df 0) keeps what next_token_test stated.
@@ -338,7 +398,8 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
             t.verdict = INCONCLUSIVE
             t.note = (t.note + "; " if t.note else "") + (
                 f"{t.n} samples detect {t.detectable:.3f} but {t.target_effect:.3f} was required: "
-                f"needs {t.samples_needed} samples")
+                f"needs {t.samples_needed} samples"
+            )
     return tests
 
 

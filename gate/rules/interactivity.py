@@ -13,8 +13,8 @@ the two front points around u, and None outside the front's range (never extrapo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from gate.records import FALLBACK, Measurements
 from gate.rules.load_points import LoadPoint
@@ -54,8 +54,11 @@ def points(m: Measurements, load: Iterable[LoadPoint]) -> list[InteractivityPoin
     probe (the median over its repetitions of each), with the Pareto front marked per runner
     and law. Points without a TPOT or a throughput are left out, as are probes with failed
     requests and probes that decided nothing (contended, interrupted)."""
-    out = [InteractivityPoint(p.runner, p.law, p.label, 1000.0 / p.tpot_mean_ms, p.output_throughput)
-           for p in load if p.tpot_mean_ms and p.output_throughput]
+    out = [
+        InteractivityPoint(p.runner, p.law, p.label, 1000.0 / p.tpot_mean_ms, p.output_throughput)
+        for p in load
+        if p.tpot_mean_ms and p.output_throughput
+    ]
     for e in m.envelopes:
         unit = "/s" if e.over == "request_rate" else ""
         prefix = "search c=" if e.over == "concurrency" else "search rate "
@@ -65,15 +68,25 @@ def points(m: Measurements, load: Iterable[LoadPoint]) -> list[InteractivityPoin
             tpots = sorted(t for t in probe.tpot_mean_ms if t)
             thr = sorted(t for t in probe.throughputs if t)
             if tpots and thr:
-                out.append(InteractivityPoint(e.runner, e.law, f"{prefix}{probe.load:g}{unit}", 1000.0 / tpots[len(tpots) // 2],
-                                              thr[len(thr) // 2]))
+                out.append(
+                    InteractivityPoint(
+                        e.runner,
+                        e.law,
+                        f"{prefix}{probe.load:g}{unit}",
+                        1000.0 / tpots[len(tpots) // 2],
+                        thr[len(thr) // 2],
+                    )
+                )
     for key in dict.fromkeys((p.runner, p.law) for p in out):
         mine = [p for p in out if (p.runner, p.law) == key]
         for p in mine:
-            p.pareto = not any(q is not p and q.per_user_tokens_s >= p.per_user_tokens_s and
-                               q.output_throughput >= p.output_throughput and
-                               (q.per_user_tokens_s, q.output_throughput) != (p.per_user_tokens_s, p.output_throughput)
-                               for q in mine)
+            p.pareto = not any(
+                q is not p
+                and q.per_user_tokens_s >= p.per_user_tokens_s
+                and q.output_throughput >= p.output_throughput
+                and (q.per_user_tokens_s, q.output_throughput) != (p.per_user_tokens_s, p.output_throughput)
+                for q in mine
+            )
     return out
 
 
@@ -81,7 +94,7 @@ def throughput_at(front: list[InteractivityPoint], per_user: float) -> float | N
     """The output throughput (tokens/s) at per-user speed `per_user` (tokens/s) on a Pareto
     front: linear between the two front points around it; None outside the front's range."""
     pts = sorted((p.per_user_tokens_s, p.output_throughput) for p in front if p.pareto)
-    for (u0, t0), (u1, t1) in zip(pts, pts[1:]):
+    for (u0, t0), (u1, t1) in zip(pts, pts[1:], strict=False):
         if u0 <= per_user <= u1:
             return t0 if u1 == u0 else t0 + (t1 - t0) * (per_user - u0) / (u1 - u0)
     if pts and any(u == per_user for u, _ in pts):
@@ -100,11 +113,15 @@ def compare(pts: list[InteractivityPoint], per_user: float | None) -> list[Equal
         base = throughput_at([p for p in pts if (p.runner, p.law) == (FALLBACK, law)], per_user)
         gain = mine / base if mine is not None and base else None
         if gain is not None:
-            message = (f"{runner} under {law} at {per_user:g} tokens/s per user: {mine:.1f} tokens/s against the "
-                       f"fallback's {base:.1f} ({gain:.2f}x)")
+            message = (
+                f"{runner} under {law} at {per_user:g} tokens/s per user: {mine:.1f} tokens/s against the "
+                f"fallback's {base:.1f} ({gain:.2f}x)"
+            )
         else:
             who = [n for n, v in ((runner, mine), (FALLBACK, base)) if v is None]
-            message = (f"{runner} under {law} at {per_user:g} tokens/s per user: not compared ({' and '.join(who)} "
-                       "measured no per-user speeds on both sides of it: never extrapolated)")
+            message = (
+                f"{runner} under {law} at {per_user:g} tokens/s per user: not compared ({' and '.join(who)} "
+                "measured no per-user speeds on both sides of it: never extrapolated)"
+            )
         out.append(EqualInteractivity(runner, law, per_user, mine, base, gain, message))
     return out

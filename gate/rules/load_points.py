@@ -83,10 +83,14 @@ class LoadPoint:
     speedup_high: float | None = None
     # The speedup model at load (module docstring, "Predicted at load"); drafts only, None where a figure is missing
     effective_batch: float | None = None  # requests in flight on average (Little's law: request throughput x mean E2EL)
-    alpha_iid: float | None = None  # per-proposal acceptance, i.i.d. model: accepted / (accepted + steps ended by a rejection)
+    alpha_iid: float | None = (
+        None  # per-proposal acceptance, i.i.d. model: accepted / (accepted + steps ended by a rejection)
+    )
     proposal_share: float | None = None  # share of decode steps that carried a proposal
     expected_tokens_per_step: float | None = None  # the model: 1 + share x ((1 - alpha^(K+1)) / (1 - alpha) - 1)
-    tokens_per_step: float | None = None  # measured: decode tokens / decode steps (each step: 1 + its accepted proposals)
+    tokens_per_step: float | None = (
+        None  # measured: decode tokens / decode steps (each step: 1 + its accepted proposals)
+    )
     verified_per_step: float | None = None  # tokens a step verifies: in flight x (1 + proposals per step)
     step_cost_ratio: float | None = None  # one verification step's time over one fallback decode step's, at this load
     predicted_speedup: float | None = None  # expected_tokens_per_step / step_cost_ratio
@@ -134,8 +138,13 @@ def _windows_at(m: Measurements, runner: str, law: str, kind: str, value: float)
     out = []
     for w in m.runs:
         at = w.load.concurrency if kind == "concurrency" else w.load.request_rate
-        if w.runner == runner and w.law == law and at is not None and float(at) == value and not (
-                kind == "concurrency" and w.load.request_rate is not None):
+        if (
+            w.runner == runner
+            and w.law == law
+            and at is not None
+            and float(at) == value
+            and not (kind == "concurrency" and w.load.request_rate is not None)
+        ):
             out.append(w)
     return out
 
@@ -159,8 +168,9 @@ def _selection(runner: str, law: str, kind: str, value: float) -> Selection:
     return Selection(runner, law, None, request_rate=(value,))
 
 
-def load_summary(m: Measurements, confidence: float = 0.95, resamples: int = 2000,
-                 seed: int = 0) -> tuple[list[LoadPoint], list[Crossover]]:
+def load_summary(
+    m: Measurements, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[list[LoadPoint], list[Crossover]]:
     """Every runner's row at every load point of a served run (empty in-process), and each
     draft's crossover per law and load axis."""
     points = _points(m)
@@ -196,14 +206,18 @@ def load_summary(m: Measurements, confidence: float = 0.95, resamples: int = 200
                     row.acceptance_rate = _clean(pooled("acceptance_rate", m, sel)[0])
                     row.mean_acceptance_length = _clean(pooled("mean_acceptance_length", m, sel)[0])
                     row.acceptance_per_pos = _per_position(m, runner, law, kind, value)
-                    row.speedup, row.speedup_low, row.speedup_high = speedup_interval(m, sel, confidence, resamples, seed)
+                    row.speedup, row.speedup_low, row.speedup_high = speedup_interval(
+                        m, sel, confidence, resamples, seed
+                    )
                 reqs_s = row.request_throughput
                 e2el = aggregate([r.e2el_ms for r in reqs], "mean")
                 if reqs_s is not None and e2el is not None and math.isfinite(e2el):
                     row.effective_batch = reqs_s * e2el / 1000.0
                 rows.append(row)
     for row in rows:
-        fallback = next((r for r in rows if (r.runner, r.law, r.kind, r.value) == (FALLBACK, row.law, row.kind, row.value)), None)
+        fallback = next(
+            (r for r in rows if (r.runner, r.law, r.kind, r.value) == (FALLBACK, row.law, row.kind, row.value)), None
+        )
         info = m.drafts.get(row.runner)
         if row.runner != FALLBACK and fallback is not None and info is not None and info.num_draft_tokens:
             predict_at_load(m, row, fallback, info.num_draft_tokens)
@@ -278,10 +292,14 @@ def crossovers(rows: list[LoadPoint], confidence: float = 0.95) -> list[Crossove
         below = next((r for r in mine if r.speedup_high is not None and r.speedup_high < 1.0), None)
         undecided = [r.name for r in mine if r.speedup_low is None]
         if below is not None:
-            text = (f"{draft} under {law}: crossover at {below.name}: speedup {below.speedup:.2f}x, "
-                    f"{confidence:.0%} CI {below.speedup_low:.2f}x-{below.speedup_high:.2f}x lies below 1.0x")
+            text = (
+                f"{draft} under {law}: crossover at {below.name}: speedup {below.speedup:.2f}x, "
+                f"{confidence:.0%} CI {below.speedup_low:.2f}x-{below.speedup_high:.2f}x lies below 1.0x"
+            )
         else:
-            text = f"{draft} under {law}: no crossover up to {mine[-1].name}: no speedup interval lies wholly below 1.0x"
+            text = (
+                f"{draft} under {law}: no crossover up to {mine[-1].name}: no speedup interval lies wholly below 1.0x"
+            )
             if undecided:
                 text += f" (no interval at {', '.join(undecided)}: fewer than 5 paired requests)"
         out.append(Crossover(draft, law, kind, below.value if below is not None else None, text))

@@ -5,7 +5,8 @@
   beyond it bound the share below the allowed one: n >= log(alpha/2) / log(1 - allowed)
   (gate.rules.confidence.min_samples_to_pass); 367 samples for p99 at 95%.
 - A bootstrap interval needs at least 5 resampling units (gate.rules.confidence.MIN_UNITS)
-  and is unreliable with fewer than 10 (it undercovers: Efron & Tibshirani 1993, An Introduction to the Bootstrap, ch. 14).
+  and is unreliable with fewer than 10 (it undercovers: Efron & Tibshirani 1993, An Introduction to the Bootstrap, ch.
+  14).
 - A comparison of runners at load points needs 2 repetitions for the drift between their
   windows to be measured (gate.rules.confidence.between_windows).
 """
@@ -14,12 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from gate.rules.samples import WINDOW_ONLY
-from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN, compares_with_fallback
+from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN, RESAMPLED, compares_with_fallback
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
 from gate.rules.kinds import registry as rule_kinds
+from gate.rules.samples import WINDOW_ONLY
 from gate.rules.scope import declared_load_points
-from gate.metrics import RESAMPLED
 
 if TYPE_CHECKING:
     from gate.policy.model import Policy
@@ -59,45 +59,93 @@ def underpowered(policy: Policy, categories: list[str]) -> list[Shortfall]:
             prompts = len(scoped)
         if labels and rule.per != "constraint":
             prompts *= len([c for c in labels if not rule.scope.constraints or c in rule.scope.constraints])
-        cells = (prompts * (1 if rule.per == "context_length" else lengths) * ms.repetitions
-                 * (1 if rule.per == "max_new_tokens" else len(w.max_new_tokens_list)))
+        cells = (
+            prompts
+            * (1 if rule.per == "context_length" else lengths)
+            * ms.repetitions
+            * (1 if rule.per == "max_new_tokens" else len(w.max_new_tokens_list))
+        )
         if METRICS[rule.metric].sampling == "position":  # one continuation per prompt, measured once
             cells = prompts * (1 if rule.per == "context_length" else lengths)
-        where = f" in its {'smallest category' if rule.per == 'category' else 'scope'}" if rule.per or rule.scope.categories else ""
+        where = (
+            f" in its {'smallest category' if rule.per == 'category' else 'scope'}"
+            if rule.per or rule.scope.categories
+            else ""
+        )
         level = rule.confidence or ms.confidence
         if rule.aggregation in QUANTILES and not rule.relative_to and rule.metric in PER_REQUEST | PER_TOKEN:
             need = min_samples_to_pass(QUANTILES[rule.aggregation], level, rule.comparison in ("<=", "<"))
             most = cells * (max(w.max_new_tokens_list) if rule.metric in PER_TOKEN else 1)
             if most < need:
                 what = "tokens" if rule.metric in PER_TOKEN else "requests"
-                out.append(Shortfall(f"rules[{i}].aggregation", f"{rule.aggregation} of {rule.metric} can never pass at "
-                                     f"{level:.0%} confidence: even with no sample beyond the threshold it needs at least "
-                                     f"{need} samples, and the plan has at most {most} {what} per draft and law{where} (add "
-                                     "prompts or measurement.repetitions)", True, i))
+                out.append(
+                    Shortfall(
+                        f"rules[{i}].aggregation",
+                        f"{rule.aggregation} of {rule.metric} can never pass at "
+                        f"{level:.0%} confidence: even with no sample beyond the threshold it needs at least "
+                        f"{need} samples, and the plan has at most {most} {what} per draft and law{where} (add "
+                        "prompts or measurement.repetitions)",
+                        True,
+                        i,
+                    )
+                )
         elif rule.metric in WINDOW_ONLY:  # decided over windows: one per repetition and load point
             points = _load_points(policy)
             if ms.repetitions < MIN_UNITS:
-                out.append(Shortfall(f"rules[{i}].metric", f"{rule.metric} is decided over measured windows, one per "
-                                     f"repetition at each load point: an interval needs at least {MIN_UNITS} repetitions and "
-                                     f"the plan has {ms.repetitions}, so the verdict will be inconclusive (raise "
-                                     "measurement.repetitions)", True, i))
+                out.append(
+                    Shortfall(
+                        f"rules[{i}].metric",
+                        f"{rule.metric} is decided over measured windows, one per "
+                        f"repetition at each load point: an interval needs at least {MIN_UNITS} repetitions and "
+                        f"the plan has {ms.repetitions}, so the verdict will be inconclusive (raise "
+                        "measurement.repetitions)",
+                        True,
+                        i,
+                    )
+                )
             if points > 1 and not rule.per and not (rule.scope.concurrency or rule.scope.request_rate):
-                out.append(Shortfall(f"rules[{i}].per", f"{rule.metric} pools the windows of all {points} load points into "
-                                     "one figure; add per: concurrency (or request_rate) or a load scope to decide it at "
-                                     "each load", False, i))
+                out.append(
+                    Shortfall(
+                        f"rules[{i}].per",
+                        f"{rule.metric} pools the windows of all {points} load points into "
+                        "one figure; add per: concurrency (or request_rate) or a load scope to decide it at "
+                        "each load",
+                        False,
+                        i,
+                    )
+                )
         elif rule.metric in RESAMPLED and rule.aggregation not in ("min", "max") and cells < RELIABLE_UNITS:
             units = "continuations" if METRICS[rule.metric].sampling == "position" else "requests"
-            out.append(Shortfall(f"rules[{i}].metric", f"the plan has {cells} {units} per draft and law{where}; a bootstrap "
-                                 f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than "
-                                 f"{MIN_UNITS} not formed: the verdict is then inconclusive (add prompts"
-                                 + ("" if units == "continuations" else " or measurement.repetitions") + ")",
-                                 cells < MIN_UNITS, i))
-        if (declared_load_points(policy) and ms.repetitions < 2 and rule.metric in RESAMPLED
-                and rule.aggregation not in ("min", "max") and rule.metric not in WINDOW_ONLY
-                and compares_with_fallback(rule.metric, rule.relative_to)):
-            out.append(Shortfall(f"rules[{i}].metric", f"{rule.metric} compares runners timed one window after another at "
-                                 "each load point; with 1 repetition nothing measures how far the machine drifts between "
-                                 "windows, and the interval leaves it out (set measurement.repetitions >= 2)", False, i))
+            out.append(
+                Shortfall(
+                    f"rules[{i}].metric",
+                    f"the plan has {cells} {units} per draft and law{where}; a bootstrap "
+                    f"interval from fewer than {RELIABLE_UNITS} is unreliable (too narrow) and from fewer than "
+                    f"{MIN_UNITS} not formed: the verdict is then inconclusive (add prompts"
+                    + ("" if units == "continuations" else " or measurement.repetitions")
+                    + ")",
+                    cells < MIN_UNITS,
+                    i,
+                )
+            )
+        if (
+            declared_load_points(policy)
+            and ms.repetitions < 2
+            and rule.metric in RESAMPLED
+            and rule.aggregation not in ("min", "max")
+            and rule.metric not in WINDOW_ONLY
+            and compares_with_fallback(rule.metric, rule.relative_to)
+        ):
+            out.append(
+                Shortfall(
+                    f"rules[{i}].metric",
+                    f"{rule.metric} compares runners timed one window after another at "
+                    "each load point; with 1 repetition nothing measures how far the machine drifts between "
+                    "windows, and the interval leaves it out (set measurement.repetitions >= 2)",
+                    False,
+                    i,
+                )
+            )
     return out
 
 

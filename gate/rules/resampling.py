@@ -17,9 +17,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gate.records import Measurements
-from gate.rules.samples import (CONTINUATION_SAMPLES, DRIFT_SAMPLES, POOLED, REQUEST_SAMPLES, WINDOW_POOLED, Selection, aggregate,
-                                drift_records, has_counts, paired_speedups, request_key, uses_windows, window_key,
-                                windows)
+from gate.rules.samples import (
+    CONTINUATION_SAMPLES,
+    DRIFT_SAMPLES,
+    POOLED,
+    REQUEST_SAMPLES,
+    WINDOW_POOLED,
+    Selection,
+    aggregate,
+    drift_records,
+    has_counts,
+    paired_speedups,
+    request_key,
+    uses_windows,
+    window_key,
+    windows,
+)
 
 
 @dataclass
@@ -46,12 +59,19 @@ class UnitSet:
         """Samples behind the statistic: requests for pooled values, else every sample."""
         return self.n if self.aggregation == "pooled" else sum(len(v) for v in self.values)
 
-    def subset(self, keys: list[tuple]) -> "UnitSet":
+    def subset(self, keys: list[tuple]) -> UnitSet:
         """The units with these keys, in this order (keys must be present)."""
         at = {k: i for i, k in enumerate(self.keys)}
         idx = [at[k] for k in keys]
-        return UnitSet(self.aggregation, self.unit, list(keys), [self.values[i] for i in idx] if self.values else [],
-                       self.num[idx] if len(self.num) else self.num, self.den[idx] if len(self.den) else self.den, self.offset)
+        return UnitSet(
+            self.aggregation,
+            self.unit,
+            list(keys),
+            [self.values[i] for i in idx] if self.values else [],
+            self.num[idx] if len(self.num) else self.num,
+            self.den[idx] if len(self.den) else self.den,
+            self.offset,
+        )
 
     def statistic(self, idx: np.ndarray) -> np.ndarray:
         """The statistic of the units at `idx` (shape (..., k), repeats allowed) -> shape (...)."""
@@ -67,7 +87,9 @@ class UnitSet:
             flat = np.array([v[0] for v in self.values], dtype=float)[idx]
             return _aggregate_last(flat, self.aggregation)
         rows = idx.reshape(-1, idx.shape[-1])
-        out = np.array([aggregate(np.concatenate([self.values[i] for i in row]).tolist(), self.aggregation) for row in rows])
+        out = np.array(
+            [aggregate(np.concatenate([self.values[i] for i in row]).tolist(), self.aggregation) for row in rows]
+        )
         return out.reshape(idx.shape[:-1])
 
     def point(self) -> float:
@@ -108,8 +130,14 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
     if aggregation == "pooled" and metric in WINDOW_POOLED and uses_windows(metric, m, sel):
         num_w, den_w = WINDOW_POOLED[metric]  # one unit per measured window, paired by load point and repetition
         ws = [w for w in windows(m, sel, metric) if den_w(w) > 0 and num_w(w) == num_w(w)]
-        return UnitSet("pooled", "window", [window_key(w) for w in ws], [], np.array([float(num_w(w)) for w in ws]),
-                       np.array([float(den_w(w)) for w in ws]))
+        return UnitSet(
+            "pooled",
+            "window",
+            [window_key(w) for w in ws],
+            [],
+            np.array([float(num_w(w)) for w in ws]),
+            np.array([float(den_w(w)) for w in ws]),
+        )
     reqs = [r for r in m.requests if sel.takes(r)]
     if metric == "request_speedup":  # one paired request: draft tokens/s over the fallback's on the same cell
         out = UnitSet(aggregation, "request")
@@ -122,8 +150,15 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
         if metric != "committed_tokens_per_s":
             reqs = [r for r in reqs if has_counts(metric, r)]
         reqs = [r for r in reqs if den(r) > 0]  # e.g. no proposal made: nothing to pool, and no key to pair
-        return UnitSet("pooled", "request", [request_key(r) for r in reqs], [], np.array([float(num(r)) for r in reqs]),
-                       np.array([float(den(r)) for r in reqs]), offset)
+        return UnitSet(
+            "pooled",
+            "request",
+            [request_key(r) for r in reqs],
+            [],
+            np.array([float(num(r)) for r in reqs]),
+            np.array([float(den(r)) for r in reqs]),
+            offset,
+        )
     if metric in REQUEST_SAMPLES:
         out = UnitSet(aggregation, "request")
         for r in reqs:

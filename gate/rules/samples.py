@@ -16,10 +16,18 @@ reads (made before gate.policy is imported, it is a value of the policy's rules[
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from gate.metrics import METRICS, Metric, add
-from gate.records import FALLBACK, DriftRecord, Measurements, OverlapRecord, RequestRecord, RunRecord, SpecDecodeCounters
+from gate.records import (
+    FALLBACK,
+    DriftRecord,
+    Measurements,
+    OverlapRecord,
+    RequestRecord,
+    RunRecord,
+    SpecDecodeCounters,
+)
 from gate.rules.selection import Selection, aggregate
 
 # A metric's raw samples for one selection: (measurements, selection, bill line) -> values (NaNs allowed).
@@ -33,13 +41,17 @@ REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
     "itl_chunk_ms": lambda r: r.itl_chunk_ms,
     "tpot_ms": lambda r: [r.tpot_ms],
     "e2el_ms": lambda r: [r.e2el_ms],
-    "kv_cache_bytes": lambda r: ([] if r.kv_cache_bytes is None or r.draft_kv_cache_bytes is None  # not measured
-                                 else [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)]),
+    "kv_cache_bytes": lambda r: (
+        []
+        if r.kv_cache_bytes is None or r.draft_kv_cache_bytes is None  # not measured
+        else [float(r.kv_cache_bytes + r.draft_kv_cache_bytes)]
+    ),
     "request_acceptance_rate": lambda r: [r.counters.acceptance_rate] if r.counters is not None else [],
     "queue_ms": lambda r: [r.queue_ms] if r.queue_ms is not None else [],
     "mapping_ms": lambda r: _mapping_steps(r),
-    "mapping_share": lambda r: ([r.mapping_ms / r.e2el_ms] if r.step_mapping_ms is not None and r.draft != FALLBACK
-                                and r.e2el_ms > 0 else []),
+    "mapping_share": lambda r: (
+        [r.mapping_ms / r.e2el_ms] if r.step_mapping_ms is not None and r.draft != FALLBACK and r.e2el_ms > 0 else []
+    ),
 }
 # pooled metric -> (numerator, denominator, offset) per request: value = offset + sum(num) / sum(den)
 POOLED: dict[str, tuple[Callable[[RequestRecord], float], Callable[[RequestRecord], float], float]] = {
@@ -57,19 +69,27 @@ def _mapping_steps(r: RequestRecord) -> list[float]:
     if r.step_mapping_ms is None or r.draft == FALLBACK:
         return []
     drafted = r.step_draft_tokens or [0] * len(r.step_mapping_ms)
-    return [ms for ms, n in zip(r.step_mapping_ms, drafted) if n > 0]
+    return [ms for ms, n in zip(r.step_mapping_ms, drafted, strict=False) if n > 0]
+
+
 def _accepted(r: RequestRecord) -> float:
     """Proposals committed: from per-step counts, else the server's per-response count (llama.cpp)."""
     c = r.counters
-    return c.num_accepted_tokens if c is not None else (r.server_accepted_tokens if r.server_accepted_tokens is not None
-                                                        else float("nan"))
+    return (
+        c.num_accepted_tokens
+        if c is not None
+        else (r.server_accepted_tokens if r.server_accepted_tokens is not None else float("nan"))
+    )
 
 
 def _drafted(r: RequestRecord) -> float:
     """Proposals made: from per-step counts, else the server's per-response count (llama.cpp)."""
     c = r.counters
-    return c.num_draft_tokens if c is not None else (r.server_draft_tokens if r.server_draft_tokens is not None
-                                                     else float("nan"))
+    return (
+        c.num_draft_tokens
+        if c is not None
+        else (r.server_draft_tokens if r.server_draft_tokens is not None else float("nan"))
+    )
 
 
 def has_counts(metric: str, r: RequestRecord) -> bool:
@@ -191,8 +211,13 @@ def _budgets(m: Measurements, sel: Selection) -> list:
 # see pooled() and gate.rules.confidence.estimand). Every metric of gate.metrics has an entry.
 SAMPLES: dict[str, Extractor | None] = {
     **{name: _per_position(get) for name, get in CONTINUATION_SAMPLES.items()},
-    **{name: (lambda get: lambda m, sel, line: [float(v) for d in drift_records(m, sel) for v in get(d) if v is not None])(get)
-       for name, get in DRIFT_SAMPLES.items()},
+    **{
+        name: (
+            # the outer lambda binds `get` per item (the inner one reads its parameter, not the loop's)
+            lambda get: lambda m, sel, line: [float(v) for d in drift_records(m, sel) for v in get(d) if v is not None]  # noqa: B023
+        )(get)
+        for name, get in DRIFT_SAMPLES.items()
+    },
     "acceptance_rate": None,
     "mean_acceptance_length": None,
     "speedup": None,
@@ -203,12 +228,14 @@ SAMPLES: dict[str, Extractor | None] = {
     "request_speedup": lambda m, sel, line: [v for _, v in paired_speedups(m, sel)],
     **{name: _per_request(get) for name, get in REQUEST_SAMPLES.items()},
     "memory_bill_bytes": lambda m, sel, line: [float(b.total_bytes) for b in m.bills if b.draft == sel.runner],
-    "memory_line_bytes": lambda m, sel, line: [float(x.bytes) for b in m.bills if b.draft == sel.runner
-                                               for x in b.lines if x.name == line],
+    "memory_line_bytes": lambda m, sel, line: [
+        float(x.bytes) for b in m.bills if b.draft == sel.runner for x in b.lines if x.name == line
+    ],
     "memory_headroom_bytes": lambda m, sel, line: [float(x.headroom_bytes) for x in _budgets(m, sel)],
     "extra_sequences": lambda m, sel, line: [float(x.extra_sequences) for x in _budgets(m, sel)],
-    "process_peak_rss_bytes": lambda m, sel, line: ([float(m.process_peak_rss_bytes)]
-                                                    if m.process_peak_rss_bytes is not None else []),
+    "process_peak_rss_bytes": lambda m, sel, line: (
+        [float(m.process_peak_rss_bytes)] if m.process_peak_rss_bytes is not None else []
+    ),
 }
 
 
@@ -216,8 +243,10 @@ def _check_registry() -> None:
     """Every metric of the catalogue says how its samples are taken (and nothing else does)."""
     missing, unknown = set(METRICS) - set(SAMPLES), (set(SAMPLES) | set(POOLED) | set(REQUEST_SAMPLES)) - set(METRICS)
     if missing or unknown:
-        raise RuntimeError(f"gate.rules.samples.SAMPLES does not match gate.metrics.METRICS: no extractor for "
-                           f"{sorted(missing)}; not a metric: {sorted(unknown)}")
+        raise RuntimeError(
+            f"gate.rules.samples.SAMPLES does not match gate.metrics.METRICS: no extractor for "
+            f"{sorted(missing)}; not a metric: {sorted(unknown)}"
+        )
 
 
 _check_registry()
@@ -280,7 +309,9 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
             return rate, sum(w.requests for w in mine)
         seconds = sum(r.e2el_ms for r in reqs) / 1e3
         return (sum(r.output_tokens for r in reqs) / seconds if seconds > 0 else float("nan")), len(reqs)
-    if metric == "acceptance_rate" and any(r.counters is None for r in reqs):  # served: the server's per-response counts
+    if metric == "acceptance_rate" and any(
+        r.counters is None for r in reqs
+    ):  # served: the server's per-response counts
         if not all(has_counts(metric, r) for r in reqs):
             return float("nan"), len(reqs)
         drafted = sum(_drafted(r) for r in reqs)
@@ -308,6 +339,22 @@ def value(metric: str, aggregation: str, m: Measurements, sel: Selection, line: 
     return aggregate(xs, aggregation), len(xs)
 
 
-__all__ = ["CONTINUATION_SAMPLES", "FALLBACK", "POOLED", "REQUEST_SAMPLES", "SAMPLES", "Selection", "WINDOW_POOLED",
-           "aggregate", "paired_speedups", "pooled", "register_metric", "request_key", "samples", "uses_windows", "value",
-           "window_key", "windows"]
+__all__ = [
+    "CONTINUATION_SAMPLES",
+    "FALLBACK",
+    "POOLED",
+    "REQUEST_SAMPLES",
+    "SAMPLES",
+    "Selection",
+    "WINDOW_POOLED",
+    "aggregate",
+    "paired_speedups",
+    "pooled",
+    "register_metric",
+    "request_key",
+    "samples",
+    "uses_windows",
+    "value",
+    "window_key",
+    "windows",
+]

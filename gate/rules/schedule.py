@@ -51,7 +51,9 @@ class KCell:
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
-    no_proposal: str | None = None  # the K's runner made no proposal here (gate.rules.kinds.metric.no_proposal): never chosen
+    no_proposal: str | None = (
+        None  # the K's runner made no proposal here (gate.rules.kinds.metric.no_proposal): never chosen
+    )
 
 
 @dataclass
@@ -72,7 +74,9 @@ class KChoice:
     @property
     def label(self) -> str:
         """'c=4', '2 req/s' or 'sequential'."""
-        return {"concurrency": f"c={self.value:g}", "request_rate": f"{self.value:g} req/s"}.get(self.kind, "sequential")
+        return {"concurrency": f"c={self.value:g}", "request_rate": f"{self.value:g} req/s"}.get(
+            self.kind, "sequential"
+        )
 
     def cell(self, k: int) -> KCell | None:
         """The cell of num_draft_tokens `k` (None: not swept)."""
@@ -102,8 +106,13 @@ def _load_points(m: Measurements, runners: set[str]) -> list[tuple[str, float]]:
     points: set[tuple[str, float]] = set()
     for r in m.requests:
         if r.draft in runners:
-            points.add(("concurrency", float(r.concurrency)) if r.concurrency is not None else
-                       ("request_rate", float(r.request_rate)) if r.request_rate is not None else ("sequential", 1.0))
+            points.add(
+                ("concurrency", float(r.concurrency))
+                if r.concurrency is not None
+                else ("request_rate", float(r.request_rate))
+                if r.request_rate is not None
+                else ("sequential", 1.0)
+            )
     return sorted(points)
 
 
@@ -119,8 +128,18 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def _cell(m: Measurements, k: int, runner: str, law: str, kind: str, value: float, max_spread: float,
-          confidence: float, resamples: int, seed: int) -> KCell:
+def _cell(
+    m: Measurements,
+    k: int,
+    runner: str,
+    law: str,
+    kind: str,
+    value: float,
+    max_spread: float,
+    confidence: float,
+    resamples: int,
+    seed: int,
+) -> KCell:
     cell = KCell(k, runner)
     if runner != FALLBACK:
         cell.no_proposal = no_proposal("acceptance_rate", m, _selection(runner, law, kind, value))
@@ -133,13 +152,17 @@ def _cell(m: Measurements, k: int, runner: str, law: str, kind: str, value: floa
     for rep in reps:
         one = replace(m, requests=[r for r in m.requests if r.repetition == rep])
         est = estimand("speedup", "pooled", one, sel)
-        cell.per_repetition.append(_finite(est.point()) if est is not None and all(g[0].n for g in est.groups) else None)
+        cell.per_repetition.append(
+            _finite(est.point()) if est is not None and all(g[0].n for g in est.groups) else None
+        )
     values = [v for v in cell.per_repetition if v is not None]
     if values:
         cell.score = statistics.median(values)
     if len(values) >= 2 and cell.score:
         cell.spread = (max(values) - min(values)) / cell.score
-        cell.stable = cell.spread <= max_spread and cell.no_proposal is None  # a K that never proposed is not speculation
+        cell.stable = (
+            cell.spread <= max_spread and cell.no_proposal is None
+        )  # a K that never proposed is not speculation
     cell.speedup, cell.speedup_low, cell.speedup_high = speedup_interval(m, sel, confidence, resamples, seed)
     return cell
 
@@ -148,12 +171,15 @@ def clean(m: Measurements, max_cpu_stall: float | None, max_client_lag_ms: float
     """`m` without its contended and client-delayed requests (gate.measure: their times
     measure the machine or the client, not the runner)."""
     cpus = m.environment.cpu_count
-    kept = [r for r in m.requests if not (is_contended(r, max_cpu_stall, cpus) or is_client_delayed(r, max_client_lag_ms))]
+    kept = [
+        r for r in m.requests if not (is_contended(r, max_cpu_stall, cpus) or is_client_delayed(r, max_client_lag_ms))
+    ]
     return m if len(kept) == len(m.requests) else replace(m, requests=kept)
 
 
-def schedule(m: Measurements, max_spread: float = 0.2, confidence: float = 0.95, resamples: int = 2000,
-             seed: int = 0) -> list[KChoice]:
+def schedule(
+    m: Measurements, max_spread: float = 0.2, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> list[KChoice]:
     """The best K of every swept draft (gate.policy: num_draft_tokens_sweep) at every law and
     load point it was measured at, in (draft, law, load) order; [] without a sweep. Pass the
     measurements through clean() first to leave contended requests out."""
@@ -162,8 +188,10 @@ def schedule(m: Measurements, max_spread: float = 0.2, confidence: float = 0.95,
         declared = m.drafts[draft].num_draft_tokens if draft in m.drafts else None
         for law in m.laws:
             for kind, value in _load_points(m, set(ks.values()) - {FALLBACK}):
-                cells = [_cell(m, k, runner, law, kind, value, max_spread, confidence, resamples, seed)
-                         for k, runner in ks.items()]
+                cells = [
+                    _cell(m, k, runner, law, kind, value, max_spread, confidence, resamples, seed)
+                    for k, runner in ks.items()
+                ]
                 if all(c.score is None for c in cells if c.k):
                     continue  # nothing of this draft measured here under this law
                 stable = [c for c in cells if c.stable and c.score is not None]
@@ -177,11 +205,15 @@ def schedule(m: Measurements, max_spread: float = 0.2, confidence: float = 0.95,
 
 def _message(c: KChoice, max_spread: float) -> str:
     where = {"concurrency": f"concurrency {c.value:g}", "request_rate": f"request rate {c.value:g}/s"}.get(
-        c.kind, "one request at a time")
+        c.kind, "one request at a time"
+    )
     head = f"{c.draft} under {c.law} at {where}"
     silent = [f"K={x.k}" for x in c.cells if x.k and x.no_proposal is not None]
-    unstable = [f"K={x.k} (spread {x.spread:.0%})" for x in c.cells
-                if x.k and x.spread is not None and not x.stable and x.no_proposal is None]
+    unstable = [
+        f"K={x.k} (spread {x.spread:.0%})"
+        for x in c.cells
+        if x.k and x.spread is not None and not x.stable and x.no_proposal is None
+    ]
     unmeasured = [f"K={x.k}" for x in c.cells if x.k and x.spread is None and x.no_proposal is None]
     tail = ""
     if silent:

@@ -4,8 +4,9 @@ validator's warnings and the reports."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from gate.rules.selection import Selection
 
@@ -14,9 +15,10 @@ if TYPE_CHECKING:
 
 
 LOAD_AXES = ("concurrency", "request_rate")
-_POINT_KIND = {"concurrency": ("a closed-loop load point keeps a fixed number of requests in flight and offers no "
-                               "request rate"),
-               "request_rate": "an open-loop load point offers a request rate and has no fixed concurrency"}
+_POINT_KIND = {
+    "concurrency": ("a closed-loop load point keeps a fixed number of requests in flight and offers no request rate"),
+    "request_rate": "an open-loop load point offers a request rate and has no fixed concurrency",
+}
 
 
 def other_axis(axis: str) -> str:
@@ -29,8 +31,12 @@ def point_name(axis: str, value: float) -> str:
     return f"concurrency {value:g}" if axis == "concurrency" else f"request rate {value:g}/s"
 
 
-def scoped_points(concurrency: Iterable[float] | None, request_rate: Iterable[float] | None,
-                  declared: dict[str, tuple[float, ...]], axis: str) -> list[float]:
+def scoped_points(
+    concurrency: Iterable[float] | None,
+    request_rate: Iterable[float] | None,
+    declared: dict[str, tuple[float, ...]],
+    axis: str,
+) -> list[float]:
     """The declared load points of `axis` ("concurrency" or "request_rate") that a rule scope
     takes: every declared point when the scope names no load point (`concurrency` and
     `request_rate` both None), else those it lists on that axis (none when it lists only the
@@ -41,8 +47,12 @@ def scoped_points(concurrency: Iterable[float] | None, request_rate: Iterable[fl
     return [v for v in declared.get(axis, ()) if v in listed]
 
 
-def inapplicable_points(per: str | None, concurrency: Iterable[float] | None, request_rate: Iterable[float] | None,
-                        declared: dict[str, tuple[float, ...]]) -> tuple[str, list[float]] | None:
+def inapplicable_points(
+    per: str | None,
+    concurrency: Iterable[float] | None,
+    request_rate: Iterable[float] | None,
+    declared: dict[str, tuple[float, ...]],
+) -> tuple[str, list[float]] | None:
     """Where a rule's `per:` cannot decide anything: for per: concurrency the declared request
     rates its scope takes (an open loop has no fixed concurrency), for per: request_rate the
     declared concurrencies (a closed loop offers no rate). Returns (that axis, its points in
@@ -61,9 +71,12 @@ def declared_load_points(policy: Policy) -> dict[str, tuple[float, ...]]:
     load = getattr(policy, "load", None)
     if getattr(policy, "runner", None) is None or not policy.runner.served:
         return {}
-    return {"concurrency": tuple(load.concurrency) if load and load.concurrency else (
-                () if load and load.request_rate else (1,)),
-            "request_rate": tuple(load.request_rate) if load and load.request_rate else ()}
+    return {
+        "concurrency": tuple(load.concurrency)
+        if load and load.concurrency
+        else (() if load and load.request_rate else (1,)),
+        "request_rate": tuple(load.request_rate) if load and load.request_rate else (),
+    }
 
 
 def not_applicable_reason(axis: str) -> str:

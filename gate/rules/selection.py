@@ -5,6 +5,7 @@ The bottom of the rules layer: samples, units, confidence and evaluation all bui
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
 import numpy as np
 
 from gate.records import OverlapRecord, RequestRecord, RunRecord
@@ -26,32 +27,46 @@ class Selection:
 
     def takes(self, record: RequestRecord | OverlapRecord) -> bool:
         """Whether a request or overlap record belongs to this selection."""
-        return (record.draft == self.runner and record.law == self.law
-                and (self.categories is None or record.category in self.categories)
-                and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
-                and (self.max_new_tokens is None or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens)
-                and (self.constraints is None or getattr(record, "constraint", None) in self.constraints)
-                and self.takes_load(getattr(record, "concurrency", None), getattr(record, "request_rate", None)))
+        return (
+            record.draft == self.runner
+            and record.law == self.law
+            and (self.categories is None or record.category in self.categories)
+            and (self.context_length is None or getattr(record, "context_length", None) == self.context_length)
+            and (
+                self.max_new_tokens is None
+                or getattr(record, "max_new_tokens", self.max_new_tokens) == self.max_new_tokens
+            )
+            and (self.constraints is None or getattr(record, "constraint", None) in self.constraints)
+            and self.takes_load(getattr(record, "concurrency", None), getattr(record, "request_rate", None))
+        )
 
     def takes_load(self, concurrency: int | None, request_rate: float | None) -> bool:
         """Whether a load point (a record's concurrency or request rate; None, None: none) is in the selection."""
         if self.concurrency is None and self.request_rate is None:
             return True
-        return ((self.concurrency is not None and concurrency in self.concurrency)
-                or (self.request_rate is not None and request_rate in self.request_rate))
+        return (self.concurrency is not None and concurrency in self.concurrency) or (
+            self.request_rate is not None and request_rate in self.request_rate
+        )
 
     def takes_window(self, w: RunRecord) -> bool:
         """Whether a measured window (its runner, law and load point) belongs to this selection."""
-        return w.runner == self.runner and w.law == self.law and self.takes_load(
-            w.load.concurrency if w.load.kind == "concurrency" else None, w.load.request_rate)
+        return (
+            w.runner == self.runner
+            and w.law == self.law
+            and self.takes_load(w.load.concurrency if w.load.kind == "concurrency" else None, w.load.request_rate)
+        )
 
     @property
     def whole_windows(self) -> bool:
         """Whether the selection takes whole windows (no filter by category, length, context or constraint)."""
-        return (self.categories is None and self.context_length is None and self.max_new_tokens is None
-                and self.constraints is None)
+        return (
+            self.categories is None
+            and self.context_length is None
+            and self.max_new_tokens is None
+            and self.constraints is None
+        )
 
-    def of(self, runner: str) -> "Selection":
+    def of(self, runner: str) -> Selection:
         """The same cells for another runner (the fallback, or a baseline's draft)."""
         return replace(self, runner=runner)
 

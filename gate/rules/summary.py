@@ -60,7 +60,9 @@ class SummaryRow:
     request_speedup_p10: float | None = None  # the slowest decile of per-request speedups
     by_category: dict[str, Breakdown] = field(default_factory=dict)
     by_context_length: dict[str, Breakdown] = field(default_factory=dict)
-    by_constraint: dict[str, Breakdown] = field(default_factory=dict)  # workload.constraints label -> figures, in policy order
+    by_constraint: dict[str, Breakdown] = field(
+        default_factory=dict
+    )  # workload.constraints label -> figures, in policy order
 
 
 def _clean(x: float) -> float | None:
@@ -85,12 +87,17 @@ def breakdown(m: Measurements, sel: Selection) -> Breakdown:
     fallback_tps, _ = pooled("committed_tokens_per_s", m, sel.of(FALLBACK))
     tps, _ = pooled("committed_tokens_per_s", m, sel)
     return Breakdown(
-        requests=len(reqs), output_tokens=sum(r.output_tokens for r in reqs), num_drafts=counters.num_drafts,
-        num_draft_tokens=counters.num_draft_tokens, num_accepted_tokens=counters.num_accepted_tokens,
+        requests=len(reqs),
+        output_tokens=sum(r.output_tokens for r in reqs),
+        num_drafts=counters.num_drafts,
+        num_draft_tokens=counters.num_draft_tokens,
+        num_accepted_tokens=counters.num_accepted_tokens,
         overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if sel.runner != FALLBACK else None,
-        acceptance_rate=_clean(counters.acceptance_rate), mean_acceptance_length=_clean(counters.mean_acceptance_length),
+        acceptance_rate=_clean(counters.acceptance_rate),
+        mean_acceptance_length=_clean(counters.mean_acceptance_length),
         speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
-        slower_than_fallback=_slower_share(m, sel))
+        slower_than_fallback=_slower_share(m, sel),
+    )
 
 
 def _slower_share(m: Measurements, sel: Selection) -> float | None:
@@ -103,7 +110,9 @@ def _by_constraint(m: Measurements, sel: Selection, reqs: list) -> dict[str, Bre
     """Pooled figures per workload.constraints label, in the workload's order (first seen
     when the report has no workload record); empty when the requests carry no label."""
     seen = [r.constraint for r in reqs if getattr(r, "constraint", None) is not None]
-    declared = list(m.workload.constraints) if m.workload is not None and getattr(m.workload, "constraints", None) else []
+    declared = (
+        list(m.workload.constraints) if m.workload is not None and getattr(m.workload, "constraints", None) else []
+    )
     labels = [c for c in declared if c in seen] + [c for c in dict.fromkeys(seen) if c not in declared]
     return {c: breakdown(m, replace(sel, constraints=(c,))) for c in labels}
 
@@ -121,31 +130,42 @@ def summarize(m: Measurements) -> list[SummaryRow]:
             itl = samples("itl_ms", m, sel)
             bill = next((b.total_bytes for b in m.bills if b.draft == runner), None)
             kv = samples("kv_cache_bytes", m, sel)
-            rows.append(SummaryRow(
-                runner=runner, law=law, requests=len(reqs), output_tokens=sum(r.output_tokens for r in reqs),
-                overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if runner != FALLBACK else None,
-                top1_agreement=_clean(aggregate(samples("top1_agreement", m, sel), "mean")) if runner != FALLBACK else None,
-                acceptance_rate=_clean(counters.acceptance_rate),
-                mean_acceptance_length=_clean(counters.mean_acceptance_length),
-                vllm_mean_acceptance_length=_clean(counters.vllm_mean_acceptance_length),
-                num_committed_tokens=counters.num_committed_tokens,
-                acceptance_rate_per_pos=[x for x in counters.acceptance_rate_per_pos if not math.isnan(x)],
-                accepted_length_histogram=counters.accepted_length_histogram,
-                committed_tokens_per_s=_clean(tps),
-                speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
-                ttft_p50_ms=_clean(aggregate(samples("ttft_ms", m, sel), "median")),
-                itl_p50_ms=_clean(aggregate(itl, "median")),
-                itl_p99_ms=_clean(aggregate(itl, "p99")),
-                tpot_mean_ms=_clean(aggregate(samples("tpot_ms", m, sel), "mean")),
-                memory_bill_bytes=bill,
-                kv_cache_bytes_max=int(max(kv)) if kv else None,
-                request_acceptance_rate_p10=_clean(aggregate(samples("request_acceptance_rate", m, sel), "p10")),
-                request_acceptance_rate_p50=_clean(aggregate(samples("request_acceptance_rate", m, sel), "median")),
-                slower_than_fallback=_slower_share(m, sel),
-                request_speedup_p10=_clean(aggregate(samples("request_speedup", m, sel), "p10")),
-                by_category={c: breakdown(m, replace(sel, categories=(c,))) for c in sorted({r.category for r in reqs})},
-                by_context_length={str(n): breakdown(m, replace(sel, context_length=n))
-                                   for n in sorted({r.context_length for r in reqs if r.context_length is not None})},
-                by_constraint=_by_constraint(m, sel, reqs),
-            ))
+            rows.append(
+                SummaryRow(
+                    runner=runner,
+                    law=law,
+                    requests=len(reqs),
+                    output_tokens=sum(r.output_tokens for r in reqs),
+                    overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if runner != FALLBACK else None,
+                    top1_agreement=_clean(aggregate(samples("top1_agreement", m, sel), "mean"))
+                    if runner != FALLBACK
+                    else None,
+                    acceptance_rate=_clean(counters.acceptance_rate),
+                    mean_acceptance_length=_clean(counters.mean_acceptance_length),
+                    vllm_mean_acceptance_length=_clean(counters.vllm_mean_acceptance_length),
+                    num_committed_tokens=counters.num_committed_tokens,
+                    acceptance_rate_per_pos=[x for x in counters.acceptance_rate_per_pos if not math.isnan(x)],
+                    accepted_length_histogram=counters.accepted_length_histogram,
+                    committed_tokens_per_s=_clean(tps),
+                    speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
+                    ttft_p50_ms=_clean(aggregate(samples("ttft_ms", m, sel), "median")),
+                    itl_p50_ms=_clean(aggregate(itl, "median")),
+                    itl_p99_ms=_clean(aggregate(itl, "p99")),
+                    tpot_mean_ms=_clean(aggregate(samples("tpot_ms", m, sel), "mean")),
+                    memory_bill_bytes=bill,
+                    kv_cache_bytes_max=int(max(kv)) if kv else None,
+                    request_acceptance_rate_p10=_clean(aggregate(samples("request_acceptance_rate", m, sel), "p10")),
+                    request_acceptance_rate_p50=_clean(aggregate(samples("request_acceptance_rate", m, sel), "median")),
+                    slower_than_fallback=_slower_share(m, sel),
+                    request_speedup_p10=_clean(aggregate(samples("request_speedup", m, sel), "p10")),
+                    by_category={
+                        c: breakdown(m, replace(sel, categories=(c,))) for c in sorted({r.category for r in reqs})
+                    },
+                    by_context_length={
+                        str(n): breakdown(m, replace(sel, context_length=n))
+                        for n in sorted({r.context_length for r in reqs if r.context_length is not None})
+                    },
+                    by_constraint=_by_constraint(m, sel, reqs),
+                )
+            )
     return rows

@@ -10,8 +10,9 @@ and the caller records it (gate.run turns it into a Failure of stage "request").
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence, Union
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -98,7 +99,7 @@ class RunnerSpecBase(BaseModel):
         return []
 
 
-RequestResult = Union[StreamResult, Exception]
+RequestResult = StreamResult | Exception
 """A request's StreamResult, or the exception it raised."""
 
 Done = Callable[[int, RequestResult], None]
@@ -122,7 +123,7 @@ class Runner(ABC):
     spec: ClassVar[type[RunnerSpecBase]]  # the policy's `runner` section for this kind
 
     @classmethod
-    def from_plan(cls, plan: Any, local: Any = None) -> "Runner":
+    def from_plan(cls, plan: Any, local: Any = None) -> Runner:
         """The runner of a validated plan (gate.plan.Plan; plan.policy.runner is its spec).
         `local`: the models loaded in this process (gate.session.LocalModels) for a runner
         that runs them (Capabilities.in_process), else None. Builds the configuration only:
@@ -141,7 +142,7 @@ class Runner(ABC):
     def close(self) -> None:
         """Release what open() acquired. Idempotent."""
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Runner:
         self.open()
         return self
 
@@ -151,12 +152,15 @@ class Runner(ABC):
     def check_load(self, load: LoadStrategy) -> None:
         """Raise ValueError when `load` asks for more than the runner can do."""
         if load.concurrency is None or load.concurrency > self.capabilities.max_concurrency:
-            raise ValueError(f"runner {self.kind!r} serves at most {self.capabilities.max_concurrency} request(s) at once; "
-                             f"{load.kind} load asks for {load.concurrency or 'unbounded'}")
+            raise ValueError(
+                f"runner {self.kind!r} serves at most {self.capabilities.max_concurrency} request(s) at once; "
+                f"{load.kind} load asks for {load.concurrency or 'unbounded'}"
+            )
 
     @abstractmethod
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
-            ended: Ended | None = None) -> list[RequestResult]:
+    def run(
+        self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None, ended: Ended | None = None
+    ) -> list[RequestResult]:
         """Send `requests` under `load`; per request, in the order given, its StreamResult
         or the Exception it raised (the others still run). `ended` is called as each ends
         and `done` with each result once read (Done, Ended): a caller stopped by
@@ -200,8 +204,9 @@ class Runner(ABC):
         measured window; None when unknown (default). Never raises."""
         return None
 
-    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int,
-                    response_format: Any = None) -> list[list[int]]:
+    def first_steps(
+        self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int, response_format: Any = None
+    ) -> list[list[int]]:
         """`n` independent speculative first steps of draft `draft` after `prompt_ids`
         under `law` and the request's `response_format` (gate.constraints.interface; None:
         unconstrained), seeded by `seed`: the tokens each commits. Only runners with the

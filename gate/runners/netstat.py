@@ -43,7 +43,7 @@ def listen_counters(path: Path | str = NETSTAT) -> ListenCounters | None:
     if len(rows) < 2 or len(rows[0]) != len(rows[1]):
         return None
     values: dict[str, int] = {}
-    for name, value in zip(rows[0], rows[1]):
+    for name, value in zip(rows[0], rows[1], strict=False):
         try:
             values[name] = int(value)
         except ValueError:
@@ -66,16 +66,23 @@ def listen_note(before: ListenCounters | None, after: ListenCounters | None, run
     if not overflows and not drops:
         return None
     if overflows:
-        counted = (f"{overflows} listen-queue overflow(s) (TcpExt ListenOverflows, each dropped SYN or handshake, a "
-                   f"retransmitted one again; {drops} ListenDrops)")
+        counted = (
+            f"{overflows} listen-queue overflow(s) (TcpExt ListenOverflows, each dropped SYN or handshake, a "
+            f"retransmitted one again; {drops} ListenDrops)"
+        )
         why = "connections were dropped at SYN because a server's accept backlog (its listen queue) was full"
     else:
-        counted = f"{drops} dropped connection attempt(s) at a listening socket (TcpExt ListenDrops; no ListenOverflows)"
+        counted = (
+            f"{drops} dropped connection attempt(s) at a listening socket (TcpExt ListenDrops; no ListenOverflows)"
+        )
         why = "connection attempts were dropped before a server accepted them"
-    return (f"the kernel counted {counted} while runner {runner!r} ran at {at}: {why}; requests that got through "
-            "waited for SYN retransmits (1 s, 3 s, 7 s, ... after the first SYN), which their TTFT includes, and the "
-            "others timed out or failed at connect (the counters are this machine's network namespace's: another listener's drops "
-            "count too)")
+    return (
+        f"the kernel counted {counted} while runner {runner!r} ran at {at}: {why}; requests that got through "
+        "waited for SYN retransmits (1 s, 3 s, 7 s, ... after the first SYN), which their TTFT includes, and the "
+        "others timed out or failed at connect (the counters are this machine's network namespace's: another "
+        "listener's drops "
+        "count too)"
+    )
 
 
 __all__ = ["ListenCounters", "NETSTAT", "listen_counters", "listen_note"]

@@ -31,29 +31,29 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal, Sequence
-
-import httpx
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gate.load.interface import LoadStrategy
 from gate.load.schedule import split
+from gate.records import UNKNOWN_ID, ClientWorkerRecord, ServerRecord
 from gate.requests import Request
 from gate.runners.client.protocol import PROTOCOLS, protocol
+from gate.runners.client.stream import StreamClient
 from gate.runners.client.transfer import RawStream
+from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
 from gate.runners.client.worker import NOT_SENT, Job
 from gate.runners.client.workers import DISPATCH_BYTES_PER_S, START_LEAD_S, PoolError, client_workers, shared_pool
-from gate.runners.client.stream import StreamClient
-from gate.runners.client.transport import TRANSPORT_KINDS, Breaker, ServedError
 from gate.runners.engines.interface import Engine
 from gate.runners.engines.registry import engine, engine_names
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase
 from gate.runners.netstat import listen_counters, listen_note
 from gate.runners.registry import register
-from gate.records import UNKNOWN_ID, ClientWorkerRecord, ServerRecord
 from gate.runners.server_metrics import ServerSnapshot, parse_metrics
 
 __all__ = ["Endpoint", "OpenAIRunner", "ServedError", "TRANSPORT_KINDS", "UNKNOWN_ID", "describe_load"]
@@ -116,15 +116,23 @@ class EndpointSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     base_url: str = Field(..., pattern=r"^https?://", description="Server root, e.g. 'http://127.0.0.1:8000' (no /v1).")
     model: str | None = Field(None, description="Served model name sent as `model`.")
-    metrics_url: str | None = Field(None, pattern=r"^https?://", description="Prometheus text endpoint for spec-decode "
-                                    "counters, e.g. 'http://127.0.0.1:8000/metrics'; without it a draft runner has no "
-                                    "server-side acceptance figures.")
+    metrics_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Prometheus text endpoint for spec-decode "
+        "counters, e.g. 'http://127.0.0.1:8000/metrics'; without it a draft runner has no "
+        "server-side acceptance figures.",
+    )
     api: Literal[tuple(PROTOCOLS)] = Field(  # type: ignore[valid-type]
-        "completions", description="completions: /v1/completions with token-id prompts (the chat template is applied by "
-        "gate, as for every runner); llama_cpp: llama.cpp's native /completion (token ids and per-response draft counts "
-        "come back).")
+        "completions",
+        description="completions: /v1/completions with token-id prompts (the chat template is applied by "
+        "gate, as for every runner); llama_cpp: llama.cpp's native /completion (token ids and per-response draft "
+        "counts "
+        "come back).",
+    )
     engine: Literal[tuple(engine_names())] = Field(  # type: ignore[valid-type]
-        "generic", description="Which engine's counter names to read from metrics_url.")
+        "generic", description="Which engine's counter names to read from metrics_url."
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -136,16 +144,23 @@ class EndpointSpec(BaseModel):
         tail = next((t for t in API_PATHS if path.endswith(t)), None)
         if tail is not None:
             cut = urlsplit(url)
-            root = f"{cut.scheme}://{cut.netloc}{urlsplit(url).path.rstrip('/')[:len(path) - len(tail)]}"
-            raise ValueError(f"base_url {url!r} ends in {tail!r}, an API path gate adds itself (api completions: "
-                             f"<base_url>{PROTOCOLS['completions'].path}, api llama_cpp: "
-                             f"<base_url>{PROTOCOLS['llama_cpp'].path}): give the server root, {root!r}")
+            root = f"{cut.scheme}://{cut.netloc}{urlsplit(url).path.rstrip('/')[: len(path) - len(tail)]}"
+            raise ValueError(
+                f"base_url {url!r} ends in {tail!r}, an API path gate adds itself (api completions: "
+                f"<base_url>{PROTOCOLS['completions'].path}, api llama_cpp: "
+                f"<base_url>{PROTOCOLS['llama_cpp'].path}): give the server root, {root!r}"
+            )
         return url
 
 
 # Paths an OpenAI-compatible or llama.cpp server answers on, longest first: a base_url must not end in one.
-API_PATHS = tuple(sorted({"/v1", "/v1/chat/completions", "/completions", "/chat/completions",
-                          *(p.path for p in PROTOCOLS.values())}, key=len, reverse=True))
+API_PATHS = tuple(
+    sorted(
+        {"/v1", "/v1/chat/completions", "/completions", "/chat/completions", *(p.path for p in PROTOCOLS.values())},
+        key=len,
+        reverse=True,
+    )
+)
 
 
 class ServedRunnerSpec(RunnerSpecBase):
@@ -153,41 +168,69 @@ class ServedRunnerSpec(RunnerSpecBase):
     fixed output lengths and the burst rule."""
 
     request_timeout_s: float = Field(120.0, gt=0, description="Seconds one request may take before it is an error.")
-    max_consecutive_failures: int = Field(3, ge=1, description="After this many requests in a row (in the order they "
-                                          "ended) failed by timeout or a failed connection (not an HTTP error status or "
-                                          "a malformed stream), the load point's requests not yet sent are errors at "
-                                          "once, so a runner that keeps failing stops costing request_timeout_s per "
-                                          "request.")
-    ignore_eos: bool = Field(True, description="Ask the server for fixed output lengths (max_new_tokens every time) "
-                             "where it allows.")
-    burst_gap_ms: float = Field(1.0, ge=0, description="Streamed tokens closer than this (ms) are one burst: one "
-                                "verification step as the client sees it (llama-server sends one event per token).")
-    client_workers: int | None = Field(None, ge=1, description="Client worker processes sending the requests, each "
-                                       "with its own event loop and connections (unset: one per "
-                                       "2 streams in flight, at most one per CPU gate may use).")
+    max_consecutive_failures: int = Field(
+        3,
+        ge=1,
+        description="After this many requests in a row (in the order they "
+        "ended) failed by timeout or a failed connection (not an HTTP error status or "
+        "a malformed stream), the load point's requests not yet sent are errors at "
+        "once, so a runner that keeps failing stops costing request_timeout_s per "
+        "request.",
+    )
+    ignore_eos: bool = Field(
+        True, description="Ask the server for fixed output lengths (max_new_tokens every time) where it allows."
+    )
+    burst_gap_ms: float = Field(
+        1.0,
+        ge=0,
+        description="Streamed tokens closer than this (ms) are one burst: one "
+        "verification step as the client sees it (llama-server sends one event per token).",
+    )
+    client_workers: int | None = Field(
+        None,
+        ge=1,
+        description="Client worker processes sending the requests, each "
+        "with its own event loop and connections (unset: one per "
+        "2 streams in flight, at most one per CPU gate may use).",
+    )
 
 
 class OpenAIRunnerSpec(ServedRunnerSpec):
     """runner.kind openai: any OpenAI-compatible server, one endpoint per runner name."""
 
     kind: Literal["openai"]
-    endpoints: dict[str, EndpointSpec] = Field(default_factory=dict, description="'fallback' and every draft name -> "
-                                               "its endpoint.")
-    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="The environment variable "
-                                    "holding the API key (sent as a bearer token, never written to a report).")
+    endpoints: dict[str, EndpointSpec] = Field(
+        default_factory=dict, description="'fallback' and every draft name -> its endpoint."
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="The environment variable holding the API key (sent as a bearer token, never written to a report).",
+    )
 
     def policy_problems(self, policy: Any) -> list[tuple[str, str]]:
         """Every runner (the fallback and each draft) has an endpoint, and every endpoint a runner."""
         import difflib
 
         names = ["fallback", *policy.drafts]
-        problems = [("runner.endpoints", f"no endpoint for runner {name!r}: every runner (fallback and each draft) names "
-                     "its server") for name in names if name not in self.endpoints]
+        problems = [
+            (
+                "runner.endpoints",
+                f"no endpoint for runner {name!r}: every runner (fallback and each draft) names its server",
+            )
+            for name in names
+            if name not in self.endpoints
+        ]
         for name in self.endpoints:
             if name not in names:
                 close = difflib.get_close_matches(name, names, n=1)
-                problems.append((f"runner.endpoints.{name}", f"unknown runner {name!r}; runners: {', '.join(names)}"
-                                 + (f" (did you mean {close[0]!r}?)" if close else "")))
+                problems.append(
+                    (
+                        f"runner.endpoints.{name}",
+                        f"unknown runner {name!r}; runners: {', '.join(names)}"
+                        + (f" (did you mean {close[0]!r}?)" if close else ""),
+                    )
+                )
         return problems
 
     def policy_warnings(self, policy: Any) -> list[tuple[str, str]]:
@@ -201,14 +244,24 @@ class OpenAIRunnerSpec(ServedRunnerSpec):
             if name == "fallback" or name not in policy.drafts:
                 continue
             if fallback is not None and ep.base_url.rstrip("/") == fallback.base_url.rstrip("/"):
-                out.append((f"runner.endpoints.{name}.base_url", f"draft {name!r} is served at the fallback's own URL "
-                            f"{ep.base_url!r}: a server that serves the fallback does not speculate, so every rule on "
-                            f"{name!r} will be an error (speculation did not run), unless this is an A/A check"))
+                out.append(
+                    (
+                        f"runner.endpoints.{name}.base_url",
+                        f"draft {name!r} is served at the fallback's own URL "
+                        f"{ep.base_url!r}: a server that serves the fallback does not speculate, so every rule on "
+                        f"{name!r} will be an error (speculation did not run), unless this is an A/A check",
+                    )
+                )
             elif ep.metrics_url is None and not PROTOCOLS[ep.api].reports_drafts:
-                out.append((f"runner.endpoints.{name}", f"gate cannot count the proposals of draft {name!r} (api "
-                            f"{ep.api!r} returns no per-response draft counts, and no metrics_url is given): whether it "
-                            "speculated cannot be checked, so a server without speculation behind it would pass; give "
-                            "its metrics_url (or use api llama_cpp on llama-server)"))
+                out.append(
+                    (
+                        f"runner.endpoints.{name}",
+                        f"gate cannot count the proposals of draft {name!r} (api "
+                        f"{ep.api!r} returns no per-response draft counts, and no metrics_url is given): whether it "
+                        "speculated cannot be checked, so a server without speculation behind it would pass; give "
+                        "its metrics_url (or use api llama_cpp on llama-server)",
+                    )
+                )
         return out
 
 
@@ -236,24 +289,42 @@ class OpenAIRunner(Runner):
     (gate.runners.netstat).
     """
 
-    capabilities = Capabilities(token_ids=True, step_counters=False, seeding=True, first_steps=False,
-                                cpu_accounting=False, max_concurrency=4096, server_counters=True, in_process=False,
-                                load_points=True, interleaves=False, metrics=SERVED_METRICS,
-                                metrics_note="is measured on served runners at a load point; set runner.kind to {kinds}")
+    capabilities = Capabilities(
+        token_ids=True,
+        step_counters=False,
+        seeding=True,
+        first_steps=False,
+        cpu_accounting=False,
+        max_concurrency=4096,
+        server_counters=True,
+        in_process=False,
+        load_points=True,
+        interleaves=False,
+        metrics=SERVED_METRICS,
+        metrics_note="is measured on served runners at a load point; set runner.kind to {kinds}",
+    )
     spec: ClassVar[type[RunnerSpecBase]] = OpenAIRunnerSpec
 
     @classmethod
-    def from_plan(cls, plan: Any, local: Any = None) -> "OpenAIRunner":
+    def from_plan(cls, plan: Any, local: Any = None) -> OpenAIRunner:
         """The endpoints of plan.policy.runner (runner.endpoints: one per runner name), with
         the target tokenizer's end ids (gate.models.loading.eos_token_ids)."""
         from gate.models.loading import eos_token_ids
 
         spec = plan.policy.runner
-        endpoints = {name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)
-                     for name, e in spec.endpoints.items()}
-        return cls(endpoints, eos_token_ids(plan.tokenizer), request_timeout_s=spec.request_timeout_s,
-                   ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
-                   max_consecutive_failures=spec.max_consecutive_failures, client_workers=spec.client_workers)
+        endpoints = {
+            name: Endpoint(e.base_url, e.model, e.metrics_url, e.api, e.engine, spec.api_key_env)
+            for name, e in spec.endpoints.items()
+        }
+        return cls(
+            endpoints,
+            eos_token_ids(plan.tokenizer),
+            request_timeout_s=spec.request_timeout_s,
+            ignore_eos=spec.ignore_eos,
+            burst_gap_ms=spec.burst_gap_ms,
+            max_consecutive_failures=spec.max_consecutive_failures,
+            client_workers=spec.client_workers,
+        )
 
     @classmethod
     def check_plan(cls, plan: Any) -> None:
@@ -266,13 +337,16 @@ class OpenAIRunner(Runner):
 
         spec = plan.policy.runner
         if spec.api_key_env and not os.environ.get(spec.api_key_env):
-            raise PolicyValueError("runner.api_key_env", f"the environment variable {spec.api_key_env} is not set "
-                                   "(it holds the API key the servers expect)")
+            raise PolicyValueError(
+                "runner.api_key_env",
+                f"the environment variable {spec.api_key_env} is not set (it holds the API key the servers expect)",
+            )
         check_law_refusals(plan, cls.from_plan(plan))
 
     def describe(self, runner: str) -> ServerRecord | None:
         """The runner's endpoint, the command line of a server gate started, the version the
         server gives and its peak RSS, where known (ServerRecord); never raises."""
+
         def safe(get: Callable[[], Any]) -> Any:
             try:
                 return get()
@@ -281,10 +355,20 @@ class OpenAIRunner(Runner):
 
         method = safe(lambda: self.verification(runner))
         pool = safe(lambda: self.kv_pool(runner)) or {}
-        return ServerRecord(runner, self.kind, safe(lambda: self.endpoint(runner).base_url), safe(lambda: self.command_line(runner)),
-                            safe(lambda: self.server_info(runner)), safe(lambda: self.peak_rss_bytes(runner)),
-                            method[0] if method else None, method[1] if method else None,
-                            pool.get("tokens"), pool.get("bytes"), pool.get("dtype"), safe(lambda: self.server_slots(runner)))
+        return ServerRecord(
+            runner,
+            self.kind,
+            safe(lambda: self.endpoint(runner).base_url),
+            safe(lambda: self.command_line(runner)),
+            safe(lambda: self.server_info(runner)),
+            safe(lambda: self.peak_rss_bytes(runner)),
+            method[0] if method else None,
+            method[1] if method else None,
+            pool.get("tokens"),
+            pool.get("bytes"),
+            pool.get("dtype"),
+            safe(lambda: self.server_slots(runner)),
+        )
 
     def server_slots(self, runner: str) -> int | None:
         """Requests `runner`'s server admits at once, where it says: llama.cpp's /props
@@ -295,8 +379,12 @@ class OpenAIRunner(Runner):
             return None
         self.open()
         try:
-            resp = httpx.get(ep.base_url.rstrip("/") + "/props", headers=self._headers(runner),
-                             timeout=min(5.0, self.request_timeout_s), trust_env=False)
+            resp = httpx.get(
+                ep.base_url.rstrip("/") + "/props",
+                headers=self._headers(runner),
+                timeout=min(5.0, self.request_timeout_s),
+                trust_env=False,
+            )
             slots = resp.json().get("total_slots") if resp.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
@@ -321,9 +409,17 @@ class OpenAIRunner(Runner):
         """Peak resident set size of `runner`'s server in bytes (None: not known to gate)."""
         return None
 
-    def __init__(self, endpoints: dict[str, Endpoint], eos_token_ids: set[int], request_timeout_s: float = 120.0,
-                 ignore_eos: bool = True, burst_gap_ms: float = 1.0, count_tokens: Callable[[str], int] | None = None,
-                 max_consecutive_failures: int = 3, client_workers: int | None = None):
+    def __init__(
+        self,
+        endpoints: dict[str, Endpoint],
+        eos_token_ids: set[int],
+        request_timeout_s: float = 120.0,
+        ignore_eos: bool = True,
+        burst_gap_ms: float = 1.0,
+        count_tokens: Callable[[str], int] | None = None,
+        max_consecutive_failures: int = 3,
+        client_workers: int | None = None,
+    ):
         if request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
         if int(max_consecutive_failures) != max_consecutive_failures or max_consecutive_failures < 1:
@@ -387,8 +483,9 @@ class OpenAIRunner(Runner):
 
     # -- requests --------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
-            ended: Ended | None = None) -> list[RequestResult]:
+    def run(
+        self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None, ended: Ended | None = None
+    ) -> list[RequestResult]:
         """Send `requests` (all for one runner name) under `load`; per request its
         StreamResult or the ServedError it raised. `ended` is called as each request ends;
         the responses are read (parsed) once the requests have all ended or the run stopped,
@@ -445,16 +542,24 @@ class OpenAIRunner(Runner):
             return max(1, min(self.client_workers, n))
         return max(1, min(client_workers(load.concurrency or n), n))
 
-    def _run(self, runner: str, ep: Endpoint, requests: list[Request], load: LoadStrategy,
-             done: Done | None, ended: Ended | None) -> list[RequestResult]:
+    def _run(
+        self,
+        runner: str,
+        ep: Endpoint,
+        requests: list[Request],
+        load: LoadStrategy,
+        done: Done | None,
+        ended: Ended | None,
+    ) -> list[RequestResult]:
         """The requests sent by the client's worker processes (gate.runners.client.workers),
         each held raw as it ends and read here once they have all ended (or the run stopped:
         a PoolError, or what `ended` or an interrupt raised). Past the run's time limit (request_timeout_s per
         request that may have to wait for a slot, plus the open loop's arrival span, plus
         60 s) the requests that have not ended are errors and the workers are ended."""
         n = len(requests)
-        streams = StreamClient(runner, ep.url, PROTOCOLS[ep.api], self.burst_gap_ms, frozenset(self.eos_token_ids),
-                               self.count_tokens)
+        streams = StreamClient(
+            runner, ep.url, PROTOCOLS[ep.api], self.burst_gap_ms, frozenset(self.eos_token_ids), self.count_tokens
+        )
         breaker = Breaker(self.max_consecutive_failures, runner, ep.url, describe_load(load))
         bodies = {i: json.dumps(self.body(ep, r)).encode() for i, r in enumerate(requests)}
         pool = shared_pool()
@@ -467,12 +572,27 @@ class OpenAIRunner(Runner):
             closed = load.request_rate is None
             size = sum(map(len, bodies.values())) * (workers if closed else 1)
             start = time.perf_counter() + START_LEAD_S + size / DISPATCH_BYTES_PER_S
-            common = dict(job_id=job_id, start_s=start, runner=runner, url=ep.url, api=ep.api,
-                          headers=self._headers(runner), timeout_s=self.request_timeout_s)
+            common = dict(
+                job_id=job_id,
+                start_s=start,
+                runner=runner,
+                url=ep.url,
+                api=ep.api,
+                headers=self._headers(runner),
+                timeout_s=self.request_timeout_s,
+            )
             shares = split(n, load, workers, start)
-            jobs = [Job(worker=k, slots=x.slots, arrivals=x.arrivals, capped=x.capped,
-                        bodies=bodies if closed else {i: bodies[i] for i, _ in x.arrivals}, **common)
-                    for k, x in enumerate(shares)]
+            jobs = [
+                Job(
+                    worker=k,
+                    slots=x.slots,
+                    arrivals=x.arrivals,
+                    capped=x.capped,
+                    bodies=bodies if closed else {i: bodies[i] for i, _ in x.arrivals},
+                    **common,
+                )
+                for k, x in enumerate(shares)
+            ]
             held: dict[int, Any] = {}  # request index -> what ended (RawStream unread, ServedError), in end order
             stopped = False
 
@@ -523,8 +643,9 @@ class OpenAIRunner(Runner):
             return [results[i] for i in range(n)]
 
     @staticmethod
-    def _read(streams: StreamClient, held: dict[int, Any], done: Done | None,
-              raised: list[BaseException]) -> dict[int, RequestResult]:
+    def _read(
+        streams: StreamClient, held: dict[int, Any], done: Done | None, raised: list[BaseException]
+    ) -> dict[int, RequestResult]:
         """Each held result read (a RawStream parsed by `streams`, a ServedError as it is) and
         given to `done`, in the order they ended; what `done` raises goes to `raised` (every
         result is read first)."""
@@ -601,8 +722,12 @@ class OpenAIRunner(Runner):
             return None
         self.open()
         try:
-            resp = httpx.get(ep.metrics_url, headers=self._headers(runner), timeout=min(self.request_timeout_s, 30.0),
-                             trust_env=False)
+            resp = httpx.get(
+                ep.metrics_url,
+                headers=self._headers(runner),
+                timeout=min(self.request_timeout_s, 30.0),
+                trust_env=False,
+            )
         except httpx.HTTPError as e:
             raise ServedError(runner, ep.metrics_url, f"metrics scrape failed: {type(e).__name__}: {e}") from None
         if resp.status_code >= 400:
@@ -623,8 +748,12 @@ class OpenAIRunner(Runner):
         parts: list[str] = []
         for path in PROTOCOLS[ep.api].info_paths:
             try:
-                resp = httpx.get(base + path, headers=self._headers(runner), timeout=min(5.0, self.request_timeout_s),
-                                 trust_env=False)
+                resp = httpx.get(
+                    base + path,
+                    headers=self._headers(runner),
+                    timeout=min(5.0, self.request_timeout_s),
+                    trust_env=False,
+                )
                 if resp.status_code != 200:
                     continue
                 obj = resp.json()
@@ -641,5 +770,3 @@ class OpenAIRunner(Runner):
                 if isinstance(first, dict) and first.get("id"):
                     parts.append(f"model {first['id']}")
         return ", ".join(parts) or None
-
-

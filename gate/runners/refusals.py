@@ -22,8 +22,7 @@ def constraint_path(plan: Any, fmt: Any) -> str:
     prompt's own response_format in the prompt file, without workload.constraints)."""
     for j, entry in enumerate(getattr(plan.policy.workload, "constraints", None) or []):
         name = entry if entry == "prompt" else getattr(entry, "name", None)
-        if name is not None and any(p.constraint == name and p.response_format == fmt
-                                    for p in plan.workload.prompts):
+        if name is not None and any(p.constraint == name and p.response_format == fmt for p in plan.workload.prompts):
             return f"workload.constraints[{j}]"
     return "workload.path"
 
@@ -48,10 +47,15 @@ def check_law_refusals(plan: Any, runner: Any) -> None:
                     continue
                 for field, why in found:
                     if field == "constraint":
-                        raise PolicyValueError(constraint_path(plan, fmt),
-                                               f"runner {name!r} cannot apply the {fmt.describe()} constraint of prompt "
-                                               f"{formats[fmt]!r} as gate does: {why}")
-                    under = f" under the {fmt.describe()} constraint of prompt {formats[fmt]!r}" if fmt is not None else ""
-                    raise PolicyValueError(f"{law_path(plan.policy, i)}.{field}",
-                                           f"runner {name!r} cannot apply {field} of law {law.name!r}{under} as gate "
-                                           f"does: {why}")
+                        raise PolicyValueError(
+                            constraint_path(plan, fmt),
+                            f"runner {name!r} cannot apply the {fmt.describe()} constraint of prompt "
+                            f"{formats[fmt]!r} as gate does: {why}",
+                        )
+                    under = (
+                        f" under the {fmt.describe()} constraint of prompt {formats[fmt]!r}" if fmt is not None else ""
+                    )
+                    raise PolicyValueError(
+                        f"{law_path(plan.policy, i)}.{field}",
+                        f"runner {name!r} cannot apply {field} of law {law.name!r}{under} as gate does: {why}",
+                    )

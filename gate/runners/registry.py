@@ -4,18 +4,19 @@ first lookup (lazily: no import cycle with the modules that register)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, TypeVar, Union, get_args
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import BeforeValidator, Field
 
 from gate.registry import Registry
 from gate.runners.interface import Runner
 
-BUILTIN = ("gate.runners.transformers", "gate.runners.openai", "gate.runners.llama_server",
-           "gate.runners.vllm_server")
+BUILTIN = ("gate.runners.transformers", "gate.runners.openai", "gate.runners.llama_server", "gate.runners.vllm_server")
 
-_RUNNERS: Registry[type[Runner]] = Registry("runner kind", lambda: BUILTIN, name_of=lambda cls: cls.kind,
-                                           module_of=lambda cls: cls.__module__)
+_RUNNERS: Registry[type[Runner]] = Registry(
+    "runner kind", lambda: BUILTIN, name_of=lambda cls: cls.kind, module_of=lambda cls: cls.__module__
+)
 R = TypeVar("R", bound=type[Runner])
 
 
@@ -27,8 +28,10 @@ def register(kind: str) -> Callable[[R], R]:
     def deco(cls: R) -> R:
         tags = get_args(cls.spec.model_fields["kind"].annotation) if hasattr(cls, "spec") else ()
         if tags != (kind,):
-            raise ValueError(f"runner kind {kind!r}: its spec class {getattr(cls, 'spec', None)!r} must declare "
-                             f"kind: Literal[{kind!r}]")
+            raise ValueError(
+                f"runner kind {kind!r}: its spec class {getattr(cls, 'spec', None)!r} must declare "
+                f"kind: Literal[{kind!r}]"
+            )
         cls.kind = kind
         added = _RUNNERS.add(cls)
         cls.spec.runner = cls
@@ -58,7 +61,7 @@ def runner_spec_union() -> Any:
     def kind_default(value: Any) -> Any:
         return {"kind": default, **value} if isinstance(value, dict) and "kind" not in value else value
 
-    union = specs[0] if len(specs) == 1 else Annotated[Union[specs], Field(discriminator="kind")]
+    union = specs[0] if len(specs) == 1 else Annotated[Union[specs], Field(discriminator="kind")]  # noqa: UP007
     return Annotated[union, BeforeValidator(kind_default)]
 
 

@@ -42,7 +42,8 @@ class StreamResult:
     """What one request produced, before it is labelled with draft, law and prompt.
 
     Times are ms from the request's start (see gate.records.RequestRecord; a served request
-    starts when it leaves the client: its one write is handed to the transport, gate.runners.client.transfer); `started_s` is the
+    starts when it leaves the client: its one write is handed to the transport, gate.runners.client.transfer);
+    `started_s` is the
     wall clock (s since the epoch) at that start, for the run's windows. stop_reason:
     "eos", "stop" (a stop string, gate.runners.stop) or "length". The optional fields are
     None where the runner cannot give them: per-step counts (step_counters), measured cache
@@ -67,6 +68,8 @@ class StreamResult:
     queue_ms: float | None = None  # client-side wait between the scheduled arrival and the send (served runners)
     server_draft_tokens: int | None = None  # proposals the server made for this request (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
-    step_mapping_ms: list[float] | None = None  # per step: ms the draft spent translating between tokenizers (in-process)
+    step_mapping_ms: list[float] | None = (
+        None  # per step: ms the draft spent translating between tokenizers (in-process)
+    )
     step_draft_tokens: list[int] | None = None  # per step: tokens the draft proposed in its own vocabulary (in-process)
     client: ClientTiming | None = None  # served: how the client sent and read it (its own timing, checked)

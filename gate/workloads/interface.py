@@ -90,8 +90,14 @@ class Selection:
     pruned: dict[str, int] = field(default_factory=dict)
 
 
-def choose(prompts: list[Prompt], seed: int, per_category: int | None, num_prompts: int | None,
-           categories: list[str] | None, accept: Accept | None = None) -> Selection:
+def choose(
+    prompts: list[Prompt],
+    seed: int,
+    per_category: int | None,
+    num_prompts: int | None,
+    categories: list[str] | None,
+    accept: Accept | None = None,
+) -> Selection:
     """A seeded, reproducible choice: shuffle with `seed` (random.Random(seed).shuffle, as
     vLLM's benchmark shuffles its datasets), keep `categories`, take up to `per_category`
     of each category (in category order of first appearance), then up to `num_prompts`.
@@ -128,7 +134,8 @@ def choose(prompts: list[Prompt], seed: int, per_category: int | None, num_promp
     return out
 
 
-def select(prompts: list[Prompt], seed: int, per_category: int | None, num_prompts: int | None,
-           categories: list[str] | None) -> list[Prompt]:
+def select(
+    prompts: list[Prompt], seed: int, per_category: int | None, num_prompts: int | None, categories: list[str] | None
+) -> list[Prompt]:
     """choose() without a filter: just the prompts."""
     return choose(prompts, seed, per_category, num_prompts, categories).prompts

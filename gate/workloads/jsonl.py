@@ -66,8 +66,12 @@ class JsonlPrompts(WorkloadSource):
             unknown = sorted(set(row) - KEYS)
             if unknown:
                 close = difflib.get_close_matches(unknown[0], sorted(KEYS), n=1)
-                raise self._bad(n, f"unknown key {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                                + f" (keys: {', '.join(sorted(KEYS))})")
+                raise self._bad(
+                    n,
+                    f"unknown key {unknown[0]!r}"
+                    + (f"; did you mean {close[0]!r}?" if close else "")
+                    + f" (keys: {', '.join(sorted(KEYS))})",
+                )
             if ("prompt" in row) == ("messages" in row):
                 raise self._bad(n, "give exactly one of 'prompt' (a string) or 'messages' (a list of {role, content})")
             if "prompt" in row:
@@ -76,12 +80,25 @@ class JsonlPrompts(WorkloadSource):
                 messages = [{"role": "user", "content": row["prompt"]}]
             else:
                 msgs = row["messages"]
-                if not isinstance(msgs, list) or not msgs or not all(
-                        isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES and isinstance(m["content"], str)
-                        for m in msgs):
-                    raise self._bad(n, f"'messages' must be a non-empty list of {{role, content}} with role one of {', '.join(ROLES)}")
+                if (
+                    not isinstance(msgs, list)
+                    or not msgs
+                    or not all(
+                        isinstance(m, dict)
+                        and set(m) == {"role", "content"}
+                        and m["role"] in ROLES
+                        and isinstance(m["content"], str)
+                        for m in msgs
+                    )
+                ):
+                    raise self._bad(
+                        n,
+                        f"'messages' must be a non-empty list of {{role, content}} with role one of {', '.join(ROLES)}",
+                    )
                 if msgs[-1]["role"] != "user":
-                    raise self._bad(n, f"the last message is the {msgs[-1]['role']}'s; it must be the user turn the model answers")
+                    raise self._bad(
+                        n, f"the last message is the {msgs[-1]['role']}'s; it must be the user turn the model answers"
+                    )
                 messages = [{"role": m["role"], "content": m["content"]} for m in msgs]
             ident = str(row.get("id", f"{self.path.stem}-{n}"))
             if ident in seen:

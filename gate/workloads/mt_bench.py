@@ -49,8 +49,14 @@ class MTBench(WorkloadSource):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 q = json.loads(line)
-                prompts.append(Prompt(f"mt_bench-{q['question_id']}", q["category"], [{"role": "user", "content": q["turns"][0]}],
-                                      replies.get(int(q["question_id"]))))
+                prompts.append(
+                    Prompt(
+                        f"mt_bench-{q['question_id']}",
+                        q["category"],
+                        [{"role": "user", "content": q["turns"][0]}],
+                        replies.get(int(q["question_id"])),
+                    )
+                )
         return prompts
 
 

@@ -66,8 +66,9 @@ class SourceKind:
         return self.cls(path) if self.needs_path else self.cls()  # type: ignore[call-arg]
 
 
-_SOURCES: Registry[SourceKind] = Registry("workload source", lambda: BUILTIN, name_of=lambda kind: kind.name,
-                                         module_of=lambda kind: kind.cls.__module__)
+_SOURCES: Registry[SourceKind] = Registry(
+    "workload source", lambda: BUILTIN, name_of=lambda kind: kind.name, module_of=lambda kind: kind.cls.__module__
+)
 
 
 def register(kind: SourceKind) -> SourceKind:
@@ -120,4 +121,3 @@ def json_schema(schema: dict[str, Any]) -> None:
 def length_filtered() -> list[str]:
     """The names of the sources workload.length_filter applies to."""
     return [k.name for k in sources().values() if k.length_filter]
-

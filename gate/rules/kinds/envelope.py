@@ -35,18 +35,29 @@ class EnvelopeRules(RuleKind):
                 return key, f"an envelope rule takes no {key}: it decides the SLO load that load.search finds"
         for key in ("aggregation", "confidence"):
             if key in rule.model_fields_set:
-                return key, (f"an envelope rule takes no {key}: it decides on the interval the search found, "
-                             "[lower, upper), never on an aggregate of samples")
+                return key, (
+                    f"an envelope rule takes no {key}: it decides on the interval the search found, "
+                    "[lower, upper), never on an aggregate of samples"
+                )
         if rule.comparison is None or rule.threshold is None:
             return ("comparison" if rule.comparison is None else "threshold"), (
-                "required key is missing (an envelope rule needs comparison and threshold: the least SLO load)")
+                "required key is missing (an envelope rule needs comparison and threshold: the least SLO load)"
+            )
         if rule.comparison not in (">=", ">"):
             return "comparison", "an envelope rule sets a floor on the SLO load: comparison >= or >"
         if rule.relative_to == "baseline":
             return "relative_to", "an envelope rule compares with the fallback (relative_to: fallback) or a load"
-        if rule.scope.categories or rule.scope.constraints or rule.scope.concurrency or rule.scope.request_rate or rule.per:
-            return ("per" if rule.per else "scope"), ("an envelope rule covers the whole workload at every load the "
-                                                      "search probes; scope it by drafts and laws")
+        if (
+            rule.scope.categories
+            or rule.scope.constraints
+            or rule.scope.concurrency
+            or rule.scope.request_rate
+            or rule.per
+        ):
+            return ("per" if rule.per else "scope"), (
+                "an envelope rule covers the whole workload at every load the "
+                "search probes; scope it by drafts and laws"
+            )
         return None
 
     def policy_problem(self, rule: Any, policy: Any) -> tuple[str, str] | None:
@@ -54,26 +65,39 @@ class EnvelopeRules(RuleKind):
             return "kind", "an envelope rule needs load.search (the search for each runner's SLO load)"
         for j, name in enumerate(rule.scope.drafts or []):
             if name in policy.sweep:
-                return f"scope.drafts[{j}]", (f"{name} is a num_draft_tokens_sweep runner: the envelope search runs for "
-                                              f"the declared drafts only (scope {policy.sweep[name][0]!r})")
+                return f"scope.drafts[{j}]", (
+                    f"{name} is a num_draft_tokens_sweep runner: the envelope search runs for "
+                    f"the declared drafts only (scope {policy.sweep[name][0]!r})"
+                )
         search = policy.load.search
         q = parse_quantity(rule.threshold)
         shown = shown_threshold(rule.threshold)
         percent = isinstance(rule.threshold, str) and rule.threshold.strip().endswith("%")
         if rule.relative_to == "fallback":
             if percent or q.dimension not in (None, Dimension.RATIO):
-                return "threshold", f"threshold {shown}: relative to the fallback it is a ratio of SLO loads, bare or '1.1x'"
+                return (
+                    "threshold",
+                    f"threshold {shown}: relative to the fallback it is a ratio of SLO loads, bare or '1.1x'",
+                )
             return None
         allowed = (None,) if search.over == "concurrency" else (None, Dimension.REQUEST_RATE)
         if percent or q.dimension not in allowed:
-            unit = "a bare number of requests in flight" if search.over == "concurrency" else "requests/s (or a bare number)"
+            unit = (
+                "a bare number of requests in flight"
+                if search.over == "concurrency"
+                else "requests/s (or a bare number)"
+            )
             return "threshold", f"threshold {shown}: the SLO load of a {search.over.replace('_', ' ')} search is {unit}"
         if q.value > search.max:
-            return "threshold", (f"threshold {shown} is above load.search.max ({search.max:g}): the search never probes "
-                                 "that far, so the rule could never pass")
+            return "threshold", (
+                f"threshold {shown} is above load.search.max ({search.max:g}): the search never probes "
+                "that far, so the rule could never pass"
+            )
         return None
 
-    def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
+    def evaluate(
+        self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings
+    ) -> list[Outcome]:
         found = {(e.runner, e.law): e for e in m.envelopes}
         return [_one(rule, found.get((d, law)), found.get((FALLBACK, law)), d, law) for d in drafts for law in laws]
 
@@ -81,17 +105,39 @@ class EnvelopeRules(RuleKind):
 def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None, draft: str, law: str) -> Outcome:
     threshold = rule.threshold_value
     relative = rule.relative_to == "fallback"
-    base = dict(rule_id=rule.id, scope=f"{draft}/{law}", draft=draft, law=law, metric="envelope", aggregation="interval",
-                comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
+    base = dict(
+        rule_id=rule.id,
+        scope=f"{draft}/{law}",
+        draft=draft,
+        law=law,
+        metric="envelope",
+        aggregation="interval",
+        comparison=rule.comparison,
+        threshold=threshold,
+        relative_to=rule.relative_to,
+        level=rule.level,
+    )
     bound = f"{rule.comparison} {threshold:g}" + ("x the fallback's" if relative else "")
     if rule.level == "off":
-        return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
-                       message="envelope: level off, not evaluated")
+        return Outcome(
+            **base,
+            status=Status.SKIPPED,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            message="envelope: level off, not evaluated",
+        )
     missing = [who for who, e in ((draft, mine), *([(FALLBACK, fallback)] if relative else [])) if e is None]
     if missing:
-        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None,
-                       message=f"envelope: no search of {', '.join(dict.fromkeys(missing))} under {law} was recorded "
-                       "(not measured)")
+        return Outcome(
+            **base,
+            status=Status.ERROR,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            message=f"envelope: no search of {', '.join(dict.fromkeys(missing))} under {law} was recorded "
+            "(not measured)",
+        )
     assert mine is not None
     details = [_details(mine)] + ([_details(fallback)] if relative and fallback is not None else [])
     searches = [mine, fallback] if relative and fallback is not None else [mine]
@@ -99,14 +145,28 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
     failed = [e for e in searches if e.stop in ("failed", "interrupted")]
     if failed:
         e = failed[0]
-        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None, details=details,
-                       message=f"envelope: the search of {e.runner} {'failed' if e.stop == 'failed' else 'was interrupted'} "
-                       f"at {e.over.replace('_', ' ')} {e.probes[-1].load:g} ({_last_why(e)}); SLO load so far {e.shown()}")
+        return Outcome(
+            **base,
+            status=Status.ERROR,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            details=details,
+            message=f"envelope: the search of {e.runner} {'failed' if e.stop == 'failed' else 'was interrupted'} "
+            f"at {e.over.replace('_', ' ')} {e.probes[-1].load:g} ({_last_why(e)}); SLO load so far {e.shown()}",
+        )
     broken = [e for e in searches if e.lower is None and (e.stop == "inconclusive" or e.upper is None)]
     if broken:  # nothing held and nothing failed: nothing known
         e = broken[0]
-        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None, details=details,
-                       message=f"envelope: the search of {e.runner} decided nothing ({e.stop}: {_last_why(e)})")
+        return Outcome(
+            **base,
+            status=Status.ERROR,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            details=details,
+            message=f"envelope: the search of {e.runner} decided nothing ({e.stop}: {_last_why(e)})",
+        )
     least, greatest = mine.bounds()
     fb_value = None
     if relative:
@@ -114,13 +174,19 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
         f_least, f_greatest = fallback.bounds()
         fb_value = fallback.lower
         if f_greatest == 0:  # the fallback met the SLOs at no load probed: no ratio to take
-            return Outcome(**base, status=Status.INCONCLUSIVE, measured=None, samples=sum(p.requests for p in mine.probes),
-                           fallback_value=None, details=details,
-                           message=f"envelope: the fallback met the SLOs at no load probed ({fallback.shown()}: "
-                           f"{_last_why(fallback)}), so there is no ratio to take; {draft}'s SLO load {mine.shown()} "
-                           "(lower load.search.start, or SLOs the fallback meets)")
+            return Outcome(
+                **base,
+                status=Status.INCONCLUSIVE,
+                measured=None,
+                samples=sum(p.requests for p in mine.probes),
+                fallback_value=None,
+                details=details,
+                message=f"envelope: the fallback met the SLOs at no load probed ({fallback.shown()}: "
+                f"{_last_why(fallback)}), so there is no ratio to take; {draft}'s SLO load {mine.shown()} "
+                "(lower load.search.start, or SLOs the fallback meets)",
+            )
         least, greatest = (least / f_greatest, greatest / f_least if f_least > 0 else math.inf)
-    meets = (lambda v: v >= threshold) if rule.comparison == ">=" else (lambda v: v > threshold)  # noqa: E731
+    meets = (lambda v: v >= threshold) if rule.comparison == ">=" else (lambda v: v > threshold)
     if meets(least):
         status = Status.PASS
     elif not meets(greatest):
@@ -128,18 +194,31 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
     else:
         status = Status.INCONCLUSIVE
     shown = f"[{least:.3g}, {greatest:.3g}]" + ("x" if relative else "")
-    what = (f"SLO load {mine.shown()} against the fallback's {fallback.shown()}: ratio in {shown}" if relative and fallback
-            else f"SLO load {mine.shown()}: in {shown}")
+    what = (
+        f"SLO load {mine.shown()} against the fallback's {fallback.shown()}: ratio in {shown}"
+        if relative and fallback
+        else f"SLO load {mine.shown()}: in {shown}"
+    )
     at_max = [e.runner for e in searches if e.stop == "max"]
-    straddles = (f"the interval straddles the floor: {' and '.join(at_max)} held every SLO up to load.search.max (raise it)"
-                 if at_max else "the interval straddles the floor (a finer search, load.search.tolerance, or more "
-                 "repetitions decide)")
-    tail = {Status.PASS: "met on the whole interval", Status.INCONCLUSIVE: straddles}.get(status, "missed on the whole interval")
+    straddles = (
+        f"the interval straddles the floor: {' and '.join(at_max)} held every SLO up to load.search.max (raise it)"
+        if at_max
+        else "the interval straddles the floor (a finer search, load.search.tolerance, or more repetitions decide)"
+    )
+    tail = {Status.PASS: "met on the whole interval", Status.INCONCLUSIVE: straddles}.get(
+        status, "missed on the whole interval"
+    )
     early = mine.stop in ("budget", "inconclusive")
     stopped = f"; the search stopped: {mine.stop}" + (f" ({_last_why(mine)})" if early else "")
-    return Outcome(**base, status=status, measured=least if math.isfinite(least) else None,
-                   samples=sum(p.requests for p in mine.probes), fallback_value=fb_value, details=details,
-                   message=f"envelope: {what} vs {bound}: {tail}{stopped}")
+    return Outcome(
+        **base,
+        status=status,
+        measured=least if math.isfinite(least) else None,
+        samples=sum(p.requests for p in mine.probes),
+        fallback_value=fb_value,
+        details=details,
+        message=f"envelope: {what} vs {bound}: {tail}{stopped}",
+    )
 
 
 def _last_why(e: EnvelopeRecord) -> str:
@@ -148,8 +227,15 @@ def _last_why(e: EnvelopeRecord) -> str:
 
 def _details(e: EnvelopeRecord) -> dict[str, Any]:
     """The search of one runner as `gate explain` lists it: its interval, why it stopped, its probes."""
-    return {"name": e.runner, "kind": e.over, "lower": e.lower, "upper": e.upper, "verdict": e.stop, "n": len(e.probes),
-            "probes": ", ".join(f"{p.load:g} {p.verdict}" for p in e.probes)}
+    return {
+        "name": e.runner,
+        "kind": e.over,
+        "lower": e.lower,
+        "upper": e.upper,
+        "verdict": e.stop,
+        "n": len(e.probes),
+        "probes": ", ".join(f"{p.load:g} {p.verdict}" for p in e.probes),
+    }
 
 
 KIND = EnvelopeRules()

@@ -16,8 +16,18 @@ class ExactnessRules(RuleKind):
     """An exactness rule takes the tests' settings and a scope of drafts and laws, no metric."""
 
     name = "exactness"
-    keys = ("kind", "significance", "power", "detect_tv", "tie_tolerance", "reference_tolerance", "next_token_samples",
-            "next_token_prompts", "scope", "level")
+    keys = (
+        "kind",
+        "significance",
+        "power",
+        "detect_tv",
+        "tie_tolerance",
+        "reference_tolerance",
+        "next_token_samples",
+        "next_token_prompts",
+        "scope",
+        "level",
+    )
     needs_exactness = True
 
     def spec_problem(self, rule: Any) -> tuple[str, str] | None:
@@ -25,10 +35,14 @@ class ExactnessRules(RuleKind):
             if getattr(rule, key) is not None:
                 return key, f"an exactness rule takes no {key}: it tests the declared law itself"
         if rule.scope.categories or rule.scope.constraints or rule.per:
-            return ("per" if rule.per else "scope"), "an exactness rule covers every prompt; scope it by drafts and laws only"
+            return (
+                "per" if rule.per else "scope"
+            ), "an exactness rule covers every prompt; scope it by drafts and laws only"
         return None
 
-    def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
+    def evaluate(
+        self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings
+    ) -> list[Outcome]:
         return evaluate_exactness(rule, m, drafts, laws)
 
 

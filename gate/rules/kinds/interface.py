@@ -40,10 +40,15 @@ class Settings:
     waivers: list[Any] = field(default_factory=list)
     today: dt.date = field(default_factory=dt.date.today)
     max_cpu_stall: float | None = DEFAULT_MAX_CPU_STALL  # a request is contended above this stalled share (None: never)
-    max_contended: float = DEFAULT_MAX_CONTENDED  # largest share of a timing rule's units that may be left out as contended
-    max_client_lag_ms: float | None = DEFAULT_MAX_CLIENT_LAG_MS  # a served request is client delayed above this (None: never)
+    max_contended: float = (
+        DEFAULT_MAX_CONTENDED  # largest share of a timing rule's units that may be left out as contended
+    )
+    max_client_lag_ms: float | None = (
+        DEFAULT_MAX_CLIENT_LAG_MS  # a served request is client delayed above this (None: never)
+    )
     # served runs: the declared load points ("concurrency"/"request_rate" -> values), so `per:` gives one outcome per
-    # declared point (stable names; a point without measurements is an error), not per point that happened to be measured
+    # declared point (stable names; a point without measurements is an error), not per point that happened to be
+    # measured
     load_points: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
@@ -77,6 +82,8 @@ class RuleKind(ABC):
         return None
 
     @abstractmethod
-    def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
+    def evaluate(
+        self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings
+    ) -> list[Outcome]:
         """The outcomes of `rule` for the `drafts` and `laws` in its scope (waivers and what an
         inconclusive status counts as are applied by the caller)."""

@@ -18,16 +18,45 @@ from typing import TYPE_CHECKING, Any
 
 from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
-from gate.metrics import COMPUTED_ONCE, FALLBACK_RATIOS, METRICS, RATIO_NOT_SHARE, RESAMPLED, TIMED, compares_with_fallback
+from gate.metrics import (
+    COMPUTED_ONCE,
+    FALLBACK_RATIOS,
+    METRICS,
+    RATIO_NOT_SHARE,
+    RESAMPLED,
+    TIMED,
+    compares_with_fallback,
+)
 from gate.records import FALLBACK, Failure, Measurements, RequestRecord, describe_failures
-from gate.rules.confidence import (MIN_UNITS, QUANTILES, Estimand, Interval, between_windows, bootstrap_interval,
-                                   decide, decide_exceedance, estimand, exceedance, peer_selections, ratio, widened)
+from gate.rules.confidence import (
+    MIN_UNITS,
+    QUANTILES,
+    Estimand,
+    Interval,
+    between_windows,
+    bootstrap_interval,
+    decide,
+    decide_exceedance,
+    estimand,
+    exceedance,
+    peer_selections,
+    ratio,
+    widened,
+)
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
-from gate.rules.samples import WINDOW_ONLY, Selection, value
-from gate.rules.scope import LOAD_AXES, inapplicable_points, not_applicable_reason, other_axis, point_name, scope_key, scoped_points
-from gate.rules.status import Status
 from gate.rules.resampling import UnitSet
+from gate.rules.samples import WINDOW_ONLY, Selection, value
+from gate.rules.scope import (
+    LOAD_AXES,
+    inapplicable_points,
+    not_applicable_reason,
+    other_axis,
+    point_name,
+    scope_key,
+    scoped_points,
+)
+from gate.rules.status import Status
 from gate.units import Dimension, format_value, parse_quantity
 
 if TYPE_CHECKING:
@@ -36,7 +65,13 @@ if TYPE_CHECKING:
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
-_EXAMPLE = {"bytes": "2 GiB", "ms": "120 ms", "tokens/s": "25 tokens/s", "requests/s": "2 requests/s", "tokens": "3 tokens"}
+_EXAMPLE = {
+    "bytes": "2 GiB",
+    "ms": "120 ms",
+    "tokens/s": "25 tokens/s",
+    "requests/s": "2 requests/s",
+    "tokens": "3 tokens",
+}
 
 
 class MetricRules(RuleKind):
@@ -57,13 +92,16 @@ class MetricRules(RuleKind):
         if (rule.metric == "memory_line_bytes") != (rule.line is not None):
             return "line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one"
         if rule.aggregation not in metric.aggregations:
-            return "aggregation", (f"metric {rule.metric} takes aggregation {' or '.join(metric.aggregations)}, "
-                                   f"not {rule.aggregation!r}")
+            return "aggregation", (
+                f"metric {rule.metric} takes aggregation {' or '.join(metric.aggregations)}, not {rule.aggregation!r}"
+            )
         if rule.relative_to == "fallback" and not metric.fallback_has_it:
             return "relative_to", f"metric {rule.metric} has no fallback value; relative_to: fallback does not apply"
         return _threshold_problem(rule, metric.dimension)
 
-    def evaluate(self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings) -> list[Outcome]:
+    def evaluate(
+        self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings
+    ) -> list[Outcome]:
         out: list[Outcome] = []
         for draft in drafts:
             for law in laws:
@@ -80,27 +118,41 @@ def _threshold_problem(rule: RuleSpec, dimension: Dimension) -> tuple[str, str] 
     q = parse_quantity(rule.threshold)
     expected = Dimension.RATIO if rule.relative_to else dimension
     shown = shown_threshold(rule.threshold)
-    if isinstance(rule.threshold, str) and rule.threshold.strip().endswith("%") and (
-            rule.relative_to or rule.metric in RATIO_NOT_SHARE):
+    if (
+        isinstance(rule.threshold, str)
+        and rule.threshold.strip().endswith("%")
+        and (rule.relative_to or rule.metric in RATIO_NOT_SHARE)
+    ):
         n = q.value * 100
-        what = (f"{rule.metric} is a count of sequences" if rule.metric == "extra_sequences" else
-                f"{rule.metric}{' relative to the ' + rule.relative_to if rule.relative_to else ''} is a ratio (1.0x: equal)")
-        hint = ("write a number, e.g. 2" if rule.metric == "extra_sequences" else
-                f"write the ratio, e.g. '{1 + q.value:g}x' ({n:g}% above) or '{1 - q.value:g}x' ({n:g}% below)" if n < 50 else
-                f"write the ratio, e.g. '{q.value:g}x' ({n:g}% of it)")
+        what = (
+            f"{rule.metric} is a count of sequences"
+            if rule.metric == "extra_sequences"
+            else f"{rule.metric}{' relative to the ' + rule.relative_to if rule.relative_to else ''} is a ratio "
+            "(1.0x: equal)"
+        )
+        hint = (
+            "write a number, e.g. 2"
+            if rule.metric == "extra_sequences"
+            else f"write the ratio, e.g. '{1 + q.value:g}x' ({n:g}% above) or '{1 - q.value:g}x' ({n:g}% below)"
+            if n < 50
+            else f"write the ratio, e.g. '{q.value:g}x' ({n:g}% of it)"
+        )
         return "threshold", f"threshold {shown} is a percentage, but {what}: it would read as {q.value:g}x; {hint}"
     if q.dimension is None and expected is not Dimension.RATIO:
         example = _EXAMPLE.get(expected.value, expected.value)
-        return "threshold", (f"threshold {shown} has no unit; {rule.metric} is in {expected.value} "
-                             f"(write it with a unit, e.g. '{example}')")
+        return "threshold", (
+            f"threshold {shown} has no unit; {rule.metric} is in {expected.value} "
+            f"(write it with a unit, e.g. '{example}')"
+        )
     if q.dimension is not None and q.dimension is not expected:
         what = "a ratio to the fallback" if rule.relative_to else f"in {expected.value}"
         return "threshold", f"threshold {shown} is in {q.dimension.value} but {rule.metric} is {what}"
     return None
 
 
-def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
-           declared: dict[str, tuple[float, ...]] | None = None) -> list[Selection]:
+def _cells(
+    rule: RuleSpec, m: Measurements, draft: str, law: str, declared: dict[str, tuple[float, ...]] | None = None
+) -> list[Selection]:
     """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
     cats = tuple(rule.scope.categories) if rule.scope.categories else None
     conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
@@ -112,8 +164,10 @@ def _cells(rule: RuleSpec, m: Measurements, draft: str, law: str,
     if rule.per in LOAD_AXES and declared and any(declared.values()):
         other = other_axis(rule.per)
         # only the points of the rule's own axis: those of the other axis get a "does not apply" outcome (_gaps)
-        return [replace(base, **{rule.per: (v,), other: None}) for v in scoped_points(base.concurrency, base.request_rate,
-                                                                                       declared, rule.per)]
+        return [
+            replace(base, **{rule.per: (v,), other: None})
+            for v in scoped_points(base.concurrency, base.request_rate, declared, rule.per)
+        ]
     records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
     values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v))
     if not values:
@@ -148,13 +202,30 @@ def _not_applicable(rule: RuleSpec, where: Selection) -> Outcome:
     """The outcome of a rule at a load point its `per:` cannot apply to: skipped, saying why."""
     axis = "concurrency" if where.concurrency is not None else "request_rate"
     (value,) = getattr(where, axis)
-    what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
-        f", relative to {rule.relative_to})" if rule.relative_to else ")")
-    return Outcome(rule_id=rule.id, scope=scope_key(where, rule.per), draft=where.runner, law=where.law, metric=rule.metric,
-                   aggregation=rule.aggregation, comparison=rule.comparison, threshold=rule.threshold_value,
-                   relative_to=rule.relative_to, level=rule.level, status=Status.SKIPPED, measured=None, samples=0,
-                   fallback_value=None, message=f"{what}: per: {rule.per} does not apply at {point_name(axis, value)}: "
-                   f"{not_applicable_reason(axis)}; not evaluated (a rule with per: {axis} decides it)")
+    what = (
+        f"{rule.metric}"
+        + (f" '{rule.line}'" if rule.line else "")
+        + f" ({rule.aggregation}"
+        + (f", relative to {rule.relative_to})" if rule.relative_to else ")")
+    )
+    return Outcome(
+        rule_id=rule.id,
+        scope=scope_key(where, rule.per),
+        draft=where.runner,
+        law=where.law,
+        metric=rule.metric,
+        aggregation=rule.aggregation,
+        comparison=rule.comparison,
+        threshold=rule.threshold_value,
+        relative_to=rule.relative_to,
+        level=rule.level,
+        status=Status.SKIPPED,
+        measured=None,
+        samples=0,
+        fallback_value=None,
+        message=f"{what}: per: {rule.per} does not apply at {point_name(axis, value)}: "
+        f"{not_applicable_reason(axis)}; not evaluated (a rule with per: {axis} decides it)",
+    )
 
 
 def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outcome:
@@ -162,23 +233,49 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     draft, law = where.runner, where.law
     scope = scope_key(where, rule.per)
     threshold = rule.threshold_value
-    base = dict(rule_id=rule.id, scope=scope, draft=draft, law=law, metric=rule.metric, aggregation=rule.aggregation,
-                comparison=rule.comparison, threshold=threshold, relative_to=rule.relative_to, level=rule.level)
+    base = dict(
+        rule_id=rule.id,
+        scope=scope,
+        draft=draft,
+        law=law,
+        metric=rule.metric,
+        aggregation=rule.aggregation,
+        comparison=rule.comparison,
+        threshold=threshold,
+        relative_to=rule.relative_to,
+        level=rule.level,
+    )
     dim = Dimension.RATIO if rule.relative_to else metric.dimension
     x = "x" if rule.relative_to or rule.metric == "speedup" else ""
     bound = f"{rule.comparison} {format_value(threshold, dim)}{x}"
-    what = f"{rule.metric}" + (f" '{rule.line}'" if rule.line else "") + f" ({rule.aggregation}" + (
-        f", relative to {rule.relative_to})" if rule.relative_to else ")")
+    what = (
+        f"{rule.metric}"
+        + (f" '{rule.line}'" if rule.line else "")
+        + f" ({rule.aggregation}"
+        + (f", relative to {rule.relative_to})" if rule.relative_to else ")")
+    )
     if rule.level == "off":
-        return Outcome(**base, status=Status.SKIPPED, measured=None, samples=0, fallback_value=None,
-                       message=f"{what}: level off, not evaluated")
+        return Outcome(
+            **base,
+            status=Status.SKIPPED,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            message=f"{what}: level off, not evaluated",
+        )
     other = s.baseline_drafts.get(draft, draft)
     failed = [f for f in _failures(rule, m, draft, law) if _at_load(f, where)]
     if rule.relative_to == "baseline" and s.baseline is not None:
         failed += _failures(rule, s.baseline, other, law)
     if rule.relative_to == "baseline" and s.baseline is None:
-        return Outcome(**base, status=Status.ERROR, measured=None, samples=0, fallback_value=None,
-                       message=f"{what}: no baseline report was loaded vs threshold {bound}")
+        return Outcome(
+            **base,
+            status=Status.ERROR,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            message=f"{what}: no baseline report was loaded vs threshold {bound}",
+        )
     if rule.metric not in RESAMPLED:
         return _computed(rule, m, where, s, base, what, bound, dim, failed, other)
     est, reference = _estimands(rule, m, s.baseline, where, other)
@@ -199,33 +296,55 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     n = est.units if est is not None and all(g for g in est.groups) else 0
     point = est.point() if n else float("nan")
     if busy is not None and busy.too_many and not failed:
-        return Outcome(**base, status=Status.INCONCLUSIVE, measured=None if math.isnan(point) else point, samples=n,
-                       fallback_value=None, message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
-                       + ("a window's rate counts every request of it; " if busy.whole else "")
-                       + (f"an interval needs at least {MIN_UNITS}" if busy.kept < MIN_UNITS and not busy.whole else
-                          f"at most {s.max_contended:.0%} may be left out") + f") vs threshold {bound}: inconclusive")
+        return Outcome(
+            **base,
+            status=Status.INCONCLUSIVE,
+            measured=None if math.isnan(point) else point,
+            samples=n,
+            fallback_value=None,
+            message=f"{what}: {busy.describe(_unit_word(busy.all, rule))} ({busy.kept} clean: "
+            + ("a window's rate counts every request of it; " if busy.whole else "")
+            + (
+                f"an interval needs at least {MIN_UNITS}"
+                if busy.kept < MIN_UNITS and not busy.whole
+                else f"at most {s.max_contended:.0%} may be left out"
+            )
+            + f") vs threshold {bound}: inconclusive",
+        )
     if failed or n == 0 or math.isnan(point):
-        return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(point) else point, samples=n,
-                       fallback_value=None, message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}")
+        return Outcome(
+            **base,
+            status=Status.ERROR,
+            measured=None if math.isnan(point) else point,
+            samples=n,
+            fallback_value=None,
+            message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}",
+        )
     level = rule.confidence or s.confidence
     ref_value = reference.point() if reference is not None else None
     unit_word = _unit_word(est, rule)
     shown = format_value(point, dim) + x
     if rule.relative_to and ref_value is not None:
-        shown += f" ({format_value(point * ref_value, metric.dimension)} vs {rule.relative_to} {format_value(ref_value, metric.dimension)})"
+        reference_shown = format_value(ref_value, metric.dimension)
+        shown += f" ({format_value(point * ref_value, metric.dimension)} vs {rule.relative_to} {reference_shown})"
     exc, interval = None, None
     if rule.aggregation in QUANTILES and not rule.relative_to:  # decided by counting, no bootstrap
         u = est.groups[0][0]
         exc = exceedance(u, threshold, rule.comparison, QUANTILES[rule.aggregation], level)
         status = decide_exceedance(exc)
         side = "above" if rule.comparison in ("<=", "<") else "below"
-        detail = (f"{shown} over {u.samples} samples in {u.n} {u.unit}s; {exc.count} {side} "
-                  f"{format_value(threshold, dim)} ({exc.share:.2%}; {level:.0%} CI {exc.low:.2%}-{exc.high:.2%}"
-                  + (f", design effect {exc.design_effect:.2f}" if exc.design_effect > 1 else "")
-                  + f"; at most {exc.allowed:.0%} allowed)")
+        detail = (
+            f"{shown} over {u.samples} samples in {u.n} {u.unit}s; {exc.count} {side} "
+            f"{format_value(threshold, dim)} ({exc.share:.2%}; {level:.0%} CI {exc.low:.2%}-{exc.high:.2%}"
+            + (f", design effect {exc.design_effect:.2f}" if exc.design_effect > 1 else "")
+            + f"; at most {exc.allowed:.0%} allowed)"
+        )
     elif rule.aggregation in ("min", "max"):
         status = Status.PASS if _OPS[rule.comparison](point, threshold) else Status.FAIL
-        detail = f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, no interval)"
+        detail = (
+            f"{shown} ({rule.aggregation} of {est.groups[0][0].samples} samples in {n} {unit_word}: an extreme, "
+            "no interval)"
+        )
     else:
         interval = bootstrap_interval(est, level, s.resamples, s.seed)
         drift, requests_alone = None, interval
@@ -240,28 +359,45 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
             detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS})"
         else:
             status = decide(interval, rule.comparison, threshold)
-            detail = (f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
-                      f"{format_value(interval.high, dim)}{x}"
-                      + (f"; {drift.describe(requests_alone, interval, lambda v: format_value(v, dim) + x)}"
-                         if drift and requests_alone else "") + ")")
+            detail = (
+                f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
+                f"{format_value(interval.high, dim)}{x}"
+                + (
+                    f"; {drift.describe(requests_alone, interval, lambda v: format_value(v, dim) + x)}"
+                    if drift and requests_alone
+                    else ""
+                )
+                + ")"
+            )
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
     elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
         note = "; a large improvement over the baseline: consider refreshing it"
     if busy is not None and busy.whole:
-        note += (f"; {busy.describe(_unit_word(busy.all, rule))}: a window's rate cannot leave a request out "
-                 f"(decided on the whole windows, {busy.kept} clean requests)")
+        note += (
+            f"; {busy.describe(_unit_word(busy.all, rule))}: a window's rate cannot leave a request out "
+            f"(decided on the whole windows, {busy.kept} clean requests)"
+        )
     elif busy is not None:
         note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
     if status == Status.FAIL and rule.level == "warn":
         status = Status.WARN
-    return Outcome(**base, status=status, measured=point, samples=est.groups[0][0].samples, fallback_value=ref_value,
-                   message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}", interval=interval, exceedance=exc)
+    return Outcome(
+        **base,
+        status=status,
+        measured=point,
+        samples=est.groups[0][0].samples,
+        fallback_value=ref_value,
+        message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}",
+        interval=interval,
+        exceedance=exc,
+    )
 
 
-def _estimands(rule: RuleSpec, m: Measurements, baseline: Measurements | None, where: Selection,
-               other: str) -> tuple[Estimand | None, Estimand | None]:
+def _estimands(
+    rule: RuleSpec, m: Measurements, baseline: Measurements | None, where: Selection, other: str
+) -> tuple[Estimand | None, Estimand | None]:
     """The rule's value as an estimand (divided by its reference when relative) and the reference."""
     est = estimand(rule.metric, rule.aggregation, m, where)
     reference = None
@@ -299,8 +435,10 @@ class _Busy:
             return describe_delayed(self.total - self.kept, self.total, unit, self.max_client_lag_ms)
         text = describe(self.share, self.total - self.kept, self.total, unit)
         if self.delayed and self.max_client_lag_ms is not None:
-            text += (f" (of the requests left out, {self.delayed} client delayed: schedule or event-loop lag over "
-                     f"{self.max_client_lag_ms:g} ms)")
+            text += (
+                f" (of the requests left out, {self.delayed} client delayed: schedule or event-loop lag over "
+                f"{self.max_client_lag_ms:g} ms)"
+            )
         return text
 
 
@@ -333,8 +471,15 @@ def _without_busy(x: Measurements | None, s: Settings) -> tuple[Measurements | N
     return (replace(x, requests=[r for r in x.requests if not out(r)]) if busy else x), busy
 
 
-def _contention(rule: RuleSpec, m: Measurements, cleaned: tuple[Measurements | None, list[RequestRecord]], where: Selection,
-                s: Settings, other: str, est: Estimand | None) -> _Busy | None:
+def _contention(
+    rule: RuleSpec,
+    m: Measurements,
+    cleaned: tuple[Measurements | None, list[RequestRecord]],
+    where: Selection,
+    s: Settings,
+    other: str,
+    est: Estimand | None,
+) -> _Busy | None:
     """The rule decided without contended or client-delayed requests (a paired unit goes when
     either side of it is); None when none of its requests was. `cleaned`: _without_busy(m, s)."""
     here, busy = cleaned
@@ -356,16 +501,35 @@ def _contention(rule: RuleSpec, m: Measurements, cleaned: tuple[Measurements | N
             every += [r for r in s.baseline.requests if where.of(other).takes(r)]
         n_req = len(every)
         _, reference = _estimands(rule, m, s.baseline, where, other)
-        return _Busy(est, reference, est, n_req, n_req - len(mine), pooled_stall_share(contended, cpus),
-                     len(mine) / n_req > s.max_contended, len(contended), len(mine) - len(contended),
-                     s.max_client_lag_ms, whole=True)
+        return _Busy(
+            est,
+            reference,
+            est,
+            n_req,
+            n_req - len(mine),
+            pooled_stall_share(contended, cpus),
+            len(mine) / n_req > s.max_contended,
+            len(contended),
+            len(mine) - len(contended),
+            s.max_client_lag_ms,
+            whole=True,
+        )
     est_clean, ref_clean = _estimands(rule, here, base if base is not None else s.baseline, where, other)
     kept = _units(est_clean)
     if kept == total:
         return None
-    return _Busy(est_clean, ref_clean, est, total, kept, pooled_stall_share(contended, cpus),
-                 kept < MIN_UNITS or (total - kept) / total > s.max_contended, len(contended),
-                 len(mine) - len(contended), s.max_client_lag_ms)
+    return _Busy(
+        est_clean,
+        ref_clean,
+        est,
+        total,
+        kept,
+        pooled_stall_share(contended, cpus),
+        kept < MIN_UNITS or (total - kept) / total > s.max_contended,
+        len(contended),
+        len(mine) - len(contended),
+        s.max_client_lag_ms,
+    )
 
 
 def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Failure]:
@@ -373,10 +537,16 @@ def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Fai
     stage = METRICS[rule.metric].failure_stage
     # Overlap is measured along the fallback's continuations: a failed fallback request
     # leaves a hole in it too.
-    return [f for f in m.failures if f.law in (law, "*") and (
-        (f.draft in runners and f.stage in (stage, "run"))
-        or (f.draft == draft and f.stage == "verification" and "speedup" in rule.metric)
-        or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK))]
+    return [
+        f
+        for f in m.failures
+        if f.law in (law, "*")
+        and (
+            (f.draft in runners and f.stage in (stage, "run"))
+            or (f.draft == draft and f.stage == "verification" and "speedup" in rule.metric)
+            or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK)
+        )
+    ]
 
 
 def _at_load(f: Failure, where: Selection) -> bool:
@@ -406,8 +576,18 @@ def _unit_word(est: Estimand, rule: RuleSpec) -> str:
     return f"{u.unit}s" + (" pooled" if rule.aggregation == "pooled" else "")
 
 
-def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, base: dict[str, Any], what: str, bound: str,
-              dim: Dimension, failed: list[Failure], other: str) -> Outcome:
+def _computed(
+    rule: RuleSpec,
+    m: Measurements,
+    where: Selection,
+    s: Settings,
+    base: dict[str, Any],
+    what: str,
+    bound: str,
+    dim: Dimension,
+    failed: list[Failure],
+    other: str,
+) -> Outcome:
     """Bills and process peaks: computed or measured once, decided on the value itself."""
     metric = METRICS[rule.metric]
     measured, n = value(rule.metric, rule.aggregation, m, where, rule.line)
@@ -418,18 +598,36 @@ def _computed(rule: RuleSpec, m: Measurements, where: Selection, s: Settings, ba
         measured = measured / reference if reference and not math.isnan(reference) else float("nan")
         n = min(n, ref_n)
     if failed or n == 0 or math.isnan(measured):
-        return Outcome(**base, status=Status.ERROR, measured=None if math.isnan(measured) else measured, samples=n,
-                       fallback_value=reference, message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}")
+        return Outcome(
+            **base,
+            status=Status.ERROR,
+            measured=None if math.isnan(measured) else measured,
+            samples=n,
+            fallback_value=reference,
+            message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}",
+        )
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
     if rule.relative_to:
-        shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {format_value(reference, metric.dimension)})"
-    status = (Status.PASS if _OPS[rule.comparison](measured, rule.threshold_value)
-              else Status.WARN if rule.level == "warn" else Status.FAIL)
+        reference_shown = format_value(reference, metric.dimension)
+        shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {reference_shown})"
+    status = (
+        Status.PASS
+        if _OPS[rule.comparison](measured, rule.threshold_value)
+        else Status.WARN
+        if rule.level == "warn"
+        else Status.FAIL
+    )
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
-    return Outcome(**base, status=status, measured=measured, samples=n, fallback_value=reference,
-                   message=f"{what}: measured {shown} (computed once, no sampling interval) vs threshold {bound}: {status}{note}")
+    return Outcome(
+        **base,
+        status=status,
+        measured=measured,
+        samples=n,
+        fallback_value=reference,
+        message=f"{what}: measured {shown} (computed once, no sampling interval) vs threshold {bound}: {status}{note}",
+    )
 
 
 # Metrics whose denominator is the draft's proposals: undefined where it made none.
@@ -446,7 +644,7 @@ def _missing(rule: RuleSpec, m: Measurements, where: Selection, failed: list[Fai
 
 
 def no_proposal(metric: str, m: Measurements, where: Selection) -> str | None:
-    """"no proposal: ..." when an acceptance metric has nothing to measure because the draft
+    """ "no proposal: ..." when an acceptance metric has nothing to measure because the draft
     made no proposal in the selection: its requests produced tokens, and every count that
     says how many tokens it proposed (gate's per-step counters, a server's per-response
     draft count, the server's spec-decode counter deltas over the measured windows) is 0.
@@ -461,17 +659,23 @@ def no_proposal(metric: str, m: Measurements, where: Selection) -> str | None:
     if where.whole_windows:
         # an engine counts proposed tokens or verification steps with a proposal (SGLang only the steps): either moving
         # means it proposed
-        counts += [w.counters.num_draft_tokens + w.counters.num_drafts for w in m.runs
-                   if where.takes_window(w) and w.counters is not None]
+        counts += [
+            w.counters.num_draft_tokens + w.counters.num_drafts
+            for w in m.runs
+            if where.takes_window(w) and w.counters is not None
+        ]
     if not counts or any(counts):
         return None
     info = m.drafts.get(where.runner)
     lookup = info is not None and info.kind == "prompt_lookup"
     if not any(r.concurrency is not None or r.request_rate is not None for r in reqs):  # gate's own loop
-        return (f"no proposal: draft {where.runner} made no proposal (0 draft tokens over {len(reqs)} requests: "
-                + ("prompt lookup found no n-gram to copy)" if lookup else "it proposed nothing)"))
-    return (f"no proposal: the server made no draft proposal at {_points_text(reqs)} (0 draft tokens over {len(reqs)} "
-            "requests: speculation off" + (", or prompt lookup found no n-gram to copy)" if lookup else ")"))
+        return f"no proposal: draft {where.runner} made no proposal (0 draft tokens over {len(reqs)} requests: " + (
+            "prompt lookup found no n-gram to copy)" if lookup else "it proposed nothing)"
+        )
+    return (
+        f"no proposal: the server made no draft proposal at {_points_text(reqs)} (0 draft tokens over {len(reqs)} "
+        "requests: speculation off" + (", or prompt lookup found no n-gram to copy)" if lookup else ")")
+    )
 
 
 def _points_text(reqs: list[RequestRecord]) -> str:
@@ -479,7 +683,8 @@ def _points_text(reqs: list[RequestRecord]) -> str:
     conc = sorted({r.concurrency for r in reqs if r.concurrency is not None})
     rates = sorted({r.request_rate for r in reqs if r.concurrency is None and r.request_rate is not None})
     parts = ([f"concurrency {', '.join(f'{v:g}' for v in conc)}"] if conc else []) + (
-        [f"request rate {', '.join(f'{v:g}' for v in rates)}/s"] if rates else [])
+        [f"request rate {', '.join(f'{v:g}' for v in rates)}/s"] if rates else []
+    )
     return " and ".join(parts)
 
 

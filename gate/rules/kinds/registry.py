@@ -25,8 +25,13 @@ BUILTIN = (
     "gate.rules.kinds.best_num_draft_tokens",
 )
 
-_KINDS: Registry[RuleKind] = Registry("rule kind", lambda: BUILTIN, name_of=lambda kind: kind.name,
-                                      module_of=lambda kind: type(kind).__module__, attribute="KIND")
+_KINDS: Registry[RuleKind] = Registry(
+    "rule kind",
+    lambda: BUILTIN,
+    name_of=lambda kind: kind.name,
+    module_of=lambda kind: type(kind).__module__,
+    attribute="KIND",
+)
 
 
 def register(kind: RuleKind) -> RuleKind:

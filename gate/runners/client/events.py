@@ -13,8 +13,9 @@ from gate.runners.client.sse import SSEReader
 from gate.runners.client.transport import RequestProgress, ServedError
 
 
-def events_of(runner: str, url: str, protocol: Protocol, chunks: list[tuple[float, bytes]], t0: float,
-              final: bool) -> list[Event]:
+def events_of(
+    runner: str, url: str, protocol: Protocol, chunks: list[tuple[float, bytes]], t0: float, final: bool
+) -> list[Event]:
     """The events of a stream's `chunks` ((perf_counter s read, bytes)), each stamped with
     the arrival (ms from `t0`) of the chunk that completed it. Raises ServedError naming
     `runner` and `url` for broken SSE framing (`final`: the stream ended, so a payload left
@@ -33,8 +34,9 @@ def events_of(runner: str, url: str, protocol: Protocol, chunks: list[tuple[floa
     return events
 
 
-def arrived(runner: str, url: str, protocol: Protocol, chunks: list[tuple[float, bytes]],
-            progress: RequestProgress) -> None:
+def arrived(
+    runner: str, url: str, protocol: Protocol, chunks: list[tuple[float, bytes]], progress: RequestProgress
+) -> None:
     """Count what arrived before a transport failure into `progress` (events, tokens).
     Raises the ServedError of a malformed or error event among them (it came first)."""
     events = events_of(runner, url, protocol, chunks, progress.t0 or 0.0, final=False)

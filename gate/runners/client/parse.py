@@ -18,15 +18,15 @@ class Event:
     ids: list[int] | None
     text: str
     final: bool = False
-    finish: str | None = None          # OpenAI finish_reason / llama.cpp stop_type
-    stop_string: str | None = None     # vLLM stop_reason (str) / llama.cpp stopping_word
-    stop_token: bool = False           # vLLM stop_reason is a token id
-    usage_tokens: int | None = None    # usage.completion_tokens / tokens_predicted
+    finish: str | None = None  # OpenAI finish_reason / llama.cpp stop_type
+    stop_string: str | None = None  # vLLM stop_reason (str) / llama.cpp stopping_word
+    stop_token: bool = False  # vLLM stop_reason is a token id
+    usage_tokens: int | None = None  # usage.completion_tokens / tokens_predicted
     draft_n: int | None = None
     draft_n_accepted: int | None = None
-    prefill_ms: float | None = None    # llama.cpp timings.prompt_ms: the server's own prefill time
-    tpot_ms: float | None = None       # llama.cpp timings.predicted_per_token_ms
-    cached_tokens: int | None = None   # llama.cpp timings.cache_n: prompt tokens taken from the prefix cache
+    prefill_ms: float | None = None  # llama.cpp timings.prompt_ms: the server's own prefill time
+    tpot_ms: float | None = None  # llama.cpp timings.predicted_per_token_ms
+    cached_tokens: int | None = None  # llama.cpp timings.cache_n: prompt tokens taken from the prefix cache
 
 
 def _ids(value: Any) -> list[int] | None:

@@ -1,18 +1,19 @@
 """The protocols gate speaks to a server (Endpoint.api), each declared once:
 
-  completions  POST {base_url}/v1/completions, the prompt as token ids, stream with
-               stream_options.include_usage, return_token_ids (vLLM: choices[].token_ids).
-  llama_cpp    POST {base_url}/completion (llama.cpp native), prompt as token ids,
-               "return_tokens": true (each event's "tokens"); the final event ("stop":
-               true) has stop_type and timings.draft_n / timings.draft_n_accepted
-               (tools/server/server-common.cpp, server_slot_stats). Only llama.cpp speaks it,
-               so its requests follow llama.cpp's dialect whatever the endpoint's engine.
+completions  POST {base_url}/v1/completions, the prompt as token ids, stream with
+             stream_options.include_usage, return_token_ids (vLLM: choices[].token_ids).
+llama_cpp    POST {base_url}/completion (llama.cpp native), prompt as token ids,
+             "return_tokens": true (each event's "tokens"); the final event ("stop":
+             true) has stop_type and timings.draft_n / timings.draft_n_accepted
+             (tools/server/server-common.cpp, server_slot_stats). Only llama.cpp speaks it,
+             so its requests follow llama.cpp's dialect whatever the endpoint's engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gate.runners.client.parse import Event, parse_completions, parse_llama_cpp
 
@@ -36,8 +37,13 @@ class Protocol:
 
 
 def _completions_fields(ids: list[int], max_new_tokens: int, seed: int) -> dict[str, Any]:
-    return {"max_tokens": int(max_new_tokens), "seed": int(seed), "stream_options": {"include_usage": True},
-            "return_token_ids": True, "prompt": ids}
+    return {
+        "max_tokens": int(max_new_tokens),
+        "seed": int(seed),
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "prompt": ids,
+    }
 
 
 def _llama_cpp_fields(ids: list[int], max_new_tokens: int, seed: int) -> dict[str, Any]:
@@ -45,11 +51,21 @@ def _llama_cpp_fields(ids: list[int], max_new_tokens: int, seed: int) -> dict[st
     return {"prompt": ids, "n_predict": int(max_new_tokens), "seed": int(seed) % 0xFFFFFFFF, "return_tokens": True}
 
 
-PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
-    Protocol("completions", "/v1/completions", parse_completions, _completions_fields, ("/version", "/v1/models")),
-    Protocol("llama_cpp", "/completion", parse_llama_cpp, _llama_cpp_fields, ("/props",), engine="llama_cpp",
-             reports_drafts=True),
-)}
+PROTOCOLS: dict[str, Protocol] = {
+    p.name: p
+    for p in (
+        Protocol("completions", "/v1/completions", parse_completions, _completions_fields, ("/version", "/v1/models")),
+        Protocol(
+            "llama_cpp",
+            "/completion",
+            parse_llama_cpp,
+            _llama_cpp_fields,
+            ("/props",),
+            engine="llama_cpp",
+            reports_drafts=True,
+        ),
+    )
+}
 
 
 def protocol(api: str) -> Protocol:

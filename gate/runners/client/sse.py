@@ -6,7 +6,7 @@ in \\n or \\r\\n (a lone \\r, which the SSE spec also allows, is not supported).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class SSEReader:

@@ -5,7 +5,8 @@ Timing: t0 = time.perf_counter() when the request left (RawStream.sent_s: its on
 to the transport, gate.runners.client.transfer); connection set-up is timed apart,
 ClientTiming.send_ms and connect_ms; each chunk was stamped as its bytes reached the worker, and each
 SSE event's time (ms from t0) is its completing chunk's, given to every token it carries
-(vLLM's serving benchmark times chunks the same way). Token counts never come from the number of events: ids come from the stream
+(vLLM's serving benchmark times chunks the same way). Token counts never come from the number of events: ids come from
+the stream
 ("token_ids" / "tokens"); else counts come from usage.completion_tokens (or llama.cpp's
 tokens_predicted) spread over the events by the text each carried (count_tokens), and the
 ids are then unknown (UNKNOWN_ID placeholders). Bursts: consecutive tokens closer than
@@ -19,17 +20,16 @@ failure: classify_transport).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from gate.records import UNKNOWN_ID
+from gate.runners.client.events import events_of
 from gate.runners.client.parse import Event
 from gate.runners.client.protocol import Protocol
-from gate.runners.client.events import events_of
 from gate.runners.client.transfer import RawStream
 from gate.runners.client.transport import ServedError
 from gate.runners.result import ClientTiming, StreamResult
-
 
 
 def bursts(times_ms: Sequence[float], gap_ms: float) -> list[int]:
@@ -69,16 +69,21 @@ class StreamClient:
         the request left (RawStream.sent_s); ClientTiming from the milestones. Raises ServedError for
         broken SSE framing, a malformed or error event, or a stream without its final event."""
         events = self._events(raw.chunks, raw.sent_s, final=True)
-        result = self._result(events, raw.started_s, (raw.end_s - raw.sent_s) * 1e3,
-                              max(0.0, (raw.begin_s - raw.scheduled_s) * 1e3))
+        result = self._result(
+            events, raw.started_s, (raw.end_s - raw.sent_s) * 1e3, max(0.0, (raw.begin_s - raw.scheduled_s) * 1e3)
+        )
         result.client = ClientTiming(
-            schedule_lag_ms=max(0.0, (raw.begin_s - raw.due_s) * 1e3), send_ms=(raw.sent_s - raw.begin_s) * 1e3,
-            connect_ms=raw.connect_ms, loop_lag_ms=raw.loop_lag_ms, worker=raw.worker,
+            schedule_lag_ms=max(0.0, (raw.begin_s - raw.due_s) * 1e3),
+            send_ms=(raw.sent_s - raw.begin_s) * 1e3,
+            connect_ms=raw.connect_ms,
+            loop_lag_ms=raw.loop_lag_ms,
+            worker=raw.worker,
             server_output_tokens=next((e.usage_tokens for e in reversed(events) if e.usage_tokens is not None), None),
             server_prefill_ms=next((e.prefill_ms for e in events if e.prefill_ms is not None), None),
             server_tpot_ms=next((e.tpot_ms for e in events if e.tpot_ms is not None), None),
             server_cached_tokens=next((e.cached_tokens for e in events if e.cached_tokens is not None), None),
-            events=len(events))
+            events=len(events),
+        )
         result.cpu_stall_ms = raw.cpu_stall_ms
         result.load_avg_1m = raw.load_avg_1m
         return result
@@ -95,7 +100,11 @@ class StreamClient:
             raise ServedError(self.runner, self.url, f"the server ended the request with finish reason {last.finish!r}")
         usage = next((e.usage_tokens for e in reversed(events) if e.usage_tokens is not None), None)
         carried = [e for e in events if e.ids or e.text]
-        if carried and all(e.ids is not None for e in carried) or (not carried and any(e.ids is not None for e in events)):
+        if (
+            carried
+            and all(e.ids is not None for e in carried)
+            or (not carried and any(e.ids is not None for e in events))
+        ):
             ids = [t for e in carried for t in (e.ids or [])]
             times = [e.t_ms for e in carried for _ in (e.ids or [])]
         else:
@@ -105,10 +114,18 @@ class StreamClient:
         accepted_n = next((e.draft_n_accepted for e in reversed(events) if e.draft_n_accepted is not None), None)
         if self.protocol.reports_drafts and draft_n is None:
             draft_n, accepted_n = 0, 0  # llama.cpp leaves draft_n out when no proposal was made
-        return StreamResult(output_ids=ids, token_times_ms=times, stop_reason=reason, e2el_ms=e2el_ms,
-                            started_s=started_s, stop_string=stop_string,
-                            step_committed=bursts(times, self.burst_gap_ms), queue_ms=queue_ms,
-                            server_draft_tokens=draft_n, server_accepted_tokens=accepted_n)
+        return StreamResult(
+            output_ids=ids,
+            token_times_ms=times,
+            stop_reason=reason,
+            e2el_ms=e2el_ms,
+            started_s=started_s,
+            stop_string=stop_string,
+            step_committed=bursts(times, self.burst_gap_ms),
+            queue_ms=queue_ms,
+            server_draft_tokens=draft_n,
+            server_accepted_tokens=accepted_n,
+        )
 
     def _counted(self, carried: list[Event], usage: int | None) -> tuple[list[int], list[float]]:
         """Token times when the stream carried text but no ids: the total from usage (or
@@ -116,9 +133,13 @@ class StreamClient:
         weights = [float(self.count_tokens(e.text)) if self.count_tokens else 1.0 for e in carried]
         total = usage if usage is not None else (int(sum(weights)) if self.count_tokens else None)
         if total is None:
-            raise ServedError(self.runner, self.url, "the stream carried no token ids and no usage: cannot count tokens "
-                                                     "(send return_token_ids / stream_options.include_usage, or give "
-                                                     "count_tokens)")
+            raise ServedError(
+                self.runner,
+                self.url,
+                "the stream carried no token ids and no usage: cannot count tokens "
+                "(send return_token_ids / stream_options.include_usage, or give "
+                "count_tokens)",
+            )
         if total == 0:
             return [], []
         if not carried:
@@ -145,4 +166,4 @@ class StreamClient:
             return "stop", last.stop_string
         if finish in ("eos", "stop"):
             return "eos", None
-        return (("eos", None) if ids and ids[-1] in self.eos_token_ids else ("length", None))
+        return ("eos", None) if ids and ids[-1] in self.eos_token_ids else ("length", None)

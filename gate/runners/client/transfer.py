@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from gate.measure.contention import load_average, read_pressure
 from gate.runners.client.events import arrived
 from gate.runners.client.protocol import Protocol
-from gate.runners.client.transport import RemoteProtocolError, RequestProgress, ServedError, TransportError, classify_transport
+from gate.runners.client.transport import (
+    RemoteProtocolError,
+    RequestProgress,
+    ServedError,
+    TransportError,
+    classify_transport,
+)
 from gate.runners.client.wire import COMPRESSED, NO_RESPONSE, Connections
 
 
@@ -30,7 +36,8 @@ class RawStream:
     """A request's response as it arrived: `chunks` (perf_counter s read, bytes), the
     milestones of its send (perf_counter s: `scheduled_s` it was scheduled at, `due_s` it
     could first have begun, `begin_s` begun, `sent_s` it left (its one write handed to the
-    transport: the clock of its times), `end_s` its last byte read), `connect_ms` (None: a kept-alive connection), `started_s` (wall
+    transport: the clock of its times), `end_s` its last byte read), `connect_ms` (None: a kept-alive connection),
+    `started_s` (wall
     clock s since the epoch at begin), the machine's CPU stall over it (ms,
     /proc/pressure/cpu; None without it), the load average at its end, and what its worker
     measured: `loop_lag_ms` (the worker's largest event-loop lag while it was in flight)
@@ -75,15 +82,17 @@ class Transfer:
         request = conns.request(self.headers, body)
         try:
             try:
-                return await asyncio.wait_for(self._send(conns, request, scheduled_s, due_s, progress, chunks),
-                                              self.timeout_s)
+                return await asyncio.wait_for(
+                    self._send(conns, request, scheduled_s, due_s, progress, chunks), self.timeout_s
+                )
             except RemoteProtocolError as e:
                 if str(e) != NO_RESPONSE or progress.fresh:
                     raise
                 progress.restart()
                 chunks.clear()
-                return await asyncio.wait_for(self._send(conns, request, scheduled_s, due_s, progress, chunks),
-                                              self.timeout_s)
+                return await asyncio.wait_for(
+                    self._send(conns, request, scheduled_s, due_s, progress, chunks), self.timeout_s
+                )
         except ServedError:
             raise
         except (asyncio.TimeoutError, TransportError) as e:
@@ -91,8 +100,15 @@ class Transfer:
             kind, what = classify_transport(e, progress, time.perf_counter(), self.timeout_s)
             raise ServedError(self.runner, self.url, what, kind=kind) from None
 
-    async def _send(self, conns: Connections, request: bytes, scheduled_s: float, due_s: float,
-                    progress: RequestProgress, chunks: list[tuple[float, bytes]]) -> RawStream:
+    async def _send(
+        self,
+        conns: Connections,
+        request: bytes,
+        scheduled_s: float,
+        due_s: float,
+        progress: RequestProgress,
+        chunks: list[tuple[float, bytes]],
+    ) -> RawStream:
         started_s = time.time()
         pressure0 = read_pressure()  # the machine's CPU pressure over the request's wall time (contention)
         begin = progress.begin_s = time.perf_counter()
@@ -114,11 +130,21 @@ class Transfer:
             raise ServedError(self.runner, self.url, f"HTTP {response.status}: {text[:200]}")
         encoding = response.headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding in COMPRESSED:
-            raise ServedError(self.runner, self.url, f"the server compressed its stream (Content-Encoding: "
-                              f"{encoding.decode('latin-1')}) although the request asked for identity")
+            raise ServedError(
+                self.runner,
+                self.url,
+                f"the server compressed its stream (Content-Encoding: "
+                f"{encoding.decode('latin-1')}) although the request asked for identity",
+            )
         pressure1 = read_pressure()
-        stall = (pressure1.total_us - pressure0.total_us) / 1e3 if pressure0 is not None and pressure1 is not None else None
-        connect = ((progress.connected_s - progress.connect_s) * 1e3
-                   if progress.connect_s is not None and progress.connected_s is not None else None)
-        return RawStream(chunks, scheduled_s, due_s, begin, progress.t0 or begin, end, started_s, connect, stall,
-                         load_average())
+        stall = (
+            (pressure1.total_us - pressure0.total_us) / 1e3 if pressure0 is not None and pressure1 is not None else None
+        )
+        connect = (
+            (progress.connected_s - progress.connect_s) * 1e3
+            if progress.connect_s is not None and progress.connected_s is not None
+            else None
+        )
+        return RawStream(
+            chunks, scheduled_s, due_s, begin, progress.t0 or begin, end, started_s, connect, stall, load_average()
+        )

@@ -39,8 +39,14 @@ class ServedError(RuntimeError):
         return (ServedError, (self.runner, self.url, self.what, self.kind))
 
 
-TRANSPORT_KINDS = ("refused", "connect_failed", "reset_before_response", "reset_mid_stream",
-                   "timeout_before_first_byte", "timeout_mid_stream")
+TRANSPORT_KINDS = (
+    "refused",
+    "connect_failed",
+    "reset_before_response",
+    "reset_mid_stream",
+    "timeout_before_first_byte",
+    "timeout_mid_stream",
+)
 """ServedError.kind of a request whose connection failed (classify_transport): refused at
 connect (ECONNREFUSED), another failure to connect (unreachable, name resolution), reset or
 closed before the response headers, reset or closed after them, no response byte within
@@ -143,14 +149,24 @@ def classify_transport(e: BaseException, progress: RequestProgress, now_s: float
     if isinstance(e, asyncio.TimeoutError):
         which = f"the request's time limit of {timeout_s:g} s"
         if not started:
-            where = {"connecting": "connecting", None: "before connecting", "connected": "connected, sending",
-                     "sending": "sending the request", "sent": "the request was sent"}.get(progress.phase, progress.phase)
-            return "timeout_before_first_byte", (f"timed out before the first byte after {_s(timeout_s)} s "
-                                                 f"({which}; {where}, no response byte)")
-        last = f"; the last byte {now_s - progress.last_s:.2f} s before" if progress.last_s is not None else \
-            "; nothing after the response headers"
-        return "timeout_mid_stream", (f"timed out mid-stream after {_s(timeout_s)} s ({which}; the response "
-                                      f"headers, then {got}{last})")
+            where = {
+                "connecting": "connecting",
+                None: "before connecting",
+                "connected": "connected, sending",
+                "sending": "sending the request",
+                "sent": "the request was sent",
+            }.get(progress.phase, progress.phase)
+            return "timeout_before_first_byte", (
+                f"timed out before the first byte after {_s(timeout_s)} s ({which}; {where}, no response byte)"
+            )
+        last = (
+            f"; the last byte {now_s - progress.last_s:.2f} s before"
+            if progress.last_s is not None
+            else "; nothing after the response headers"
+        )
+        return "timeout_mid_stream", (
+            f"timed out mid-stream after {_s(timeout_s)} s ({which}; the response headers, then {got}{last})"
+        )
     if isinstance(e, ConnectError):
         os_err = _os_error(e)
         code = os_err.errno if os_err is not None else None
@@ -158,13 +174,20 @@ def classify_transport(e: BaseException, progress: RequestProgress, now_s: float
             return "refused", f"connection refused at connect ({_cause(e)}; {after}: nothing listens on that port)"
         if code in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED):
             return "reset_before_response", f"connection reset before the response ({_cause(e)}; at connect, {after})"
-        return "connect_failed", f"connection failed at connect ({_cause(e)}; {after}: the host is unreachable or unknown)"
+        return (
+            "connect_failed",
+            f"connection failed at connect ({_cause(e)}; {after}: the host is unreachable or unknown)",
+        )
     if not started:
-        where = "while sending the request" if progress.phase in ("connected", "sending") else "after the request was sent"
-        return "reset_before_response", (f"connection reset before the response ({_cause(e)}; {where}, no response "
-                                         f"byte, {after})")
-    return "reset_mid_stream", (f"connection reset mid-stream ({_cause(e)}; after the response headers and {got}, "
-                                f"{after})")
+        where = (
+            "while sending the request" if progress.phase in ("connected", "sending") else "after the request was sent"
+        )
+        return "reset_before_response", (
+            f"connection reset before the response ({_cause(e)}; {where}, no response byte, {after})"
+        )
+    return "reset_mid_stream", (
+        f"connection reset mid-stream ({_cause(e)}; after the response headers and {got}, {after})"
+    )
 
 
 def _s(seconds: float) -> str:
@@ -198,9 +221,11 @@ class Breaker:
     def refusal(self) -> ServedError:
         """The ServedError (kind "not_sent") of a request not sent once the breaker is open."""
         streak, last = self.opened if self.open else (self.streak, self.last)
-        return ServedError(self.runner, self.url,
-                           f"not sent: {streak} request{'s' if streak != 1 else ''} in a row failed at this "
-                           f"load point ({self.at}; last: "
-                           f"{last}); the rest are errors at once (runner.max_consecutive_failures: {self.limit})",
-                           kind="not_sent")
-
+        return ServedError(
+            self.runner,
+            self.url,
+            f"not sent: {streak} request{'s' if streak != 1 else ''} in a row failed at this "
+            f"load point ({self.at}; last: "
+            f"{last}); the rest are errors at once (runner.max_consecutive_failures: {self.limit})",
+            kind="not_sent",
+        )

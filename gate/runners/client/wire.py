@@ -40,7 +40,7 @@ class Response:
     `done` (a future: None once the message is complete, or the exception that ended it),
     `ended_s` (perf_counter s the bytes that completed it were delivered)."""
 
-    def __init__(self, progress: RequestProgress, chunks: list[tuple[float, bytes]], done: "asyncio.Future[None]"):
+    def __init__(self, progress: RequestProgress, chunks: list[tuple[float, bytes]], done: asyncio.Future[None]):
         self.progress, self.chunks, self.done = progress, chunks, done
         self.status = 0
         self.headers: dict[bytes, bytes] = {}
@@ -92,8 +92,11 @@ class Connection(asyncio.Protocol):
         elif b"content-length" not in r.headers and b"chunked" not in r.headers.get(b"transfer-encoding", b""):
             self.on_message_complete()  # a body delimited by the close
         else:
-            what = "incomplete chunked read" if b"chunked" in r.headers.get(b"transfer-encoding", b"") else \
-                "received fewer bytes than Content-Length"
+            what = (
+                "incomplete chunked read"
+                if b"chunked" in r.headers.get(b"transfer-encoding", b"")
+                else "received fewer bytes than Content-Length"
+            )
             self._end(RemoteProtocolError(f"peer closed connection without sending complete message body ({what})"))
 
     # -- httptools callbacks ---------------------------------------------------------------
@@ -144,8 +147,14 @@ class Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         """Whether the last response completed and the server keeps the connection alive."""
         r = self.response
-        return r is not None and r.complete and r.keep_alive and not self.closed and self.transport is not None \
+        return (
+            r is not None
+            and r.complete
+            and r.keep_alive
+            and not self.closed
+            and self.transport is not None
             and not self.transport.is_closing()
+        )
 
     def close(self) -> None:
         """Close now (unread bytes are dropped)."""
@@ -165,14 +174,23 @@ class Connections:
         self.port = parts.port or (443 if self.tls else 80)
         self.netloc = parts.netloc.rsplit("@", 1)[-1]
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None  # one for all: loading certificates is slow
+        self.ssl: ssl.SSLContext | None = (
+            ssl.create_default_context() if self.tls else None
+        )  # one for all: loading certificates is slow
         self.idle: list[Connection] = []
 
     def request(self, headers: dict[str, str], body: bytes) -> bytes:
         """A POST of `body` to the URL's path, with `headers` (and Host, Content-Length,
         Accept-Encoding: identity, so a body arrives as the server wrote it), as bytes."""
-        lines = [f"POST {self.target} HTTP/1.1", f"Host: {self.netloc}", "User-Agent: gate", "Accept: text/event-stream",
-                 "Accept-Encoding: identity", *(f"{k}: {v}" for k, v in headers.items()), f"Content-Length: {len(body)}"]
+        lines = [
+            f"POST {self.target} HTTP/1.1",
+            f"Host: {self.netloc}",
+            "User-Agent: gate",
+            "Accept: text/event-stream",
+            "Accept-Encoding: identity",
+            *(f"{k}: {v}" for k, v in headers.items()),
+            f"Content-Length: {len(body)}",
+        ]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
     def take(self) -> Connection | None:
@@ -189,8 +207,9 @@ class Connections:
         """A new connection. Raises ConnectError (its cause: the OSError) when it cannot be made."""
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(Connection, self.host, self.port, ssl=self.ssl,
-                                                   server_hostname=self.host if self.ssl else None)
+            _, conn = await loop.create_connection(
+                Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+            )
         except ssl.SSLError as e:  # an OSError whose errno is OpenSSL's, not the system's: named by its text
             raise ConnectError(f"TLS handshake failed: {e}") from None
         except socket.gaierror as e:  # likewise: getaddrinfo's code

@@ -73,8 +73,14 @@ class Job:
 # What a frame may hold besides plain data (tuples, lists, dicts, bytes, str, numbers): the
 # frames pass only between gate's process and its own workers, over pipes gate made, and
 # anything else in one is refused rather than built (no pickle of arbitrary classes).
-FRAME_CLASSES = frozenset({("gate.runners.client.worker", "Job"), ("gate.runners.client.transfer", "RawStream"),
-                           ("gate.records", "ClientWorkerRecord"), ("gate.runners.client.transport", "ServedError")})
+FRAME_CLASSES = frozenset(
+    {
+        ("gate.runners.client.worker", "Job"),
+        ("gate.runners.client.transfer", "RawStream"),
+        ("gate.records", "ClientWorkerRecord"),
+        ("gate.runners.client.transport", "ServedError"),
+    }
+)
 
 
 class _FrameUnpickler(pickle.Unpickler):
@@ -228,8 +234,8 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
             (n,) = struct.unpack(">I", pending[:4])
             if len(pending) < 4 + n:
                 return
-            msg = loads_frame(bytes(pending[4:4 + n]))
-            del pending[:4 + n]
+            msg = loads_frame(bytes(pending[4 : 4 + n]))
+            del pending[: 4 + n]
             if msg[0] == "exit" or (msg[0] == "stop" and msg[1] == job.job_id):
                 stopped.set()
             elif msg[0] == "go" and msg[1] == job.job_id:
@@ -239,8 +245,9 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
     lag = Lag()
     ticker = asyncio.ensure_future(lag.run())
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    transfer = Transfer(job.runner, job.url, PROTOCOLS[job.api], {**job.headers, "Content-Type": "application/json"},
-                        job.timeout_s)
+    transfer = Transfer(
+        job.runner, job.url, PROTOCOLS[job.api], {**job.headers, "Content-Type": "application/json"}, job.timeout_s
+    )
     conns = Connections(job.url)
     begun = 0
 
@@ -280,7 +287,10 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
         return (raw.end_s if isinstance(raw, RawStream) else time.perf_counter()), granted
 
     async def slot() -> None:
-        due, granted = job.start_s, False  # the first request is due at the loop's start, each next one as its previous ended
+        due, granted = (
+            job.start_s,
+            False,
+        )  # the first request is due at the loop's start, each next one as its previous ended
         while granted or not stopped.is_set():
             i = take_index(index_fd)
             if i is None:
@@ -328,19 +338,29 @@ async def run_job(job: Job, index_fd: int, slot_fds: tuple[int, int], stdin_fd: 
         os.set_blocking(stdin_fd, True)  # an event loop may leave a watched fd non-blocking (uvloop does)
         conns.close()
     p50, p99, mx = lag.stats()
-    write_frame(out, ("done", job.job_id, ClientWorkerRecord(job.worker, time.perf_counter() - wall0,
-                                                             time.process_time() - cpu0, begun, p50, p99, mx,
-                                                             len(lag.lags))))
+    write_frame(
+        out,
+        (
+            "done",
+            job.job_id,
+            ClientWorkerRecord(
+                job.worker, time.perf_counter() - wall0, time.process_time() - cpu0, begun, p50, p99, mx, len(lag.lags)
+            ),
+        ),
+    )
 
 
 async def prime() -> None:
     """One streamed request to a server of this process's own, so that the client's first
     timed request does not pay for the imports and set-up of a first use (tens of ms)."""
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         await reader.readexactly(2)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"a\r\ndata: {}\n\n\r\n0\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"a\r\ndata: {}\n\n\r\n0\r\n\r\n"
+        )
         await writer.drain()
         writer.close()
 
@@ -348,7 +368,9 @@ async def prime() -> None:
     port = server.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}/"
     conns = Connections(url)
-    await Transfer("prime", url, PROTOCOLS["completions"], {}).send(conns, b"{}", time.perf_counter(), time.perf_counter())
+    await Transfer("prime", url, PROTOCOLS["completions"], {}).send(
+        conns, b"{}", time.perf_counter(), time.perf_counter()
+    )
     conns.close()
     server.close()
     await server.wait_closed()

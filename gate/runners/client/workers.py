@@ -28,8 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gate.records import ClientWorkerRecord
 from gate.runners.client.transport import TRANSPORT_KINDS, ServedError
@@ -98,7 +99,7 @@ class WorkerPool:
 
     def __init__(self) -> None:
         self.workers: list[_Worker] = []
-        self.inbox: "queue.Queue[tuple[_Worker, Any]]" = queue.Queue()
+        self.inbox: queue.Queue[tuple[_Worker, Any]] = queue.Queue()
         self.index_r, self.index_w = os.pipe()
         self.slot_r, self.slot_w = os.pipe()
         for fd in (self.index_r, self.index_w, self.slot_r, self.slot_w):
@@ -123,9 +124,14 @@ class WorkerPool:
             path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
             env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
             try:
-                proc = subprocess.Popen([sys.executable, "-m", "gate.runners.client.worker", *map(str, fds)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        pass_fds=fds, env=env)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "gate.runners.client.worker", *map(str, fds)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=fds,
+                    env=env,
+                )
             except OSError as e:
                 raise PoolError(f"a client worker process could not start: {e}") from None
             assert proc.stdout is not None
@@ -146,8 +152,10 @@ class WorkerPool:
             elif msg[0] == "died":
                 w = msg[1]
                 self.terminate()
-                raise PoolError(f"client worker {k} could not start (exit code {w.proc.poll()})"
-                                + (f": {' | '.join(w.stderr[-3:])}" if w.stderr else ""))
+                raise PoolError(
+                    f"client worker {k} could not start (exit code {w.proc.poll()})"
+                    + (f": {' | '.join(w.stderr[-3:])}" if w.stderr else "")
+                )
 
     def _read(self, w: _Worker) -> None:
         """Frames of worker `w` into the inbox, as (w, frame); ("died", w) at its end."""
@@ -189,11 +197,13 @@ class WorkerPool:
         data = b"".join(struct.pack(">I", i) for i in indices)
         room = _room(self.index_w)
         if len(data) > room:
-            raise PoolError(f"a closed loop of {len(indices)} requests does not fit the client's index pipe "
-                            f"({room // 4} requests): split the load point (fewer prompts or repetitions)")
+            raise PoolError(
+                f"a closed loop of {len(indices)} requests does not fit the client's index pipe "
+                f"({room // 4} requests): split the load point (fewer prompts or repetitions)"
+            )
         view = memoryview(data)
         while view:  # at most PIPE_BUF (4 KiB) per write: never part of an index, and the pipe has the room
-            view = view[os.write(self.index_w, view[:4096]):]
+            view = view[os.write(self.index_w, view[:4096]) :]
 
     def drain_indices(self) -> list[int]:
         """The indices no slot took (a stopped job), removed from the pipe."""
@@ -205,7 +215,7 @@ class WorkerPool:
                 return out
             if not data:
                 return out
-            out += [struct.unpack(">I", data[j:j + 4])[0] for j in range(0, len(data), 4)]
+            out += [struct.unpack(">I", data[j : j + 4])[0] for j in range(0, len(data), 4)]
 
     def put_slots(self, n: int, at_s: float) -> None:
         """Make `n` slot tokens free from `at_s` (an open loop's cap). Raises PoolError when
@@ -217,7 +227,7 @@ class WorkerPool:
             raise PoolError(f"a concurrency cap of {n} does not fit the client's slot pipe ({room // 8} slots)")
         view = memoryview(data)
         while view:  # at most PIPE_BUF (4 KiB) per write: never part of a token
-            view = view[os.write(self.slot_w, view[:4096]):]
+            view = view[os.write(self.slot_w, view[:4096]) :]
 
     def drain_slots(self) -> None:
         while True:
@@ -257,7 +267,7 @@ class WorkerPool:
         (stop(): the breaker opened). Raises PoolError when a
         worker dies or the job is not done within `limit_s` (the workers are then ended:
         the next run starts fresh ones); KeyboardInterrupt propagates, the workers ended."""
-        if len(self.workers) < len(jobs) or any(w.proc.poll() is not None for w in self.workers[:len(jobs)]):
+        if len(self.workers) < len(jobs) or any(w.proc.poll() is not None for w in self.workers[: len(jobs)]):
             self.terminate()  # ensure() came first, and its workers are no longer all there
             raise PoolError("a client worker ended before it took its share")
         job_id = jobs[0].job_id
@@ -266,10 +276,12 @@ class WorkerPool:
                 w, msg = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            if msg[0] == "died" and w in self.workers[:len(jobs)]:
+            if msg[0] == "died" and w in self.workers[: len(jobs)]:
                 self.terminate()
-                raise PoolError(f"client worker {self.workers.index(w) if w in self.workers else '?'} ended before "
-                                "it took its share")
+                raise PoolError(
+                    f"client worker {self.workers.index(w) if w in self.workers else '?'} ended before "
+                    "it took its share"
+                )
         for k, job in enumerate(jobs):
             try:
                 assert self.workers[k].proc.stdin is not None
@@ -284,8 +296,9 @@ class WorkerPool:
             while pending:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PoolError(f"the client did not finish within {limit_s:.0f} s (it stopped making progress)",
-                                    timed_out=True)
+                    raise PoolError(
+                        f"the client did not finish within {limit_s:.0f} s (it stopped making progress)", timed_out=True
+                    )
                 got = self._next(min(left, 1.0))  # polled once a second at most: an interrupt is never held up
                 if got is None:
                     continue
@@ -300,8 +313,10 @@ class WorkerPool:
                     stats.append(msg[2])
                 elif msg[0] == "died" and k in pending:  # one that had finished, or had no share, is replaced next time
                     w = msg[1]
-                    raise PoolError(f"client worker {k} ended (exit code {_exit_code(w.proc)})"
-                                    + (f": {' | '.join(w.stderr[-3:])}" if w.stderr else ""))
+                    raise PoolError(
+                        f"client worker {k} ended (exit code {_exit_code(w.proc)})"
+                        + (f": {' | '.join(w.stderr[-3:])}" if w.stderr else "")
+                    )
         except BaseException:
             self.terminate()
             raise

@@ -31,8 +31,11 @@ class UnverifiedEngine(Engine):
             out["top_p"] = float(law.top_p)
         if law.min_p is not None and not greedy:
             out["min_p"] = float(law.min_p)
-        for name, value in (("repetition_penalty", law.repetition_penalty), ("presence_penalty", law.presence_penalty),
-                            ("frequency_penalty", law.frequency_penalty)):
+        for name, value in (
+            ("repetition_penalty", law.repetition_penalty),
+            ("presence_penalty", law.presence_penalty),
+            ("frequency_penalty", law.frequency_penalty),
+        ):
             if value is not None:
                 out[name] = float(value)
         if law.logit_bias:
@@ -44,8 +47,10 @@ class UnverifiedEngine(Engine):
         logit bias, a "transformers" convention with top-k or top-p (sampled), and any
         constraint: unverified, refused."""
         verified = ", ".join(e.name for e in engines() if e.verified)
-        why = (f"engine {self.name!r}: gate has not verified how it applies this (engines verified: "
-               f"{verified}); name the endpoint's engine, or drop the field")
+        why = (
+            f"engine {self.name!r}: gate has not verified how it applies this (engines verified: "
+            f"{verified}); name the endpoint's engine, or drop the field"
+        )
         out: list[tuple[str, str]] = []
         for name in ("min_p", "presence_penalty", "frequency_penalty"):
             if getattr(law, name, None):

@@ -16,8 +16,9 @@ from gate.records import SpecDecodeCounters
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def histogram_means(before: "ServerSnapshot", after: "ServerSnapshot",
-                    names: dict[str, tuple[str, ...]]) -> dict[str, float] | None:
+def histogram_means(
+    before: ServerSnapshot, after: ServerSnapshot, names: dict[str, tuple[str, ...]]
+) -> dict[str, float] | None:
     """Means (ms) of Prometheus histograms over the time between two scrapes: for each key
     of `names` ("ttft", "itl"), the first histogram (base name, seconds) of its candidates
     whose _count grew: {key + "_ms": delta(_sum) / delta(_count) x 1000, key + "_n":
@@ -120,8 +121,12 @@ class Engine:
         docs/features/structured_outputs.md: guided_regex / guided_choice were removed in
         v0.12.0). Raises ValueError for a kind the engine cannot take."""
         if fmt.kind == "json_schema":
-            return {"response_format": {"type": "json_schema",
-                                        "json_schema": {"name": "gate_constraint", "schema": fmt.schema}}}
+            return {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "gate_constraint", "schema": fmt.schema},
+                }
+            }
         if fmt.kind == "regex":
             return {"structured_outputs": {"regex": fmt.value}}
         return {"structured_outputs": {"choice": list(fmt.choices)}}

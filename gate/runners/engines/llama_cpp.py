@@ -17,7 +17,8 @@ adds a request's counts when the request ends): vLLM's four names under "llamacp
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from gate.records import SpecDecodeCounters
 from gate.runners.engines.interface import Engine, ServerSnapshot, value_or
@@ -95,13 +96,20 @@ class LlamaCpp(Engine):
         greedy = law.greedy
         window = LLAMA_PENALTY_WINDOW if penalty_window is None else penalty_window
         out: dict[str, Any] = {"temperature": 0.0 if greedy else float(law.temperature)}
-        out.update(top_k=1 if greedy else int(law.top_k or 0), top_p=1.0 if greedy else value_or(law.top_p, 1.0),
-                   min_p=0.0 if greedy else value_or(law.min_p, 0.0), repeat_penalty=value_or(law.repetition_penalty, 1.0),
-                   repeat_last_n=int(window), presence_penalty=value_or(law.presence_penalty, 0.0),
-                   frequency_penalty=value_or(law.frequency_penalty, 0.0),
-                   logit_bias=[[int(t), float(b)] for t, b in law.logit_bias], samplers=llama_samplers(law),
-                   # off, so that no server flag adds them: mirostat replaces the chain, dynatemp the temperature
-                   mirostat=0, dynatemp_range=0.0)
+        out.update(
+            top_k=1 if greedy else int(law.top_k or 0),
+            top_p=1.0 if greedy else value_or(law.top_p, 1.0),
+            min_p=0.0 if greedy else value_or(law.min_p, 0.0),
+            repeat_penalty=value_or(law.repetition_penalty, 1.0),
+            repeat_last_n=int(window),
+            presence_penalty=value_or(law.presence_penalty, 0.0),
+            frequency_penalty=value_or(law.frequency_penalty, 0.0),
+            logit_bias=[[int(t), float(b)] for t, b in law.logit_bias],
+            samplers=llama_samplers(law),
+            # off, so that no server flag adds them: mirostat replaces the chain, dynatemp the temperature
+            mirostat=0,
+            dynatemp_range=0.0,
+        )
         return out
 
     def constraint_fields(self, fmt: Any) -> dict[str, Any]:
@@ -125,19 +133,34 @@ class LlamaCpp(Engine):
         out: list[tuple[str, str]] = []
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(law, name, None):
-                out.append((name, "llama.cpp counts it over the prompt and the output (its penalty window), gate and "
-                                  "vLLM over the output only (llama.cpp src/llama-sampler.cpp, llama_sampler_penalties_apply)"))
+                out.append(
+                    (
+                        name,
+                        "llama.cpp counts it over the prompt and the output (its penalty window), gate and "
+                        "vLLM over the output only (llama.cpp src/llama-sampler.cpp, llama_sampler_penalties_apply)",
+                    )
+                )
         if fmt is not None and fmt.kind == "regex":
-            out.append(("constraint", "llama.cpp takes a JSON schema or a GBNF grammar, not a regex (GBNF has no regex "
-                                      "syntax); use runner openai with a vLLM server, or a choice / JSON schema"))
+            out.append(
+                (
+                    "constraint",
+                    "llama.cpp takes a JSON schema or a GBNF grammar, not a regex (GBNF has no regex "
+                    "syntax); use runner openai with a vLLM server, or a choice / JSON schema",
+                )
+            )
         if fmt is not None and not law.greedy:
             for name in ("top_k", "top_p", "min_p"):
                 value = getattr(law, name, None)
                 if value is not None and not (name == "top_p" and value >= 1.0):
-                    out.append((name, f"llama.cpp applies a {fmt.kind} constraint by rejection (common/sampling.cpp, "
-                                      "common_sampler_sample: sample unconstrained, resample under the grammar when the "
-                                      f"token is forbidden), which with {name} truncating first is not the masked law "
-                                      "gate verifies; drop it or use a greedy law for constrained prompts"))
+                    out.append(
+                        (
+                            name,
+                            f"llama.cpp applies a {fmt.kind} constraint by rejection (common/sampling.cpp, "
+                            "common_sampler_sample: sample unconstrained, resample under the grammar when the "
+                            f"token is forbidden), which with {name} truncating first is not the masked law "
+                            "gate verifies; drop it or use a greedy law for constrained prompts",
+                        )
+                    )
         return out
 
     def request_fields(self) -> dict[str, Any]:

@@ -19,8 +19,9 @@ BUILTIN = (
     "gate.runners.engines.trtllm",
 )
 
-_ENGINES: Registry[Engine] = Registry("engine", lambda: BUILTIN, name_of=lambda e: e.name,
-                                      module_of=lambda e: type(e).__module__)
+_ENGINES: Registry[Engine] = Registry(
+    "engine", lambda: BUILTIN, name_of=lambda e: e.name, module_of=lambda e: type(e).__module__
+)
 E = TypeVar("E", bound=type[Engine])
 
 

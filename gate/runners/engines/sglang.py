@@ -26,5 +26,9 @@ class SGLang(UnverifiedEngine):
         if verify is None:
             return None
         generated = after.increase(before, "sglang:generation_tokens_total") or 0
-        return SpecDecodeCounters(num_drafts=verify, num_draft_tokens=0, num_accepted_tokens=max(0, generated - verify),
-                                  num_committed_tokens=generated)
+        return SpecDecodeCounters(
+            num_drafts=verify,
+            num_draft_tokens=0,
+            num_accepted_tokens=max(0, generated - verify),
+            num_committed_tokens=generated,
+        )

@@ -50,8 +50,13 @@ def spec_decode_counters(before: ServerSnapshot, after: ServerSnapshot, prefix: 
                 raise ValueError(f"counter {per_pos_name}{{position={k}}} went down: was the server restarted?")
             per_pos[int(k)] = max(0, int(round(d)))
     drafts, accepted = drafts or 0, accepted or 0
-    return SpecDecodeCounters(num_drafts=drafts, num_draft_tokens=proposed or 0, num_accepted_tokens=accepted,
-                              num_accepted_tokens_per_pos=per_pos, num_committed_tokens=accepted + drafts)
+    return SpecDecodeCounters(
+        num_drafts=drafts,
+        num_draft_tokens=proposed or 0,
+        num_accepted_tokens=accepted,
+        num_accepted_tokens_per_pos=per_pos,
+        num_committed_tokens=accepted + drafts,
+    )
 
 
 @register
@@ -70,9 +75,17 @@ class VLLM(Engine):
         (arrival to first token, the server's queue included) and vllm:inter_token_latency_seconds
         (vllm:time_per_output_token_seconds before v0.11); and `cached_tokens`, the prompt
         tokens it took from its prefix cache (vllm:prefix_cache_hits, a counter of tokens, v1)."""
-        out = histogram_means(before, after, {"ttft": ("vllm:time_to_first_token_seconds",),
-                                              "itl": ("vllm:inter_token_latency_seconds",
-                                                      "vllm:time_per_output_token_seconds")}) or {}
+        out = (
+            histogram_means(
+                before,
+                after,
+                {
+                    "ttft": ("vllm:time_to_first_token_seconds",),
+                    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+                },
+            )
+            or {}
+        )
         hits = after.total("vllm:prefix_cache_hits_total")
         if hits is not None:
             out["cached_tokens"] = hits - (before.total("vllm:prefix_cache_hits_total") or 0.0)
@@ -83,11 +96,14 @@ class VLLM(Engine):
         `penalty_window` is not sent (vLLM's penalties see the whole prompt and output)."""
         greedy = law.greedy
         out: dict[str, Any] = {"temperature": 0.0 if greedy else float(law.temperature)}
-        out.update(top_k=1 if greedy else int(law.top_k or 0), top_p=1.0 if greedy else value_or(law.top_p, 1.0),
-                   min_p=0.0 if greedy else value_or(law.min_p, 0.0),
-                   repetition_penalty=value_or(law.repetition_penalty, 1.0),
-                   presence_penalty=value_or(law.presence_penalty, 0.0),
-                   frequency_penalty=value_or(law.frequency_penalty, 0.0))
+        out.update(
+            top_k=1 if greedy else int(law.top_k or 0),
+            top_p=1.0 if greedy else value_or(law.top_p, 1.0),
+            min_p=0.0 if greedy else value_or(law.min_p, 0.0),
+            repetition_penalty=value_or(law.repetition_penalty, 1.0),
+            presence_penalty=value_or(law.presence_penalty, 0.0),
+            frequency_penalty=value_or(law.frequency_penalty, 0.0),
+        )
         if law.logit_bias:
             out["logit_bias"] = openai_logit_bias(law.logit_bias)
         return out
@@ -97,12 +113,25 @@ class VLLM(Engine):
         last there); logit biases beyond +-LOGIT_BIAS_LIMIT (OpenAI's range; vLLM before 0.7
         clamped). Every constraint kind is taken."""
         out: list[tuple[str, str]] = []
-        if law.convention == "transformers" and law.min_p and not law.greedy and \
-                (law.top_k is not None or law.top_p is not None):
-            out.append(("convention", "vLLM applies min-p before top-k and top-p (vllm/v1/sample/sampler.py), the "
-                                      "transformers convention after them: the law differs; use convention vllm"))
+        if (
+            law.convention == "transformers"
+            and law.min_p
+            and not law.greedy
+            and (law.top_k is not None or law.top_p is not None)
+        ):
+            out.append(
+                (
+                    "convention",
+                    "vLLM applies min-p before top-k and top-p (vllm/v1/sample/sampler.py), the "
+                    "transformers convention after them: the law differs; use convention vllm",
+                )
+            )
         big = [b for _, b in law.logit_bias if abs(b) > LOGIT_BIAS_LIMIT]
         if big:
-            out.append(("logit_bias", f"bias {big[0]:g} is outside OpenAI's range +-{LOGIT_BIAS_LIMIT:g} (vLLM before 0.7 "
-                                      "clamps to it)"))
+            out.append(
+                (
+                    "logit_bias",
+                    f"bias {big[0]:g} is outside OpenAI's range +-{LOGIT_BIAS_LIMIT:g} (vLLM before 0.7 clamps to it)",
+                )
+            )
         return out
