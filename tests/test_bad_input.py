@@ -248,3 +248,29 @@ def test_file_names_are_printed_as_written(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["validate", str(policy)])
     assert result.exit_code == 2
     assert f"gate: error: {policy}: (document): policy file not found" in result.output
+
+
+@pytest.mark.parametrize("value, words", [
+    ('"3"', ["expected a number, got '3'"]),
+    ("true", ["expected a number, got True"]),
+    (".nan", ["finite number", "nan"]),
+    ("1.0e+400", ["finite number", "inf"]),
+    ("1e400", ["expected a number, got '1e400'"]),  # YAML 1.1 reads it as a string
+])
+def test_a_value_that_is_not_a_number_where_one_is_due_is_one_clear_error(tmp_path, value, words):
+    """Strict policy values: no string or boolean coerced to a number, no NaN or infinity."""
+    text = ("version: 1\ntarget: {model: m}\ndrafts:\n  d: {kind: prompt_lookup}\n"
+            f"measurement:\n  repetitions: 2\n  confidence: {value}\n"
+            "rules:\n  - {id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.9x}\n")
+    policy = write_policy(tmp_path, text)
+    assert_bad_policy(policy, "measurement.confidence", line_of(text, "confidence:"), *words)
+    int_text = text.replace(f"confidence: {value}", "confidence: 0.9").replace("repetitions: 2", f"repetitions: {value}")
+    policy = write_policy(tmp_path, int_text)
+    with pytest.raises(InputError) as info:
+        load_policy(policy)
+    assert one_problem(info.value).path == "measurement.repetitions"
+    drafts_text = text.replace(f"confidence: {value}", "confidence: 0.9").replace(
+        "{kind: prompt_lookup}", f"{{kind: prompt_lookup, num_draft_tokens: {value}}}")
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, drafts_text))
+    assert one_problem(info.value).path == "drafts.d.num_draft_tokens"

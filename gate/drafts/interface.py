@@ -99,7 +99,7 @@ class DraftSpecBase(BaseModel):
     `kind: Literal["<its name>"]` (the union's tag) and its own fields. Strict: unknown keys
     are errors, and specs are frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
     num_draft_tokens_sweep: list[Annotated[int, Field(ge=0, le=64)]] | None = Field(

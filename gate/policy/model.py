@@ -55,8 +55,12 @@ def _quantity(v: str | float) -> Quantity:
         raise ValueError(str(e)) from None
 
 
+# Strict values: a number where a number is due (no "3", no true for 1), no NaN or infinity; unknown keys refused.
+STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = STRICT
 
 
 # A release's logits may differ from the loaded target's by this much (max |logit difference| on
@@ -978,7 +982,7 @@ class WaiverSpec(_Strict):
     )
     reason: str = Field(..., min_length=3)
     owner: str = Field(..., min_length=1)
-    expires: date = Field(..., description="Last day the waiver applies (YYYY-MM-DD).")
+    expires: date = Field(..., strict=False, description="Last day the waiver applies (YYYY-MM-DD).")
 
 
 class Policy(_Strict):

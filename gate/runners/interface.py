@@ -78,7 +78,7 @@ class RunnerSpecBase(BaseModel):
     with its Runner class (Runner.spec); the policy's `runner` union is built from them
     (gate.runners.registry.runner_spec_union)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     runner: ClassVar[Any] = None  # its Runner class (set when the class is registered)
     kind: str
 

@@ -113,7 +113,7 @@ def describe_load(load: LoadStrategy) -> str:
 class EndpointSpec(BaseModel):
     """One runner's OpenAI-compatible server (runner kind openai)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     base_url: str = Field(..., pattern=r"^https?://", description="Server root, e.g. 'http://127.0.0.1:8000' (no /v1).")
     model: str | None = Field(None, description="Served model name sent as `model`.")
     metrics_url: str | None = Field(
