@@ -220,7 +220,7 @@ def test_an_envelope_rules_threshold_is_a_load_or_a_ratio_and_it_takes_no_aggreg
     rate = "{request_rate: [1], search: {over: request_rate, start: 0.5, max: .inf}}"
     result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, stub_policy(
         tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", load=rate, rules=RULES), "inf.yaml"))])
-    assert result.exit_code == 2 and "must be finite" in result.output
+    assert result.exit_code == 2 and "load.search.max" in result.output and "finite" in result.output
 
 
 def test_an_open_loop_saturates_when_queueing_grows_along_its_window() -> None:
