@@ -33,7 +33,7 @@ from gate.models.loading import resolve_source
 from gate.policy.reader import load_policy
 from gate.rules.evaluate import evaluate, settings_for
 from gate.runners.llama_server import find_binary
-from gate.saved import read_report
+from gate.policy.saved import read_report
 
 POLICY = """\
 version: 1

@@ -51,10 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gate.law import Law  # noqa: E402
+from gate.core.law import Law  # noqa: E402
 from gate.load.closed import ClosedLoop  # noqa: E402
 from gate.load.open import OpenLoop  # noqa: E402
-from gate.plan import PlannedPrompt, Request  # noqa: E402
+from gate.plan.matrix import PlannedPrompt, Request  # noqa: E402
 from gate.runners.interface import StreamResult  # noqa: E402
 from gate.runners.openai import Endpoint, OpenAIRunner  # noqa: E402
 

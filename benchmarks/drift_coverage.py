@@ -2,7 +2,7 @@
 
 Served runners are timed one window after another at each load point, so a machine that drifts
 (another job, thermal state) moves a whole window's requests together. This script builds
-served request records as gate.run writes them (no server: the truth is known), a fallback and
+served request records as gate.loop.run writes them (no server: the truth is known), a fallback and
 one draft at concurrency 1 and 4, `--prompts` paired requests per window, each request's E2E
 latency lognormal around its window's (`--request-sd`), and each window slowed by its own
 lognormal factor (`--drift-sd`, log sd), and decides the draft's pooled speedup as gate does

@@ -2,8 +2,8 @@
 known fault, on explicit tables and on random tiny models, at a grid of sample sizes.
 
 Every run draws `n` sequences of LENGTH tokens from each of PROMPTS prompts with the
-reference speculative sampler (gate.reference, gamma 3), with one injected fault, and
-decides them as `gate exactness` does (gate.rules.exactness_tests, the default rule: significance
+reference speculative sampler (reference, gamma 3), with one injected fault, and
+decides them as `gate exactness` does (gate.exactness.stats, the default rule: significance
 0.01, power 0.9, detect_tv 0.1):
 
   gate     next-token G-tests at the first output position of every prompt (claim tests),
@@ -19,9 +19,9 @@ random prompts, two weight seeds. The law setups (`laws`, `llama-laws`) add the 
 history-dependent parts (issue 13): penalties (with a prompt that holds likely tokens: on
 tables the target's likeliest token at each of the first gamma + 1 positions, on the Llama
 the random prompt extended greedily by 4 tokens), min-p, a prefix-dependent grammar
-(gate.reference.toy_grammar) and, on tables, all of them at once; every position is judged
+(reference.toy_grammar) and, on tables, all of them at once; every position is judged
 against the target's law given its own prefix. The faults in those parts
-(gate.reference.LAW_PART_FAULTS) run only on setups whose law has the part. For each fault the
+(reference.LAW_PART_FAULTS) run only on setups whose law has the part. For each fault the
 first-position TV is measured (20,000 first tokens per prompt against the exact law; the
 largest over the prompts), and TV2, the same at the second position after each first token
 that >= 2,000 of them share (a stale penalty history shows only after a proposal: the first
@@ -51,12 +51,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-import gate.measure.exactness as mx
-import gate.rules.exactness_tests as ex
-from gate.law import Law, law_probs
-from gate.rules.exactness import context_test
-from gate.reference import (LAW_PRESERVING, Fault, GrammarFn, LogitFn, fault_applies, model_logits, position_law,
-                            speculative_sample, table_logits, toy_grammar)
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference sampler lives with the tests
+
+import gate.exactness.collect as mx
+import gate.exactness.stats as ex
+from gate.core.law import Law, law_probs
+from gate.exactness.verdict import context_test
+from reference import (LAW_PRESERVING, Fault, GrammarFn, LogitFn, fault_applies, model_logits, position_law,
+                       speculative_sample, table_logits, toy_grammar)
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
 RULE = SimpleNamespace(significance=ALPHA, power=POWER, detect_tv=DETECT_TV)  # gate's default exactness rule

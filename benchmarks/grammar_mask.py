@@ -25,7 +25,7 @@ import torch
 
 from gate.constraints import bind, grammar_engine
 from gate.constraints.interface import ResponseFormat
-from gate.law import Law, law_probs
+from gate.core.law import Law, law_probs
 from gate.models.cache import forward, new_cache
 from gate.models.loading import load_model, load_tokenizer, resolve_source
 

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 
 from gate.drafts.model import ModelDraft
-from gate.law import Law
+from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
 from gate.measure.overlap import position_overlaps
 from gate.models.cache import forward
 from gate.models.loading import load_model, load_tokenizer, resolve_source
-from gate.oracle import TargetOracle
-from gate.plan import PlannedPrompt, Request
+from gate.exactness.oracle import TargetOracle
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.records import FALLBACK
 from gate.runners.interface import StreamResult
 from gate.runners.transformers import TransformersRunner
@@ -88,7 +88,7 @@ def main() -> None:
 
     @torch.inference_mode()
     def overlap_s(ids: list[int], start: int) -> float:
-        """What gate.run's overlap pass does for one sequence and one draft (seconds)."""
+        """What gate.loop.run's overlap pass does for one sequence and one draft (seconds)."""
         t0 = time.perf_counter()
         law = GREEDY.bind(start)  # gate.constraints.bind for a request without a response format
         p = oracle.target_probs(ids, start, law)

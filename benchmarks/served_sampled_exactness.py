@@ -6,8 +6,8 @@ the first token from the prefill, then speculative steps with an injectable faul
 in-process so that hundreds of runs fit in minutes; the HTTP path is covered by
 tests/test_served_sampled.py. Each run draws, with fresh seeds, `budget` 4-token samples of
 one prompt from the fallback (no speculation) and from the sampler under test, builds gate's
-records with gate's own code (gate.sampled_exactness.runner_record) and decides them with
-gate's rule (gate.rules.exactness.evaluate_exactness, detect_tv 0.1, power 0.9,
+records with gate's own code (gate.exactness.sampled.runner_record) and decides them with
+gate's rule (gate.exactness.verdict.evaluate_exactness, detect_tv 0.1, power 0.9,
 significance 0.01). "batch_residual" runs half its samples batched (the residual fault on),
 as at a second load point.
 
@@ -38,15 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import sharp_llama, tiny_tokenizer  # noqa: E402
 from sampler_server import FAULTS, Sampler  # noqa: E402
 
-from gate.law import Law  # noqa: E402
+from gate.core.law import Law  # noqa: E402
 from gate.measure.environment import environment  # noqa: E402
-from gate.plan import encoder  # noqa: E402
+from gate.plan.matrix import encoder  # noqa: E402
 from gate.policy.model import RuleSpec  # noqa: E402
 from gate.records import DraftInfo, Measurements  # noqa: E402
-from gate.rules.exactness import evaluate_exactness  # noqa: E402
-from gate.rules.exactness_tests import next_token_test  # noqa: E402
-from gate.requests import PlannedPrompt  # noqa: E402
-from gate.sampled_exactness import SAMPLE_TOKENS, TESTS_PER_PROMPT, planned_samples, runner_record  # noqa: E402
+from gate.exactness.verdict import evaluate_exactness  # noqa: E402
+from gate.exactness.stats import next_token_test  # noqa: E402
+from gate.core.requests import PlannedPrompt  # noqa: E402
+from gate.exactness.sampled import SAMPLE_TOKENS, TESTS_PER_PROMPT, planned_samples, runner_record  # noqa: E402
 
 PROMPT = "w1 w2 w3 w4 w1 w2"
 LAW = Law("t0.5-k5", 0.5, 5)
@@ -97,7 +97,7 @@ class _Session:
 
 
 def planned(sampler: Sampler, ids: list[int]) -> int:
-    """The samples gate's planner (gate.sampled_exactness.planned_samples) chooses for this prompt."""
+    """The samples gate's planner (gate.exactness.sampled.planned_samples) chooses for this prompt."""
     return planned_samples(_Session(sampler), LAW, PlannedPrompt("a", "c", tuple(ids)), RULE.detect_tv, RULE.power,
                            RULE.significance / TESTS_PER_PROMPT)
 

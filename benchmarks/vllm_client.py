@@ -41,11 +41,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gate.law import Law  # noqa: E402
+from gate.core.law import Law  # noqa: E402
 from gate.load.closed import ClosedLoop  # noqa: E402
 from gate.models.hf_export import hf_directory  # noqa: E402
 from gate.models.loading import eos_token_ids, load_tokenizer, resolve_source  # noqa: E402
-from gate.plan import PlannedPrompt, Request  # noqa: E402
+from gate.plan.matrix import PlannedPrompt, Request  # noqa: E402
 from gate.runners.interface import StreamResult  # noqa: E402
 from gate.runners.server_metrics import counter_delta  # noqa: E402
 from gate.runners.vllm_server import VLLMServerConfig, VLLMServerRunner, find_binary  # noqa: E402

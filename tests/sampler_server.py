@@ -10,7 +10,7 @@ its law); from the second on, speculative sampling (Leviathan et al. 2023, Algor
 Chen et al. 2023): the draft proposes `num_draft_tokens` tokens from its law q, the target
 accepts token x with probability min(1, p(x) / q(x)), else samples the residual
 norm(max(p - q, 0)) and the step ends; when all are accepted a bonus token comes from p.
-Laws are gate's own (gate.law.law_probs), so only the speculative sampler is under test.
+Laws are gate's own (gate.core.law.law_probs), so only the speculative sampler is under test.
 
 Faults (the path's first segment; "none" or "fallback" for the correct sampler; "fallback"
 never speculates):
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from gate.law import Law, law_probs
+from gate.core.law import Law, law_probs
 
 FAULTS = ("none", "no_temperature", "no_top_k", "residual_p", "accept_all", "batch_residual")
 

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import WORDS, tiny_llama, tiny_policy, write_policy
-from gate.check import check, validate
+from gate.commands.check import check, validate
 from gate.cli import cli
-from gate.errors import InputError, Problem
+from gate.core.errors import InputError, Problem
 from gate.policy import load_policy
 
 MEMORY_RULE = "  - id: memory\n    metric: memory_bill_bytes\n    aggregation: max\n    comparison: '<='\n    threshold: {}\n"

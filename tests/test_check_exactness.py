@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
-from gate.speculative import Verdict, sample
+from gate.core.speculative import Verdict, sample
 
 RULE = ("  - id: exact\n    kind: exactness\n    next_token_samples: 1500\n    detect_tv: 0.1\n    tie_tolerance: 0.0\n")
 LAWS = "  - temperature: 0\n  - {temperature: 1.0, top_k: 8}\n"

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from gate.cli import cli
-from gate.compare import compare, pair_drafts
-from gate.errors import InputError
+from gate.commands.compare import compare, pair_drafts
+from gate.core.errors import InputError
 from gate.report.document import make_report
 from gate.report.json import JsonReport
-from gate.rules.summary import summarize
+from gate.analysis.summary import summarize
 from test_verdicts import run
 
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import tiny_policy, write_policy
-from gate.check import contention_note
+from gate.commands.check import contention_note
 from gate.cli import cli
 from gate.measure.contention import (Pressure, Reading, cpu_share, describe, is_contended, load_stall_share,
                                      parse_pressure, pooled_stall_share, stall_share)
@@ -263,12 +263,12 @@ class FakeRunner(Runner):
 
 
 def run_cells(busy, cells: int = 20, reruns: int = 2, budget: float = 0.5) -> tuple[Measurements, FakeRunner]:
-    """`cells` cells (fallback and draft d on one prompt each) through gate.run's loop."""
+    """`cells` cells (fallback and draft d on one prompt each) through gate.loop.run's loop."""
     from types import SimpleNamespace
 
     from gate.measure.contention import Handling
-    from gate.plan import PlannedPrompt
-    from gate.run import Loop, Settings
+    from gate.plan.matrix import PlannedPrompt
+    from gate.loop.run import Loop, Settings
 
     law = SimpleNamespace(name="greedy")
     runner = FakeRunner(busy)

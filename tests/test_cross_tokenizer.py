@@ -19,7 +19,7 @@ from scipy import stats
 
 from conftest import VOCAB, WORDS, sharp_llama, tiny_llama, tiny_tokenizer, tiny_policy, write_policy
 from gate.drafts.cross_tokenizer import CrossTokenizerDraft, Translator
-from gate.law import Law, law_probs
+from gate.core.law import Law, law_probs
 from gate.measure.bill import BillInputs, DraftBill, bill_lines
 from gate.measure.kv import KVFormat, cache_model
 from gate.measure.tokenizers import added_prefix, compare_tokenizers, mapping_lines, shared_token_map
@@ -290,8 +290,8 @@ def _policy(tmp_path, cross_dirs, prompts_file, kind: str, rules: str = ""):
 
 
 def test_validate_accepts_cross_tokenizer_and_refuses_kind_model_with_a_hint(tmp_path, cross_dirs, prompts_file):
-    from gate.errors import InputError
-    from gate.validate import validate
+    from gate.core.errors import InputError
+    from gate.plan.validate import validate
 
     plan = validate(_policy(tmp_path, cross_dirs, prompts_file, "cross_tokenizer"))
     assert list(plan.policy.drafts) == ["other"]
@@ -302,8 +302,8 @@ def test_validate_accepts_cross_tokenizer_and_refuses_kind_model_with_a_hint(tmp
 
 
 def test_bad_mapping_names_the_yaml_path(tmp_path, cross_dirs, prompts_file):
-    from gate.errors import InputError
-    from gate.validate import validate
+    from gate.core.errors import InputError
+    from gate.plan.validate import validate
 
     path = _policy(tmp_path, cross_dirs, prompts_file, "cross_tokenizer")
     path.write_text(path.read_text().replace("    num_draft_tokens: 3\n", "    num_draft_tokens: 3\n    mapping: words\n", 1))
@@ -313,7 +313,7 @@ def test_bad_mapping_names_the_yaml_path(tmp_path, cross_dirs, prompts_file):
 
 
 def test_check_end_to_end_reports_tokenizers_and_mapping(tmp_path, cross_dirs, prompts_file):
-    from gate.check import check
+    from gate.commands.check import check
 
     rules = ("  - id: mapping-share\n    metric: mapping_share\n    aggregation: mean\n    comparison: '<='\n    threshold: 100%\n"
              "  - id: lost\n    metric: translation_loss\n    aggregation: pooled\n    comparison: '<='\n    threshold: 100%\n"
@@ -343,7 +343,7 @@ def test_packaged_gemma_name_without_its_package_says_what_to_install(monkeypatc
     import importlib.util
     from pathlib import Path
 
-    from gate.errors import PolicyValueError
+    from gate.core.errors import PolicyValueError
     from gate.models import loading as load
 
     real = importlib.util.find_spec

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from gate.drafts import registry
 from gate.drafts.interface import BuiltDraft, ConfigContext, DraftKind, DraftSpecBase
-from gate.errors import PolicyValueError
+from gate.core.errors import PolicyValueError
 from gate.policy import reader as policy_load
 from gate.policy import model as policy_model
 from gate.policy.schema import policy_schema
@@ -141,7 +141,7 @@ def test_one_module_plus_its_registration_line_is_a_new_kind(tmp_path: Path) -> 
         sys.path.insert(0, {str(tmp_path)!r})
         from gate.drafts import registry
         registry.BUILTIN = registry.BUILTIN + ("toy_kind",)
-        from gate.errors import InputError
+        from gate.core.errors import InputError
         from gate.policy.reader import load_policy
         from gate.policy.schema import policy_schema
         loaded = load_policy({str(policy)!r})

@@ -13,7 +13,7 @@ from gate.drafts.model import ModelDraft
 from gate.drafts.prompt_lookup import PromptLookupDraft, lookup
 from gate.runners.stop import StopStrings
 from gate.runners.transformers import TransformersRunner
-from gate.law import Law
+from gate.core.law import Law
 from gate.measure.kv import cache_model
 from gate.records import SpecDecodeCounters
 

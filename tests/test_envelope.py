@@ -170,11 +170,11 @@ def test_an_envelope_rule_needs_a_search(tmp_path: Path, tiny_model_dir: Path, p
     assert result.exit_code == 2 and "load.search" in result.output and "above max" in result.output
 
 
-# -- throughput at equal interactivity (gate.rules.interactivity) -------------------------------
+# -- throughput at equal interactivity (gate.analysis.interactivity) -------------------------------
 
 def test_the_pareto_front_and_the_throughput_read_off_it_at_a_per_user_speed() -> None:
     from gate.records import Environment, Measurements
-    from gate.rules.interactivity import compare, points, throughput_at
+    from gate.analysis.interactivity import compare, points, throughput_at
 
     m = Measurements(environment=Environment("3.11", "2.x", "5.x", "0.1.0", "linux", "cpu", "cpu", 0))
     m.envelopes = [EnvelopeRecord("fallback", "greedy", "concurrency", 4, 5, "slo", [

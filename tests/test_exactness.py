@@ -1,5 +1,5 @@
-"""Mutation tests of gate's exactness statistics (gate.measure.exactness, gate.rules.exactness_tests) against the
-reference speculative sampler (gate.reference) with injected faults.
+"""Mutation tests of gate's exactness statistics (gate.exactness.collect, gate.exactness.stats) against the
+reference speculative sampler (reference) with injected faults.
 
 The combined test is what `gate check` runs for a sampling law: the PIT Kolmogorov-Smirnov
 test over every sampled token plus a next-token G-test at every position, Holm-corrected
@@ -24,11 +24,11 @@ import pytest
 import torch
 from scipy import stats
 
-import gate.measure.exactness as mx
-import gate.rules.exactness_tests as ex
+import gate.exactness.collect as mx
+import gate.exactness.stats as ex
 from conftest import tiny_llama
-from gate.law import Law, law_probs
-from gate.reference import LAW_PART_FAULTS, LAW_PRESERVING, Fault, speculative_sample
+from gate.core.law import Law, law_probs
+from reference import LAW_PART_FAULTS, LAW_PRESERVING, Fault, speculative_sample
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
 GAMMA = 3

@@ -21,14 +21,14 @@ import torch
 from click.testing import CliRunner
 from scipy import stats
 
-import gate.measure.exactness as mx
-import gate.rules.exactness_tests as ex
+import gate.exactness.collect as mx
+import gate.exactness.stats as ex
 from conftest import sharp_llama, tiny_policy, write_policy
 from gate.cli import cli
-from gate.law import Law, law_probs
+from gate.core.law import Law, law_probs
 from gate.records import DraftInfo, ExactnessRecord, Measurements, NextTokenCounts
-from gate.reference import Fault, model_logits, speculative_sample
-from gate.rules.exactness import evaluate_exactness
+from reference import Fault, model_logits, speculative_sample
+from gate.exactness.verdict import evaluate_exactness
 
 ALPHA, POWER, TV = 0.01, 0.9, 0.1
 RULE = SimpleNamespace(id="exact", level="error", significance=ALPHA, power=POWER, detect_tv=TV, tie_tolerance=0.0,

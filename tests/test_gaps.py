@@ -22,7 +22,7 @@ from gate.policy.reader import load_policy
 from gate.records import DraftInfo, Environment, Measurements, RequestRecord, RunRecord, OfferedLoad, SpecDecodeCounters
 from gate.rules.evaluate import Settings, evaluate
 from gate.rules.status import Status
-from gate.validate import load_gaps
+from gate.plan.validate import load_gaps
 from served_stub import Stub
 
 STATIC_METRICS = """\

@@ -22,8 +22,8 @@ from gate.drafts import registry as draft_kinds
 from gate.drafts.heads import (HEADER, KIND, HeadsDraft, MedusaHeads, base_identity, head_logits, load_heads,
                                output_head, read_header, save_checkpoint, teacher_states, train_heads)
 from gate.drafts.interface import BuildContext
-from gate.errors import PolicyValueError
-from gate.law import Law, law_probs
+from gate.core.errors import PolicyValueError
+from gate.core.law import Law, law_probs
 from gate.measure.bill import bills_for
 from gate.measure.kv import KVFormat, cache_model
 from gate.measure.overlap import overlap

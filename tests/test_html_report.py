@@ -18,10 +18,10 @@ from gate.report import registry as formats
 from gate.report.document import ADAPTER, make_report
 from gate.report.html import HtmlReport
 from gate.rules.evaluate import Settings, evaluate, exit_code
-from gate.rules.load_points import load_summary
+from gate.analysis.load_points import load_summary
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
-from gate.rules.summary import summarize
+from gate.analysis.summary import summarize
 
 from test_rules import measurements, rule
 from test_served_rules import run as served_run
@@ -184,7 +184,7 @@ def test_empty_report_still_renders_a_page():
 
 def test_roofline_rows_add_the_roofline_and_predicted_plots(rendered):
     from gate.measure.roofline import step
-    from gate.resources import RooflineRow
+    from gate.commands.bill import RooflineRow
 
     report, _ = in_process_report()
     bw, pk = 100e9, 1e12

@@ -219,9 +219,9 @@ def _sigterm_first(real: Callable[..., Any]) -> Callable[..., Any]:
 
 def test_sigterm_during_the_in_process_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main,
                                            monkeypatch) -> None:
-    import gate.run
+    import gate.loop.run
 
-    monkeypatch.setattr(gate.run, "_bills", _sigterm_first(gate.run._bills))
+    monkeypatch.setattr(gate.loop.run, "_bills", _sigterm_first(gate.loop.run._bills))
     policy = write_policy(tmp_path, in_process_policy(tiny_model_dir, prompts_file, 6))
     code = in_process_main("check", str(policy), "--json", str(tmp_path / "out.json"), "--junit", str(tmp_path / "out.xml"),
                      "--no-progress")
@@ -236,9 +236,9 @@ def test_sigterm_during_the_in_process_bill(tmp_path: Path, tiny_model_dir: Path
 
 def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main,
                                         monkeypatch) -> None:
-    import gate.run
+    import gate.loop.run
 
-    monkeypatch.setattr(gate.run, "_config_bills", _sigterm_first(gate.run._config_bills))
+    monkeypatch.setattr(gate.loop.run, "_config_bills", _sigterm_first(gate.loop.run._config_bills))
     with Stub() as fallback, Stub() as draft:
         policy = write_policy(tmp_path, served_policy(tiny_model_dir, prompts_file, fallback.url, draft.url)
                               .replace("max_new_tokens: 48", "max_new_tokens: 8"))
@@ -255,8 +255,8 @@ def test_sigterm_during_the_served_bill(tmp_path: Path, tiny_model_dir: Path, pr
 # --- the served exactness pass: batched, and skipped when there is nothing to compare ---
 
 def test_batched_teacher_forcing_gives_the_logits_of_one_at_a_time() -> None:
-    from gate.oracle import TargetOracle
-    from gate.fallback_exactness import teacher_forced
+    from gate.exactness.oracle import TargetOracle
+    from gate.exactness.fallback import teacher_forced
 
     oracle = TargetOracle(tiny_llama(0), torch.device("cpu"))
     forwards = []
@@ -285,9 +285,9 @@ def _served_check(tmp_path: Path, text: str) -> tuple[int, dict[str, Any]]:
 @pytest.fixture
 def counted_forwards(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     """Forwards of the local target that served exactness loads (a hook on its model)."""
-    import gate.session
+    import gate.loop.session
 
-    real = gate.session.open_target
+    real = gate.loop.session.open_target
     forwards: list[int] = []
 
     def counting(*args: Any, **kwargs: Any) -> Any:
@@ -295,7 +295,7 @@ def counted_forwards(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
         target.oracle.model.register_forward_hook(lambda mod, a, out: forwards.append(1))
         return target
 
-    monkeypatch.setattr(gate.session, "open_target", counting)
+    monkeypatch.setattr(gate.loop.session, "open_target", counting)
     return forwards
 
 
@@ -335,7 +335,7 @@ def test_a_signal_swallowed_where_it_was_raised_still_stops_the_run():
     """The handler's Interrupted can land in a finalizer (`Exception ignored in ... __del__`),
     which swallows it: the next check between requests raises it again, and so does a second
     signal, instead of the run going on until a third signal abandons the reports."""
-    from gate import interrupt
+    from gate.loop import interrupt
 
     interrupt.reset()
     try:

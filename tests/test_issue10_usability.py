@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from conftest import HAS_SMOLLM2, tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
-from gate.errors import InputError
+from gate.core.errors import InputError
 from gate.policy.reader import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,7 +212,7 @@ def test_junit_cases_carry_the_time_of_their_requests(run: dict[str, Any]) -> No
 
 def test_explain_prints_statistics_with_a_few_significant_digits(run: dict[str, Any]) -> None:
     from gate.report.explain import explain_rule
-    from gate.saved import read_report as load_report
+    from gate.policy.saved import read_report as load_report
 
     report = load_report(run["folder"] / "report.json")
     text = explain_rule(report, "exact", "lookup/t0.8", 5)
@@ -224,8 +224,8 @@ def test_explain_prints_statistics_with_a_few_significant_digits(run: dict[str, 
 
 
 def test_compare_declares_every_verdict_inconclusive_when_not_comparable_bill_lines_included(run: dict[str, Any]) -> None:
-    from gate.compare import compare
-    from gate.saved import read_report as load_report
+    from gate.commands.compare import compare
+    from gate.policy.saved import read_report as load_report
 
     base = load_report(run["folder"] / "report.json")
     cand = copy.deepcopy(base)
@@ -324,14 +324,14 @@ def test_a_real_signal_while_measuring_writes_the_reports_and_exits_128_plus_the
 
 def test_ctrl_c_before_measuring_starts_writes_the_reports_and_exits_130(
         tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main, monkeypatch, capsys) -> None:
-    import gate.check
+    import gate.commands.check
 
     def interrupted_while_loading(*_):  # type: ignore[no-untyped-def]
         os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT to this process, as Ctrl-C sends it
         time.sleep(30)  # never reached: the handler raises first
         raise AssertionError("the interrupt did not stop the run")
 
-    monkeypatch.setattr(gate.check, "open_session", interrupted_while_loading)
+    monkeypatch.setattr(gate.commands.check, "open_session", interrupted_while_loading)
     policy = _signal_policy(tmp_path, tiny_model_dir, prompts_file)
     code = in_process_main("check", str(policy), "--json", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"))
     assert code == 130  # was: 1 with "Aborted!" (a failed rule's code) and no report
@@ -344,15 +344,15 @@ def test_ctrl_c_before_measuring_starts_writes_the_reports_and_exits_130(
 
 def test_sigterm_while_the_reports_are_made_writes_them_whole_and_exits_143(
         tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, in_process_main, monkeypatch) -> None:
-    import gate.check
+    import gate.commands.check
 
-    real = gate.check.summarize
+    real = gate.commands.check.summarize
 
     def summarize_then_sigterm(m):  # type: ignore[no-untyped-def]
         os.kill(os.getpid(), signal.SIGTERM)  # CI cancels the job while the verdicts are made
         return real(m)
 
-    monkeypatch.setattr(gate.check, "summarize", summarize_then_sigterm)
+    monkeypatch.setattr(gate.commands.check, "summarize", summarize_then_sigterm)
     policy = _signal_policy(tmp_path, tiny_model_dir, prompts_file)
     code = in_process_main("check", str(policy), "--json", str(tmp_path / "report.json"), "--junit", str(tmp_path / "junit.xml"),
                            "--no-warmup")
@@ -365,12 +365,12 @@ def test_sigterm_while_the_reports_are_made_writes_them_whole_and_exits_143(
 
 
 def test_an_interrupt_in_any_other_command_exits_130_not_1(tmp_path: Path, in_process_main, monkeypatch, capsys) -> None:
-    import gate.check
+    import gate.commands.check
 
     def interrupted(path):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(gate.check, "validate", interrupted)
+    monkeypatch.setattr(gate.commands.check, "validate", interrupted)
     assert in_process_main("validate", str(tmp_path / "policy.yaml")) == 130
     err = capsys.readouterr().err
     assert "interrupted by SIGINT" in err and "Aborted!" not in err

@@ -1,4 +1,4 @@
-"""gate.law.argmax gives torch.argmax's ids exactly (ties, infinities, NaN, widths that are
+"""gate.core.law.argmax gives torch.argmax's ids exactly (ties, infinities, NaN, widths that are
 not a multiple of its block), on [V] and [T, V]; the greedy law and the overlap's top-1
 agreement rest on it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gate.law import _BLOCK, argmax
+from gate.core.law import _BLOCK, argmax
 
 
 def _cases(seed: int) -> list[torch.Tensor]:

@@ -1,5 +1,5 @@
 """Issue 13: the law's history-dependent parts (penalties) and grammar constraints, applied to
-p and q with each position's own history, in gate.law and in the in-process speculative loop.
+p and q with each position's own history, in gate.core.law and in the in-process speculative loop.
 
 A tiny random Llama over a byte-level tokenizer (one token per byte, so JSON grammars are
 real) is the target; a noisy copy of it is the draft. Sampled exactness of the loop under a
@@ -18,8 +18,8 @@ from gate.constraints import bind, grammar_engine
 from gate.constraints.interface import ResponseFormat
 from gate.drafts.model import ModelDraft
 from gate.drafts.prompt_lookup import PromptLookupDraft
-from gate.law import Law, history_counts, law_logits, law_probs
-from gate.oracle import TargetOracle
+from gate.core.law import Law, history_counts, law_logits, law_probs
+from gate.exactness.oracle import TargetOracle
 from gate.runners.transformers import TransformersRunner
 
 CPU = torch.device("cpu")
@@ -215,7 +215,7 @@ def test_a_tokenizer_the_engine_cannot_read_is_one_clear_error():
 
 
 def test_a_draft_silent_under_one_constraint_gets_a_note():
-    from gate.check import speculation_notes
+    from gate.commands.check import speculation_notes
     from gate.measure import speculation
     from gate.records import Measurements, RequestRecord
 

@@ -1,12 +1,12 @@
 """Mutation tests for the declared law's history-dependent parts (issue 13): the reference
-speculative sampler (gate.reference) with the whole law applied to p and q, each position
+speculative sampler (reference) with the whole law applied to p and q, each position
 with its own history and grammar mask, and the faults that take a part of the law away
 from the verifier's p (a penalty on q only, a penalty on the history before the block,
 min-p on q only, a grammar mask on q only). Each must fail gate's exactness decision at
 the default sample size of tests/test_exactness.py (1,000 sequences x 5 tokens, gamma 3),
 and the correct sampler under the same law must pass.
 
-The decision is the one `gate exactness` makes (gate.rules.exactness): a next-token G-test
+The decision is the one `gate exactness` makes (gate.exactness.verdict): a next-token G-test
 at the first output position (the claim), next-token G-tests after output prefixes that
 >= 50 samples share (evidence: they reach the positions after an accepted proposal, where
 a stale history shows) and the PIT KS test over every token, each against the exact
@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 import torch
 
-import gate.measure.exactness as mx
-import gate.rules.exactness_tests as ex
-from gate.law import Law, history_counts, law_probs, process
-from gate.reference import (LAW_PART_FAULTS, LAW_PRESERVING, Fault, GrammarFn, history, position_law,
+import gate.exactness.collect as mx
+import gate.exactness.stats as ex
+from gate.core.law import Law, history_counts, law_probs, process
+from reference import (LAW_PART_FAULTS, LAW_PRESERVING, Fault, GrammarFn, history, position_law,
                             speculative_sample, table_logits, toy_grammar)
-from gate.rules.exactness import context_test
+from gate.exactness.verdict import context_test
 import test_exactness
 from test_exactness import ALPHA, BATCH, DETECT_TV, GAMMA, LENGTH, POWER, V, explain, explicit_tables
 
@@ -103,7 +103,7 @@ def tv(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_batched_history_equals_gate_law_history_counts():
-    """The reference's scatter_add history of every (row, position) is gate.law.history_counts
+    """The reference's scatter_add history of every (row, position) is gate.core.law.history_counts
     of that sequence (prompt, then output) at that position."""
     g = torch.Generator().manual_seed(0)
     prompt = [3, 3, 7, 1]
@@ -122,7 +122,7 @@ def test_batched_history_equals_gate_law_history_counts():
 
 @pytest.mark.parametrize("law", [PENALTIES, ALL_PARTS], ids=lambda law: law.name)
 def test_position_law_equals_law_probs_of_the_bound_request(law):
-    """Row by row, the reference's batched law is gate.law.law_probs of the bound request
+    """Row by row, the reference's batched law is gate.core.law.law_probs of the bound request
     (teacher-forced over one sequence), grammar aside (law_probs takes a Matcher)."""
     target, _ = explicit_tables()
     prompt = table_prompt(target)

@@ -15,9 +15,9 @@ from tokenizers import decoders
 from conftest import tiny_config, tiny_llama, tiny_policy, tiny_tokenizer, write_policy
 from gate.cli import cli
 from gate.constraints.interface import ResponseFormat
-from gate.plan import laws_of, plan_workload
+from gate.plan.matrix import laws_of, plan_workload
 from gate.policy.reader import load_policy
-from gate.validate import validate
+from gate.plan.validate import validate
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "total": {"type": "number"}},
           "required": ["name", "total"], "additionalProperties": False}
@@ -319,7 +319,7 @@ def test_selections_scope_keys_and_summaries_keep_constraints_apart():
     from gate.report.markdown import MarkdownReport
     from gate.rules.scope import parse_scope, scope_key
     from gate.rules.selection import Selection
-    from gate.rules.summary import summarize
+    from gate.analysis.summary import summarize
 
     def request(draft: str, prompt: str, constraint: str, accepted: int) -> RequestRecord:
         steps = [1, 1 + accepted] if draft != "fallback" else [1, 1]

@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from conftest import HAS_SMOLLM2
-from gate.law import Law
+from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.sequential import SEQUENTIAL
-from gate.plan import PlannedPrompt, Request
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners import llama_server as ls
 from gate.runners import managed
 from gate.runners.interface import StreamResult

@@ -10,9 +10,9 @@ from scipy import stats
 
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
-from gate.law import Law
+from gate.core.law import Law
 from gate.load.schedule import split
-from gate.plan import PlannedPrompt, Request
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.records import OfferedLoad
 from gate.runners.interface import StreamResult
 from gate.runners.openai import Endpoint, OpenAIRunner

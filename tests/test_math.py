@@ -8,10 +8,10 @@ import pytest
 import torch
 from scipy import stats
 
-from gate.law import Law, law_probs
+from gate.core.law import Law, law_probs
 from gate.measure.overlap import overlap, position_overlaps
 from gate.records import RequestRecord, SpecDecodeCounters
-from gate.speculative import verify
+from gate.core.speculative import verify
 
 GREEDY = Law("greedy", 0.0)
 

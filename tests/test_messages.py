@@ -15,7 +15,7 @@ from gate.cli import cli
 from gate.policy.model import RuleSpec
 from gate.records import Divergence, ExactnessRecord, Failure, FailureStage, Measurements, describe_failures
 from gate.report.console import LOAD_COLUMNS, fit
-from gate.rules.exactness import evaluate_exactness
+from gate.exactness.verdict import evaluate_exactness
 from served_stub import Stub
 from test_served_check import check
 

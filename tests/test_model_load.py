@@ -55,7 +55,7 @@ def test_gguf_model_with_the_cached_config_matches_a_plain_load(tmp_path):
 
 def test_a_gguf_is_dequantized_once_and_read_from_the_cache_after(tmp_path, monkeypatch):
     import gate.models.store as store
-    from gate.measure.identity import config_digest, config_fields
+    from gate.loop.identity import config_digest, config_fields
 
     monkeypatch.setattr(store, "DEFAULT_CACHE", tmp_path / "cache")
     monkeypatch.setattr(store, "METADATA_CACHE", tmp_path / "metadata")

@@ -1,4 +1,4 @@
-"""num_draft_tokens per load (num_draft_tokens_sweep, gate.rules.schedule, rule kind
+"""num_draft_tokens per load (num_draft_tokens_sweep, gate.analysis.schedule, rule kind
 best_num_draft_tokens): the sweep's runners in the policy, the best K of stub servers whose
 speed at each K is known, the schedule and the rule through `gate check`, and the in-process
 runner sweeping K of a model draft."""
@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
-from gate.errors import InputError
+from gate.core.errors import InputError
 from gate.policy.reader import load_policy
-from gate.rules.schedule import schedule
-from gate.saved import read_report
+from gate.analysis.schedule import schedule
+from gate.policy.saved import read_report
 from served_stub import Stub
 
 # A stub per K: one event every itl_s carrying tokens_per_event tokens, 12 tokens per request, 20 ms to the first.
@@ -167,7 +167,7 @@ def test_the_in_process_runner_sweeps_k(tmp_path: Path, tiny_model_dir: Path, pr
 
 
 def test_ks_that_all_lose_to_the_fallback_schedule_speculation_off() -> None:
-    """Records as gate.run writes them (tests/test_served_rules.py): the draft d (K=4) at 0.7x at
+    """Records as gate.loop.run writes them (tests/test_served_rules.py): the draft d (K=4) at 0.7x at
     concurrency 1 and 1.3x at 4, and its sweep runner d.k2 the same requests at the same speed."""
     from dataclasses import replace
 
@@ -197,7 +197,7 @@ def test_a_problem_of_a_sweep_runner_is_placed_at_the_sweep() -> None:
     """A K llama.cpp's ngram-simple can never propose with (below max_ngram_size) is refused, and
     an error raised on a sweep runner's path names the sweep and the K."""
     from gate.drafts.prompt_lookup import PromptLookupDraftSpec, _llama_server
-    from gate.errors import PolicyValueError
+    from gate.core.errors import PolicyValueError
     from gate.policy.model import Policy, placed, sweep_path
 
     with pytest.raises(PolicyValueError, match="num_draft_tokens 2 would never propose") as e:

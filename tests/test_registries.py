@@ -13,7 +13,7 @@ import pytest
 from conftest import write_policy
 from pydantic import ValidationError
 
-from gate.errors import InputError
+from gate.core.errors import InputError
 from gate.policy.reader import load_policy
 from gate.policy.model import WorkloadSpec
 from gate.policy.schema import policy_schema
@@ -84,7 +84,7 @@ def toy_sources():
 
 
 def test_a_registered_source_is_accepted_described_and_built(tmp_path, toy_sources):
-    from gate.plan import workload_source
+    from gate.plan.matrix import workload_source
 
     assert WorkloadSpec(source="toy").source == "toy"
     schema = _source_schema()
@@ -191,7 +191,7 @@ def test_a_registered_format_is_writable(tmp_path):
 
 
 def test_the_cli_writes_and_prints_the_reports_through_the_registry(tmp_path, monkeypatch, capsys):
-    from gate import interrupt
+    from gate.loop import interrupt
     from gate.cli import _write_and_exit
 
     stand_ins = {name: type(f"Toy{name}", (ToyReport,), {"name": name, "appends": name == "markdown"})
@@ -214,7 +214,7 @@ def test_the_cli_writes_and_prints_the_reports_through_the_registry(tmp_path, mo
 def test_gate_check_writes_a_registered_format_named_with_report(tmp_path, monkeypatch):
     import click
 
-    from gate import interrupt
+    from gate.loop import interrupt
     from gate.cli import _extra_reports, _write_and_exit
 
     formats.register(ToyReport, "a test format")
@@ -242,7 +242,7 @@ def test_a_builtin_module_goes_through_the_same_checks(monkeypatch):
     import sys
     import types
 
-    from gate.registry import Registry
+    from gate.core.registry import Registry
 
     for module, name in (("toy_builtin_a", "x"), ("toy_builtin_b", "x"), ("toy_builtin_c", "Bad name")):
         monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(KIND=SimpleNamespace(name=name, module=module)))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import write_policy
 
-from gate.errors import InputError
+from gate.core.errors import InputError
 from gate.policy.reader import load_policy
 from gate.policy.model import RuleSpec
 from gate.policy.schema import policy_schema

@@ -16,7 +16,7 @@ from gate.report.document import make_report, report_schema
 from gate.report.json import JsonReport
 from gate.report.junit import JunitReport
 from gate.rules.evaluate import evaluate, exit_code
-from gate.rules.summary import summarize
+from gate.analysis.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,7 +150,7 @@ def test_example_policies_validate_against_the_schema():
 
 def test_markdown_summary_and_explain(tmp_path):
     from gate.report.explain import explain_rule
-    from gate.saved import read_report as load_report
+    from gate.policy.saved import read_report as load_report
     from gate.report.markdown import MarkdownReport
 
     m = measurements()

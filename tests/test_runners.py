@@ -14,13 +14,13 @@ import torch
 from conftest import tiny_llama
 from pydantic import TypeAdapter
 
-from gate import run as gate_run
+from gate.loop import run as gate_run
 from gate.drafts.model import ModelDraft
-from gate.law import Law
+from gate.core.law import Law
 from gate.load.interface import LoadStrategy
 from gate.load.sequential import SEQUENTIAL, Sequential
-from gate.oracle import TargetOracle
-from gate.plan import PlannedPrompt, Request
+from gate.exactness.oracle import TargetOracle
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.records import (FALLBACK, DraftInfo, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord,
                           RunRecord, busy_seconds)
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, StreamResult

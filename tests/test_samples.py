@@ -14,7 +14,7 @@ from conftest import tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.drafts.model import ModelDraft
 from gate.runners.transformers import TransformersRunner
-from gate.law import Law
+from gate.core.law import Law
 
 CPU = torch.device("cpu")
 # tiny random models have near-flat logits (top-2 gaps ~1e-3): no tie tolerance here
@@ -109,7 +109,7 @@ def test_bad_sample_lines_name_file_and_line(tmp_path, tiny_model_dir, prompts_f
 
 
 def test_samples_schema_is_checked_in():
-    from gate.recorded import samples_schema
+    from gate.commands.exactness import samples_schema
 
     root = Path(__file__).resolve().parents[1]
     assert json.loads((root / "schemas" / "samples.schema.json").read_text()) == samples_schema()

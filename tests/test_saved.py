@@ -1,4 +1,4 @@
-"""One reader for saved reports (gate.saved): plain JSON or gzip (told by the magic bytes)
+"""One reader for saved reports (gate.policy.saved): plain JSON or gzip (told by the magic bytes)
 for gate explain, compare and report alike; a missing report names the file and the
 command that writes one."""
 
@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from test_rules import measurements, rule
 
 from gate.cli import cli
-from gate.errors import InputError
+from gate.core.errors import InputError
 from gate.report.document import make_report
 from gate.report.json import JsonReport
 from gate.rules.evaluate import evaluate, exit_code
-from gate.rules.summary import summarize
-from gate.saved import absent, read_data, read_report
+from gate.analysis.summary import summarize
+from gate.policy.saved import absent, read_data, read_report
 
 
 @pytest.fixture

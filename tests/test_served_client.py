@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from served_stub import EOS_ID, FIRST_ID, Stub
 
-from gate.law import Law
+from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
 from gate.load.sequential import SEQUENTIAL
-from gate.plan import PlannedPrompt, Request
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.client.stream import bursts
 from gate.runners.openai import UNKNOWN_ID, Endpoint, OpenAIRunner, ServedError

@@ -20,10 +20,10 @@ import pytest
 from served_stub import FIRST_ID, Stub
 
 from conftest import write_policy
-from gate.law import Law
+from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
-from gate.plan import PlannedPrompt, Request
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.netstat import ListenCounters, listen_counters, listen_note
 from gate.runners.openai import TRANSPORT_KINDS, Endpoint, OpenAIRunner, ServedError

@@ -18,16 +18,16 @@ from served_stub import EOS_ID, Stub
 
 from conftest import HAS_SMOLLM2, write_policy
 from gate.constraints.interface import Matcher, ResponseFormat
-from gate.errors import InputError, PolicyValueError
-from gate.law import Law
+from gate.core.errors import InputError, PolicyValueError
+from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
-from gate.plan import PlannedPrompt, Request
+from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.llama_server import LlamaServerRunner, ServerConfig
 from gate.runners.engines.llama_cpp import gbnf_choice
 from gate.runners.engines.registry import engine
 from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
-from gate.law import law_logits
+from gate.core.law import law_logits
 from gate.runners.refusals import check_law_refusals as check_served_law
 
 FULL = Law("full", 0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
@@ -247,7 +247,7 @@ REGEX = "  constraints: [{name: rx, type: regex, pattern: '[a-z]+'}]"
 ])
 def test_gate_validate_refuses_what_a_served_runner_cannot_honour(tmp_path, smol_dir, prompts_file, endpoint, law,
                                                                     constraints, where, says):
-    from gate.validate import validate
+    from gate.plan.validate import validate
 
     path = write_policy(tmp_path, SERVED.format(model=smol_dir, prompts=prompts_file, endpoint=endpoint, law=law,
                                                 constraints=constraints))
@@ -258,7 +258,7 @@ def test_gate_validate_refuses_what_a_served_runner_cannot_honour(tmp_path, smol
 
 
 def test_gate_validate_accepts_the_whole_law_and_constraints_on_vllm(tmp_path, smol_dir, prompts_file):
-    from gate.validate import validate
+    from gate.plan.validate import validate
 
     law = "{temperature: 0.7, top_k: 5, min_p: 0.1, repetition_penalty: 1.2, presence_penalty: 0.5, logit_bias: {5: 2.0}}"
     path = write_policy(tmp_path, SERVED.format(model=smol_dir, prompts=prompts_file, endpoint="engine: vllm",
@@ -300,7 +300,7 @@ def test_law_logits_apply_bias_penalty_with_each_rows_history_and_the_grammar():
 
 
 def test_gaps_under_a_grammar_leave_the_fallbacks_forbidden_tokens_out_of_the_control():
-    from gate.fallback_exactness import _gaps
+    from gate.exactness.fallback import _gaps
 
     logits = torch.tensor([[1.0, 3.0, 0.0, 0.0], [0.5, 2.0, 0.0, 0.0]])
     oracle = SimpleNamespace(target_logits=lambda ids, start: logits[:len(ids) - start])

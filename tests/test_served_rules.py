@@ -1,5 +1,5 @@
 """Rules, the load summary and the crossover on served records (no server: the records are
-built here, as gate.run writes them), and the policy's runner and load sections."""
+built here, as gate.loop.run writes them), and the policy's runner and load sections."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import write_policy
-from gate.errors import InputError
+from gate.core.errors import InputError
 from gate.policy.reader import load_policy
 from gate.policy.model import RuleSpec
 from gate.records import (DraftInfo, Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord, RunRecord,
@@ -17,9 +17,9 @@ from gate.records import (DraftInfo, Environment, Failure, FailureStage, Measure
 from gate.report.console import ConsoleReport
 from gate.report.document import make_report
 from gate.rules.evaluate import Settings, evaluate
-from gate.rules.load_points import load_summary
+from gate.analysis.load_points import load_summary
 from gate.rules.status import Status
-from gate.rules.summary import summarize
+from gate.analysis.summary import summarize
 
 N_TOKENS = 16
 
@@ -246,7 +246,7 @@ def test_a_failure_at_one_load_point_errors_only_that_load_points_verdict():
 
 def test_a_server_whose_verification_is_not_lossless_passes_no_speedup_or_exactness_rule():
     from gate.records import ServerRecord
-    from gate.run import _not_lossless
+    from gate.loop.run import _not_lossless
 
     m = run({1: 1.6})
     m.servers = [ServerRecord("fallback", "vllm"), ServerRecord("d", "vllm", verification="synthetic", lossless=False)]

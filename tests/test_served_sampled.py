@@ -1,4 +1,4 @@
-"""Sampled-law exactness of served engines (gate.sampled_exactness, gate.rules.exactness):
+"""Sampled-law exactness of served engines (gate.exactness.sampled, gate.exactness.verdict):
 mutation tests against a speculative-sampling server with injectable sampler faults
 (tests/sampler_server.py, first token from the prefill as real engines do), one `gate check`
 for the whole module, and the reference logic on hand-made records."""
@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from conftest import write_policy
 from gate.cli import cli
-from gate.law import Law
+from gate.core.law import Law
 from gate.policy.model import RuleSpec
 from gate.records import DraftInfo, ExactnessRecord, Measurements, NextTokenCounts, TwoSampleCounts
-from gate.rules.exactness import evaluate_exactness
+from gate.exactness.verdict import evaluate_exactness
 from sampler_server import Sampler, SamplerServer
 
 FAULTS = ("none", "no_temperature", "no_top_k", "residual_p", "accept_all")
@@ -65,7 +65,7 @@ rules:
 
 def prompt_ids(tokenizer) -> list[int]:
     """PROMPT's token ids as gate's workload feeds them (the chat template: workload.chat_template's default)."""
-    from gate.plan import encoder
+    from gate.plan.matrix import encoder
 
     return encoder(tokenizer, True)([{"role": "user", "content": PROMPT}])
 

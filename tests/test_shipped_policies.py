@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gate.cli import cli
-from gate.plan import workload_source
+from gate.plan.matrix import workload_source
 from gate.policy.reader import load_policy
 from gate.rules.power import underpowered
 from gate.workloads.interface import choose
@@ -34,7 +34,7 @@ def test_a_reference_policy_validates_without_a_warning(path: Path) -> None:
 
 def planned_categories(path: Path) -> list[str]:
     """The category of every prompt the example's workload selects (its seeded choice, as
-    gate.plan.build_workload makes it; no tokenizer, so no ShareGPT length filter)."""
+    gate.plan.matrix.build_workload makes it; no tokenizer, so no ShareGPT length filter)."""
     loaded = load_policy(path)
     w = loaded.policy.workload
     chosen = choose(workload_source(loaded).load(), w.seed, w.per_category, w.num_prompts, w.categories)

@@ -1,4 +1,4 @@
-"""Target identity (gate.measure.identity): unchanged vs updated target against a pinned release,
+"""Target identity (gate.loop.identity): unchanged vs updated target against a pinned release,
 with the probe and the drift along the workload. Tiny random-weight models, CPU only."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from conftest import tiny_llama, tiny_policy, tiny_tokenizer, write_policy
 from gate.cli import cli
-from gate.errors import InputError
-from gate.law import Law
-from gate.measure import identity
+from gate.core.errors import InputError
+from gate.core.law import Law
+from gate.loop import identity
 from gate.policy.reader import load_policy
 from gate.records import TargetIdentity
-from gate.validate import validate
+from gate.plan.validate import validate
 
 LOOKUP = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
 LAWS = "  - temperature: 0\n  - {temperature: 1.0, top_k: 8}\n"

@@ -5,7 +5,7 @@ registers them (register_toys, before gate.policy is imported: the policy's unio
 Literals are built then) and runs `gate check` on a policy that uses all of them.
 
 The toy runner is not in-process (Capabilities.in_process False), so gate loads no weights
-for it and it takes gate.run's one loop the way a served engine does: a window per load point
+for it and it takes gate.loop.run's one loop the way a served engine does: a window per load point
 and repetition, a counter scrape before and after each (read with its engine's counter
 names), the law's wire fields and refusals from its engine. The tiny model of
 tests/conftest.py is the target only for its tokenizer and config (validation, the bill).
@@ -28,7 +28,7 @@ import pytest
 
 from gate.drafts import registry as drafts
 from gate.drafts.interface import BuiltDraft, DraftKind, DraftSpecBase
-from gate.metrics import SAMPLE_AGGREGATIONS, Metric
+from gate.metrics.catalogue import SAMPLE_AGGREGATIONS, Metric
 from gate.records import FALLBACK, Measurements, SpecDecodeCounters
 from gate.report import registry as reports
 from gate.report.interface import ReportFormat
@@ -41,7 +41,7 @@ from gate.runners import registry as runners
 from gate.runners.engines import registry as engines
 from gate.runners.engines.interface import Engine, ServerSnapshot
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
-from gate.units import Dimension
+from gate.core.units import Dimension
 from gate.workloads import registry as workloads
 from gate.workloads.interface import Prompt, WorkloadSource
 
@@ -263,7 +263,7 @@ def test_a_toy_of_every_axis_runs_through_gate_check(tmp_path: Path, tiny_model_
     # The toy metric's rule, the acceptance rule on the toy engine's counters and the toy rule kind's outcome.
     outcomes = {o["rule_id"]: o for o in json.loads(report.read_text())["outcomes"]}
     assert outcomes["length"]["status"] == "pass" and outcomes["length"]["measured"] == 4.0
-    # resampled by request, like the built-in request metrics (gate.metrics.RESAMPLED includes it): an interval
+    # resampled by request, like the built-in request metrics (gate.metrics.catalogue.RESAMPLED includes it): an interval
     assert outcomes["length"]["samples"] == 25 and outcomes["length"]["interval"]["units"] == 25
     assert outcomes["accepted"]["status"] == "pass" and outcomes["accepted"]["measured"] == 0.5
     assert outcomes["windowed"]["status"] == "pass" and outcomes["windowed"]["measured"] == 5.0
@@ -273,7 +273,7 @@ def test_a_toy_of_every_axis_runs_through_gate_check(tmp_path: Path, tiny_model_
 
 
 def test_a_metric_name_is_registered_once_and_a_pooled_metric_needs_its_case() -> None:
-    from gate.metrics import METRICS
+    from gate.metrics.catalogue import METRICS
 
     before = dict(METRICS)
     with pytest.raises(ValueError, match="'ttft_ms' is already in the catalogue"):

@@ -169,7 +169,7 @@ def test_sliding_window_targets_run_inside_their_window_and_are_refused_beyond(t
 
 
 def test_greedy_check_judges_every_token_by_its_distance_from_the_top():
-    from gate.measure.exactness import greedy_divergences
+    from gate.exactness.collect import greedy_divergences
 
     logits = torch.tensor([[5.0, 4.999, 0.0, -3.0],   # near-tie at the top, but token 3 is 8 logits below it
                            [0.0, 2.0, 1.0, 0.0],      # correct (argmax 1)

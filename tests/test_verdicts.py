@@ -14,13 +14,13 @@ import junit_xml
 
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
-from gate.compare import compare
+from gate.commands.compare import compare
 from gate.policy.model import RuleSpec, WaiverSpec
 from gate.records import DraftInfo, Environment, Measurements, ModelInfo, OverlapRecord, RequestRecord
 from gate.report.document import make_report
 from gate.report.junit import JunitReport
 from gate.rules.evaluate import Settings, evaluate, exit_code
-from gate.rules.summary import summarize
+from gate.analysis.summary import summarize
 
 DRAFTS = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
 
@@ -222,8 +222,8 @@ def test_validate_warns_about_an_underpowered_policy(tmp_path, tiny_model_dir, p
 
 
 def test_interleave_false_runs_each_runner_in_one_block():
-    from gate.law import Law
-    from gate.plan import PlannedPrompt, plan_requests
+    from gate.core.law import Law
+    from gate.plan.matrix import PlannedPrompt, plan_requests
 
     prompts = [PlannedPrompt("a", "x", (1, 2)), PlannedPrompt("b", "x", (3,))]
     law = Law("greedy", 0.0, None, None)
@@ -293,7 +293,7 @@ def test_check_against_a_saved_baseline_report(tmp_path, tiny_model_dir, prompts
 
 
 def test_compare_refuses_unknown_mappings_and_names_workload_differences(tmp_path):
-    from gate.errors import InputError
+    from gate.core.errors import InputError
 
     base_m, cand_m = run({"bf16": 1.5}, seed=1), run({"bf16": 1.5}, n=6, seed=2)
     base = make_report("b.yaml", {}, base_m, [], summarize(base_m), 0)

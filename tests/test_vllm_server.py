@@ -92,7 +92,7 @@ def test_a_draft_kind_vllm_cannot_run_is_refused_naming_the_draft(monkeypatch):
     from types import SimpleNamespace
 
     from gate.drafts.heads import HeadsDraftSpec
-    from gate.errors import PolicyValueError
+    from gate.core.errors import PolicyValueError
 
     monkeypatch.setenv("GATE_VLLM", "/bin/true")
     plan = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm"),
@@ -106,7 +106,7 @@ def test_a_draft_kind_vllm_cannot_run_is_refused_naming_the_draft(monkeypatch):
 def test_a_missing_vllm_is_named_at_runner_binary(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from gate.errors import PolicyValueError
+    from gate.core.errors import PolicyValueError
 
     monkeypatch.setenv("GATE_VLLM", str(tmp_path / "no-vllm"))
     plan = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm"), drafts={}))
@@ -198,10 +198,10 @@ def test_a_server_that_failed_to_start_is_not_started_again(tmp_path):
 
 
 def test_a_slow_switching_runner_starts_once_per_runner_and_repetition():
-    from gate.law import Law
+    from gate.core.law import Law
     from gate.load.closed import ClosedLoop
-    from gate.plan import plan_blocks
-    from gate.requests import PlannedPrompt
+    from gate.plan.matrix import plan_blocks
+    from gate.core.requests import PlannedPrompt
 
     prompts = [PlannedPrompt(f"p{i}", "c", (1, 2, 3)) for i in range(2)]
     points = [ClosedLoop(concurrency=c) for c in (1, 2, 4)]

@@ -21,9 +21,9 @@ from conftest import (
 )
 
 from gate.cli import cli
-from gate.errors import InputError, PolicyValueError
+from gate.core.errors import InputError, PolicyValueError
 from gate.policy.reader import load_policy
-from gate.plan import encoder, plan_workload
+from gate.plan.matrix import encoder, plan_workload
 from gate.workloads.context import TOLERANCE_TOKENS, ContextBuilder, check_fits
 from gate.workloads.humaneval import HumanEval
 from gate.workloads.interface import Prompt, choose, select

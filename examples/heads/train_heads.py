@@ -39,7 +39,7 @@ MODEL = "smollm2-135m-instruct"
 def sharegpt_prompts(tokenizer, seed: int, count: int, max_prompt: int, min_prompt: int = 8) -> tuple[list[list[int]], list[str]]:
     """`count` seeded ShareGPT first user turns rendered with the target's chat template and
     the generation prompt, min_prompt..max_prompt tokens; and their ids."""
-    from gate.plan import encoder
+    from gate.plan.matrix import encoder
     from gate.workloads.sharegpt import ShareGPT
 
     encode = encoder(tokenizer, chat_template=True)
@@ -60,9 +60,9 @@ def sharegpt_prompts(tokenizer, seed: int, count: int, max_prompt: int, min_prom
 def continuations(target, prompts: list[list[int]], new_tokens: int, seed: int) -> list[list[int]]:
     """The target's own continuation of every prompt: greedy for even indices, temperature 0.7
     for odd ones (the two laws of the example), seeded; stops at an EOS or new_tokens."""
-    from gate.law import Law, law_probs
+    from gate.core.law import Law, law_probs
     from gate.models.cache import forward, new_cache
-    from gate.speculative import sample
+    from gate.core.speculative import sample
 
     eos = {int(target.config.eos_token_id)} if isinstance(target.config.eos_token_id, int) else set(target.config.eos_token_id or [])
     generator = torch.Generator().manual_seed(seed)
@@ -84,7 +84,7 @@ def continuations(target, prompts: list[list[int]], new_tokens: int, seed: int) 
 def held_out_overlap(draft, target, texts: list[list[int]], starts: list[int], laws) -> dict[str, list[float]]:
     """Mean teacher-forced overlap per head on `texts` from `starts` on (the continuations),
     per law: sum_x min(p, q_j) with p the target's law at each position (gate.measure.overlap)."""
-    from gate.law import law_probs
+    from gate.core.law import law_probs
     from gate.measure.overlap import overlap
     from gate.models.cache import forward
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import gate
     from gate.drafts.heads import HeadsDraft, MedusaHeads, base_identity, save_checkpoint, teacher_states, train_heads
-    from gate.law import Law
+    from gate.core.law import Law
     from gate.models.loading import load_model, load_tokenizer, resolve_source
 
     torch.set_num_threads(args.threads)

@@ -1,5 +1,5 @@
 """Grammar constraints (structured output): a response format, and the engine that turns it
-into a per-position mask over the target's vocabulary (gate.law applies it to p and q)."""
+into a per-position mask over the target's vocabulary (gate.core.law applies it to p and q)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def grammar_engine(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int] | Non
 
 
 def bind(law: Any, prompt_len: int, fmt: ResponseFormat | None, engine: GrammarEngine | None) -> Any:
-    """`law` (gate.law.Law) bound to one request: its prompt length and, when the request has a
+    """`law` (gate.core.law.Law) bound to one request: its prompt length and, when the request has a
     response format, a fresh grammar matcher from `engine`. Raises ValueError when a format is
     given without an engine, or does not compile."""
     if fmt is None:

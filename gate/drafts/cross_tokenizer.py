@@ -73,6 +73,9 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
+from gate.core.errors import PolicyValueError
+from gate.core.law import AnyLaw, Law, RequestLaw, law_probs
+from gate.core.speculative import sample
 from gate.drafts.interface import (
     BuildContext,
     BuiltDraft,
@@ -87,8 +90,6 @@ from gate.drafts.interface import (
     model_info,
 )
 from gate.drafts.model import _common_prefix
-from gate.errors import PolicyValueError
-from gate.law import AnyLaw, Law, RequestLaw, law_probs
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.measure.tokenizers import (
@@ -101,7 +102,6 @@ from gate.measure.tokenizers import (
 )
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.records import TokenizerComparison
-from gate.speculative import sample
 
 Mapping = Literal["retokenize", "shared_vocab"]
 TAIL_TOKENS = 8  # context tokens decoded with a proposal, so its text is cut at the right boundary
@@ -275,7 +275,7 @@ class CrossTokenizerDraft(Draft):
         self.num_draft_tokens = num_draft_tokens
         self.device = device
         self.probability_info = "distribution" if mapping == "shared_vocab" else "point_mass"
-        self.tokenizer_comparison = comparison  # the report's tokenizer comparison (gate.run collects it)
+        self.tokenizer_comparison = comparison  # the report's tokenizer comparison (gate.loop.run collects it)
         self.draft_vocab_size = translator.draft_vocab_size
         self._cache: Any = None
         self._fed: list[int] = []

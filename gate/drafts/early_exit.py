@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
+from gate.core.errors import PolicyValueError
 from gate.drafts.interface import (
     BuildContext,
     BuiltDraft,
@@ -26,7 +27,6 @@ from gate.drafts.interface import (
     model_info,
 )
 from gate.drafts.model import ModelDraft
-from gate.errors import PolicyValueError
 from gate.models.hf_export import truncated_config
 
 

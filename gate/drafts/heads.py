@@ -17,7 +17,7 @@ Proposals. After the runner commits a token, the draft holds h, the target's hid
 at the position whose logits gave that token (the runner passes it, gate.drafts.interface
 .Draft.observe_target_hidden, from the verification forward it runs anyway: no extra target
 forward). Proposal j (j = 1..n <= K) is drawn from q_j = law(logits_j(h)), the declared law
-applied exactly as to the target's logits (gate.law.law_probs). q_j depends on the committed
+applied exactly as to the target's logits (gate.core.law.law_probs). q_j depends on the committed
 context only, not on proposals 1..j-1, so Leviathan et al.'s rejection rule (2023, Alg. 1,
 Thm 1) keeps the output law exactly p. Probability information: "distribution" (one q per
 head).
@@ -56,19 +56,19 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
+from gate.core.dtypes import DTYPES
+from gate.core.errors import PolicyValueError
+from gate.core.law import Law, law_probs
+from gate.core.speculative import sample
 from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, model_info
-from gate.errors import PolicyValueError
-from gate.law import Law, law_probs
 from gate.measure.bill import DraftBill
 from gate.models.cache import forward
-from gate.speculative import sample
 
 FORMAT = "gate-heads"
 VERSION = 1
 HEAD_TYPE = "medusa1-resblock"
 HEADER = "heads.json"
 TENSORS = "heads.safetensors"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class MedusaHeads(torch.nn.Module):
@@ -311,8 +311,8 @@ def read_header(folder: Path, yaml_path: str) -> dict[str, Any]:
     for key in ("num_heads", "hidden_size", "vocab_size"):
         if not isinstance(header.get(key), int) or isinstance(header.get(key), bool) or header[key] < 1:
             raise PolicyValueError(yaml_path, f"{file}: {key} must be a positive integer (got {header.get(key)!r})")
-    if header.get("dtype") not in _DTYPES or not isinstance(header.get("base"), dict):
-        raise PolicyValueError(yaml_path, f"{file}: needs dtype (one of {', '.join(_DTYPES)}) and a base object")
+    if header.get("dtype") not in DTYPES or not isinstance(header.get("base"), dict):
+        raise PolicyValueError(yaml_path, f"{file}: needs dtype (one of {', '.join(DTYPES)}) and a base object")
     return header
 
 
@@ -617,7 +617,7 @@ def _loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of:
 def heads_weight_bytes(header: dict[str, Any]) -> int:
     """Bytes of a checkpoint's heads at its dtype, from heads.json: K x (H x H + H) x element size."""
     k, h = header["num_heads"], header["hidden_size"]
-    return k * (h * h + h) * _DTYPES[header["dtype"]].itemsize
+    return k * (h * h + h) * DTYPES[header["dtype"]].itemsize
 
 
 def _file_weight_bytes(name: str, spec: HeadsDraftSpec, policy_dir: Path) -> int:

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from gate.law import Law
+from gate.core.law import Law
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.measure.speculation import ProposalFloor, every_step
@@ -107,7 +107,7 @@ class DraftSpecBase(BaseModel):
         min_length=1,
         description="Also measure this draft with each of these num_draft_tokens (0: speculation "
         "off, which is the fallback): each value runs as its own runner '<name>.k<K>' (a managed server restarted "
-        "with that K), and the report picks the best K per load point (gate.rules.schedule).",
+        "with that K), and the report picks the best K per load point (gate.analysis.schedule).",
     )
 
 
@@ -304,7 +304,7 @@ class DraftKind:
       speculation ran (gate.measure.speculation; default: a proposal at every step).
     - `modifies_target`: True for a kind whose draft ships a changed target (a jointly
       fine-tuned backbone, merged adapters): the policy must pin `target.release`, and the
-      reports call the run's target an updated target for that draft (gate.measure.identity).
+      reports call the run's target an updated target for that draft (gate.loop.identity).
     """
 
     name: str

@@ -10,6 +10,10 @@ from typing import Any, Literal
 import torch
 from pydantic import ConfigDict, Field
 
+from gate.core.dtypes import DTYPES
+from gate.core.errors import PolicyValueError
+from gate.core.law import Law, law_probs
+from gate.core.speculative import sample
 from gate.drafts.interface import (
     BuildContext,
     BuiltDraft,
@@ -27,10 +31,7 @@ from gate.drafts.interface import (
     VLLMDraft,
     model_info,
 )
-from gate.errors import PolicyValueError
-from gate.law import Law, law_probs
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
-from gate.speculative import sample
 
 
 class ModelDraft(Draft):
@@ -145,7 +146,7 @@ def _build(name: str, spec: ModelDraftSpec, ctx: BuildContext) -> BuiltDraft:
     path = f"drafts.{name}"
     dtype = spec.dtype or ctx.target_dtype
     if spec.model == "target":
-        model, label = copy.deepcopy(ctx.target).to(dtype=models.DTYPES[dtype]), "target"
+        model, label = copy.deepcopy(ctx.target).to(dtype=DTYPES[dtype]), "target"
     else:
         source = models.resolve_source(spec.model, spec.gguf_file, ctx.policy_dir, f"{path}.model")
         model, label = models.load_model(source, dtype, ctx.device), str(source)

@@ -13,6 +13,8 @@ from typing import Literal
 import torch
 from pydantic import ConfigDict, Field
 
+from gate.core.errors import PolicyValueError
+from gate.core.law import Law
 from gate.drafts.interface import (
     BuildContext,
     BuiltDraft,
@@ -25,8 +27,6 @@ from gate.drafts.interface import (
     VLLMContext,
     VLLMDraft,
 )
-from gate.errors import PolicyValueError
-from gate.law import Law
 from gate.measure.speculation import ProposalFloor, lookup_floor
 
 

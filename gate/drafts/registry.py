@@ -19,6 +19,7 @@ from typing import Annotated, Any, Union
 import torch
 from pydantic import Field
 
+from gate.core.registry import Registry
 from gate.drafts.interface import (
     BuildContext,
     BuiltDraft,
@@ -32,7 +33,6 @@ from gate.drafts.interface import (
 from gate.measure.bill import DraftBill
 from gate.measure.kv import KVFormat
 from gate.measure.speculation import ProposalFloor
-from gate.registry import Registry
 
 # The registration lines: module paths whose `KIND` is registered, in this order (the order
 # of the policy union, of the JSON schema's oneOf and of "expected one of" messages).

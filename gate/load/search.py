@@ -3,7 +3,7 @@ before the server saturates, as an interval, found by probing.
 
 A probe runs the workload at one load (closed-loop concurrency or open-loop request rate),
 `repetitions` times, and says whether every SLO held in every repetition and what output
-throughput (committed tokens/s) the server gave (gate.run measures it; this module decides
+throughput (committed tokens/s) the server gave (gate.loop.run measures it; this module decides
 where to probe next and what the probes say). The search:
 
 1. **brackets**: from `start`, doubles the load until a probe's SLOs fail, or the doubling

@@ -1,5 +1,5 @@
 """Sequential load: one request at a time, in plan order (the plan interleaves the
-fallback and every draft per cell, gate.plan). Offered load: concurrency 1, no rate."""
+fallback and every draft per cell, gate.plan.matrix). Offered load: concurrency 1, no rate."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from gate.measure.kv import CacheModel, ConfigError, KVFormat
 from gate.records import FALLBACK, BillLine, BillRecord, Budget
 
 SERVER_POOL_LINE = "server KV cache pool"
-"""The served bill's line for the KV cache a server preallocated (gate.resources.add_server_pools)."""
+"""The served bill's line for the KV cache a server preallocated (gate.loop.bill.add_server_pools)."""
 
 SAMPLING_DTYPE_BYTES = 4  # gate (and most samplers) apply the law in float32
 
@@ -230,7 +230,7 @@ def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -
     Raises ConfigError for a config that is not a causal LM."""
     import torch
 
-    from gate.models.loading import DTYPES
+    from gate.core.dtypes import DTYPES
 
     model = meta_model(config)
     size = torch.empty(0, dtype=DTYPES[dtype]).element_size()

@@ -116,7 +116,7 @@ class ClientCheck:
 
 
 def _load_name(w: RunRecord) -> str:
-    if w.load.request_rate is not None:  # as the load-point table labels it (gate.rules.load_points.LoadPoint.label)
+    if w.load.request_rate is not None:  # as the load-point table labels it (gate.analysis.load_points.LoadPoint.label)
         return f"{w.load.request_rate:g} req/s"
     return f"c={w.load.concurrency}" if w.load.concurrency is not None else "unbounded"
 

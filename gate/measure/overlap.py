@@ -3,14 +3,14 @@
 beta = sum_x min(p(x), q(x)) = 1 - TV(p, q) is the probability that speculative sampling
 accepts a proposal at that position (Leviathan et al. 2023, Sec. 3.1, "beta"); its mean
 over positions is the acceptance rate alpha. Both p and q are processed by the declared
-law exactly as the verifier does (gate.law.law_probs). For a point mass at x it is p(x).
+law exactly as the verifier does (gate.core.law.law_probs). For a point mass at x it is p(x).
 """
 
 from __future__ import annotations
 
 import torch
 
-from gate.law import argmax
+from gate.core.law import argmax
 
 
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

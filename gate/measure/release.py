@@ -1,5 +1,5 @@
 """The released target a run's target is compared with (policy `target.release`), as
-validation resolved it (gate.baseline.load_release); gate.measure.identity compares with it."""
+validation resolved it (gate.policy.baseline.load_release); gate.loop.identity compares with it."""
 
 from __future__ import annotations
 

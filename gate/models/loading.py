@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from gate.errors import PolicyValueError
+from gate.core.dtypes import DTYPES
+from gate.core.errors import PolicyValueError
 from gate.models import store
 
 PACKAGED = {
@@ -37,7 +38,6 @@ ASSEMBLED = {
         "Gemma 3 270M (Q4_K_M GGUF) under the Gemma Terms of Use (data/GEMMA_TERMS.html in the package)",
     ),
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)

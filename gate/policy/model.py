@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from gate.core.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import DType  # the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
@@ -26,12 +27,11 @@ from gate.measure.contention import (
     DEFAULT_MAX_CONTENDED,
     DEFAULT_MAX_CPU_STALL,
 )
-from gate.metrics import METRICS
+from gate.metrics.catalogue import METRICS
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.kinds.interface import shown_threshold
 from gate.runners import registry as runner_kinds
 from gate.runners.registry import default_runner_spec, runner_spec_union
-from gate.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.workloads import registry as workload_sources
 
 PACKAGED_DEFAULT = "smollm2-135m-instruct"
@@ -73,7 +73,7 @@ DEFAULT_TOLERANCE_LOGITS = 1e-3
 
 
 class ReleaseSpec(_Strict):
-    """The released target the loaded one is compared with (gate.measure.identity): exactly
+    """The released target the loaded one is compared with (gate.loop.identity): exactly
     one of `fingerprint`, `report` or `model`."""
 
     fingerprint: str | None = Field(
@@ -145,7 +145,7 @@ class TargetSpec(_Strict):
     release: ReleaseSpec | None = Field(
         None,
         description="The released target this one is compared with: the reports "
-        "say 'unchanged target' or 'updated target' (gate.measure.identity).",
+        "say 'unchanged target' or 'updated target' (gate.loop.identity).",
     )
 
 
@@ -156,7 +156,7 @@ DraftSpec = draft_spec_union()
 
 class LawSpec(_Strict):
     """A declared target sampling law, applied to p and q exactly as the verifier does
-    (gate.law). Every setting but temperature is off unless given.
+    (gate.core.law). Every setting but temperature is off unless given.
 
     Order, convention vllm (the default; vllm/v1/sample/sampler.py, Sampler.forward): logit
     bias, grammar mask, penalties, then greedy argmax, or temperature, min-p, top-k, top-p.
@@ -272,7 +272,7 @@ class LawSpec(_Strict):
 
     @property
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
-        """logit_bias as (token id, bias) pairs sorted by id (gate.law.Law.logit_bias)."""
+        """logit_bias as (token id, bias) pairs sorted by id (gate.core.law.Law.logit_bias)."""
         return tuple(sorted(self.logit_bias.items()))
 
     @property
@@ -945,7 +945,7 @@ class MeasurementSpec(_Strict):
 
 
 def _wall_seconds(v: str | float) -> float:
-    """A wall time in seconds: bare seconds, or a time with a unit (gate.units: us, ms, s, min,
+    """A wall time in seconds: bare seconds, or a time with a unit (gate.core.units: us, ms, s, min,
     h). Raises ValueError for anything else, zero, negative or infinite."""
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"{v!r} is not a time (write it with a unit, e.g. '20 min')")
@@ -1256,7 +1256,7 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
 # The tokenizer mapping cost, measured only for drafts of the kind that translates between tokenizers.
 MAPPING_METRICS = ("mapping_ms", "mapping_share", "translation_loss")
 TRANSLATING_KIND = "cross_tokenizer"
-# The target's drift from its pinned release (gate.measure.identity): need target.release.model.
+# The target's drift from its pinned release (gate.loop.identity): need target.release.model.
 DRIFT_METRICS = ("target_drift_tv", "target_drift_kl", "target_drift_top1")
 
 

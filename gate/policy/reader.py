@@ -1,6 +1,6 @@
 """Loading a policy file: safe YAML, a source map of YAML paths to lines, pydantic validation.
 
-Every problem is reported with the file, the YAML path and the line (gate.errors.Problem).
+Every problem is reported with the file, the YAML path and the line (gate.core.errors.Problem).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 import gate.policy.model as policy_model  # the module, not the package (whose __init__ imports this one)
+from gate.core.errors import InputError, PolicyValueError, Problem
 from gate.drafts import registry as draft_kinds
-from gate.errors import InputError, PolicyValueError, Problem
 from gate.policy.model import Policy
 from gate.runners import registry as runner_kinds
 

@@ -11,15 +11,15 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gate.analysis.schedule import schedule_lines
+from gate.core.units import Dimension, format_value
 from gate.measure.tokenizers import mapping_lines
 from gate.records import DID_NOT_SPECULATE, FALLBACK
 from gate.report.document import Report
 from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
-from gate.rules.schedule import schedule_lines
 from gate.rules.status import Change, Status
-from gate.units import Dimension, format_value
 
 _STYLE = {
     Status.PASS: "green",
@@ -103,7 +103,7 @@ class ConsoleReport(ReportFormat):
             )
         served = load_tables(report) + schedule_tables(report)
         tables = [summary, *slices, *served, rules] if report.measurements.requests else [rules]
-        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.measure.identity)
+        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.loop.identity)
             ident = Table(title="Target identity", title_justify="left", show_header=False)
             ident.add_column("identity", overflow="fold")
             for line in identity:
@@ -226,7 +226,7 @@ LOAD_COLUMNS = (
 
 
 def load_rows(report: Report) -> list[list[str]]:
-    """One row per runner, law and load point of a served run (gate.rules.load_points.LoadPoint);
+    """One row per runner, law and load point of a served run (gate.analysis.load_points.LoadPoint);
     tok/burst says when the client's timing could not separate bursts there (gate.measure.client_check)."""
 
     def unseparated(p: Any) -> str:
@@ -288,7 +288,7 @@ PREDICTION_COLUMNS = (
 
 def prediction_rows(report: Report) -> list[list[str]]:
     """One row per draft, law and load point with the speedup model at load
-    (gate.rules.load_points: predicted = the model's tokens per step / the step cost ratio)
+    (gate.analysis.load_points: predicted = the model's tokens per step / the step cost ratio)
     beside the measured speedup; only rows where the model has its figures."""
     rows = []
     for p in report.load:
@@ -426,7 +426,7 @@ SCHEDULE_COLUMNS = (
 
 def schedule_rows(report: Report) -> list[list[str]]:
     """One row per swept draft, law, load point and K (num_draft_tokens_sweep,
-    gate.rules.schedule): the per-repetition speedups, their median and spread, the pooled
+    gate.analysis.schedule): the per-repetition speedups, their median and spread, the pooled
     speedup with its interval, and which K is the best there."""
     rows = []
     for c in report.schedule:

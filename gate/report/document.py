@@ -11,13 +11,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from gate.analysis.interactivity import EqualInteractivity, InteractivityPoint
+from gate.analysis.load_points import Crossover, LoadPoint
+from gate.analysis.schedule import KChoice
+from gate.analysis.summary import SummaryRow
 from gate.measure.client_check import ClientCheck
 from gate.records import Measurements
-from gate.rules.interactivity import EqualInteractivity, InteractivityPoint
-from gate.rules.load_points import Crossover, LoadPoint
 from gate.rules.outcome import Outcome
-from gate.rules.schedule import KChoice
-from gate.rules.summary import SummaryRow
 
 FORMAT = "gate-report/1"
 

@@ -1,6 +1,6 @@
 """`gate explain`: how a verdict in a saved report was reached, from its raw records.
 
-Saved reports are read by gate.saved (load_report here is its read_report, kept for callers).
+Saved reports are read by gate.policy.saved (load_report here is its read_report, kept for callers).
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from gate.core.units import Dimension, format_value
 from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS, client_delay_ms, is_client_delayed
 from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, stall_share
-from gate.metrics import METRICS, TIMED
+from gate.metrics.catalogue import METRICS, TIMED
+from gate.policy.saved import read_report as load_report
 from gate.report.document import Report
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.samples import FALLBACK, samples
 from gate.rules.scope import parse_scope
 from gate.rules.status import Status
-from gate.saved import read_report as load_report
-from gate.units import Dimension, format_value
 
 __all__ = ["explain_rule", "load_report"]
 

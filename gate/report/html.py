@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate.analysis.schedule import schedule_lines
+from gate.core.units import Dimension, format_value
 from gate.measure.tokenizers import mapping_lines
 from gate.records import FALLBACK
 from gate.report.console import (
@@ -54,9 +56,7 @@ from gate.report.document import Report
 from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
-from gate.rules.schedule import schedule_lines
 from gate.rules.status import Status
-from gate.units import Dimension, format_value
 
 _VERDICT = {
     0: "passed",
@@ -212,7 +212,7 @@ def _around_one(ax: Any, values: list[float]) -> None:
 class HtmlReport(ReportFormat):
     """A self-contained HTML page with inline SVG plots (see the module docstring).
 
-    `roofline`: optional gate.resources.RooflineRow rows (what `gate roofline` computes from
+    `roofline`: optional gate.commands.bill.RooflineRow rows (what `gate roofline` computes from
     a policy, a bandwidth and a peak): adds the roofline and predicted-vs-measured plots;
     `bandwidth` (B/s) and `peak_flops` (FLOP/s) draw the roof itself."""
 
@@ -253,7 +253,7 @@ class HtmlReport(ReportFormat):
             + ".</p>",
             "</header>",
         ]
-        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.measure.identity)
+        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.loop.identity)
             out += ['<section id="target-identity"><h2>Target identity</h2><ul>'] + [
                 f"<li>{esc(x)}</li>" for x in identity
             ]
@@ -432,7 +432,7 @@ class HtmlReport(ReportFormat):
         )
 
     def _prediction(self, report: Report) -> list[str]:
-        """The speedup model at each load point beside the measured speedup (gate.rules.load_points)."""
+        """The speedup model at each load point beside the measured speedup (gate.analysis.load_points)."""
         rows = prediction_rows(report)
         if not rows:
             return []

@@ -1,4 +1,4 @@
-"""What every report format says of the target's identity (gate.measure.identity measures it):
+"""What every report format says of the target's identity (gate.loop.identity measures it):
 its classification against the pinned release and the drift of its law along the workload."""
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
-from gate.metrics import COMPUTED_ONCE
+from gate.metrics.catalogue import COMPUTED_ONCE
 from gate.report.document import Report
 from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat

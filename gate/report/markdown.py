@@ -3,6 +3,8 @@ per-draft figures and every rule that did not pass (passing rules are counted)."
 
 from __future__ import annotations
 
+from gate.analysis.schedule import schedule_lines
+from gate.core.units import Dimension, format_value
 from gate.measure.tokenizers import mapping_lines
 from gate.report.console import (
     BREAKDOWN_COLUMNS,
@@ -24,9 +26,7 @@ from gate.report.document import Report
 from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat
 from gate.report.registry import register
-from gate.rules.schedule import schedule_lines
 from gate.rules.status import Status
-from gate.units import Dimension, format_value
 
 _MARK = {
     Status.PASS: "pass",
@@ -74,7 +74,7 @@ class MarkdownReport(ReportFormat):
             f"transformers {env.transformers}, {env.device}, seed {env.seed}.",
             "",
         ]
-        identity = identity_lines(report.measurements)  # unchanged or updated target (gate.measure.identity)
+        identity = identity_lines(report.measurements)  # unchanged or updated target (gate.loop.identity)
         out += [f"- **{_cell(x.split(': ', 1)[0])}**: {_cell(x.split(': ', 1)[1])}" for x in identity] + (
             [""] if identity else []
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.registry import Registry
+from gate.core.registry import Registry
 from gate.report.interface import ReportFormat
 
 # The built-in formats, in the order they are listed.

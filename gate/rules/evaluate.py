@@ -24,7 +24,7 @@ from gate.rules.status import Status
 if TYPE_CHECKING:
     from gate.policy.model import Policy, RuleSpec
 
-# Settings and the load-point helpers of gate.rules.scope are re-exported for gate.validate and the tests.
+# Settings and the load-point helpers of gate.rules.scope are re-exported for gate.plan.validate and the tests.
 __all__ = [
     "Settings",
     "declared_load_points",

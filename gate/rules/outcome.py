@@ -1,6 +1,6 @@
 """The outcome of one rule for one scope: what evaluation decides and every report shows.
 
-Below evaluation (gate.rules.evaluate) and the exactness rules (gate.rules.exactness), which
+Below evaluation (gate.rules.evaluate) and the exactness rules (gate.exactness.verdict), which
 both build outcomes; reports read them."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from gate.metrics import METRICS, PER_REQUEST, PER_TOKEN, RESAMPLED, compares_with_fallback
+from gate.metrics.catalogue import METRICS, PER_REQUEST, PER_TOKEN, RESAMPLED, compares_with_fallback
 from gate.rules.confidence import MIN_UNITS, QUANTILES, min_samples_to_pass
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.samples import WINDOW_ONLY
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from gate.policy.model import Policy
 
 # PER_REQUEST: metrics with one sample per request; PER_TOKEN: one per token or step (at most
-# max_new_tokens per request); both derived from the declarations in gate.metrics.
+# max_new_tokens per request); both derived from the declarations in gate.metrics.catalogue.
 RELIABLE_UNITS = 10
 
 

@@ -2,14 +2,14 @@
 raw records, and their aggregation. Never runs a model.
 
 How a metric's samples are taken is registered here once, next to nothing else: SAMPLES maps
-every metric of gate.metrics.METRICS to its extractor (a check at import fails when a
+every metric of gate.metrics.catalogue.METRICS to its extractor (a check at import fails when a
 metric has none), REQUEST_SAMPLES gives a request's own samples and POOLED a request's
 counters or totals for pooled aggregations (gate.rules.resampling groups both into resampling
 units). Pooled aggregations pool counters (vLLM) or totals (all tokens / all seconds); they
 never average per-request ratios.
 
 A new metric is one module with one registration line, register_metric(Metric(...), extract):
-its declaration goes into gate.metrics.METRICS and its extractor into the table its sampling
+its declaration goes into gate.metrics.catalogue.METRICS and its extractor into the table its sampling
 reads (made before gate.policy is imported, it is a value of the policy's rules[].metric).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gate.metrics import METRICS, Metric, add
+from gate.metrics.catalogue import METRICS, Metric, add
 from gate.records import (
     FALLBACK,
     DriftRecord,
@@ -208,7 +208,7 @@ def _budgets(m: Measurements, sel: Selection) -> list:
 
 
 # metric -> its raw samples; None: no raw samples (pooled counters or a ratio of pooled values,
-# see pooled() and gate.rules.confidence.estimand). Every metric of gate.metrics has an entry.
+# see pooled() and gate.rules.confidence.estimand). Every metric of gate.metrics.catalogue has an entry.
 SAMPLES: dict[str, Extractor | None] = {
     **{name: _per_position(get) for name, get in CONTINUATION_SAMPLES.items()},
     **{
@@ -244,7 +244,7 @@ def _check_registry() -> None:
     missing, unknown = set(METRICS) - set(SAMPLES), (set(SAMPLES) | set(POOLED) | set(REQUEST_SAMPLES)) - set(METRICS)
     if missing or unknown:
         raise RuntimeError(
-            f"gate.rules.samples.SAMPLES does not match gate.metrics.METRICS: no extractor for "
+            f"gate.rules.samples.SAMPLES does not match gate.metrics.catalogue.METRICS: no extractor for "
             f"{sorted(missing)}; not a metric: {sorted(unknown)}"
         )
 
@@ -253,7 +253,7 @@ _check_registry()
 
 
 def register_metric(metric: Metric, extract: Callable) -> Metric:
-    """Add `metric` to the catalogue (gate.metrics.METRICS) with how its samples are taken,
+    """Add `metric` to the catalogue (gate.metrics.catalogue.METRICS) with how its samples are taken,
     by its sampling: "request" or "token": `extract(RequestRecord) -> list[float]`, one
     request's samples (NaNs are dropped), resampled by request; "position":
     `extract(OverlapRecord) -> list[float | None]`, one continuation's per-position samples
@@ -276,7 +276,7 @@ def register_metric(metric: Metric, extract: Callable) -> Metric:
 
 
 def samples(metric: str, m: Measurements, sel: Selection, line: str | None = None) -> list[float]:
-    """Raw samples of `metric` (see gate.metrics for what one sample is). NaNs are dropped.
+    """Raw samples of `metric` (see gate.metrics.catalogue for what one sample is). NaNs are dropped.
     Raises KeyError for a metric without raw samples (pooled only) or not in the catalogue."""
     extract = SAMPLES.get(metric)
     if extract is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gate.records import OverlapRecord, RequestRecord, RunRecord
+from gate.records import FALLBACK, Measurements, OverlapRecord, RequestRecord, RunRecord
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,22 @@ def aggregate(values: list[float], aggregation: str) -> float:
     if aggregation == "max":
         return float(arr.max())
     raise KeyError(f"unknown aggregation {aggregation!r}")
+
+
+def swept_runners(m: Measurements) -> dict[str, dict[int, str]]:
+    """Each swept draft -> {K: the runner that ran it}, K = 0 the fallback and the declared K
+    the draft itself; only drafts some sweep runner varies."""
+    out: dict[str, dict[int, str]] = {}
+    for name, info in m.drafts.items():
+        if info is None:  # a draft known by name only (recorded samples, hand-made measurements)
+            continue
+        if info.swept:
+            out.setdefault(name, {})
+        if info.sweep_of is not None and info.num_draft_tokens is not None:
+            out.setdefault(info.sweep_of, {})[info.num_draft_tokens] = name
+    for draft, ks in out.items():
+        declared = m.drafts.get(draft)
+        if declared is not None and declared.num_draft_tokens is not None:
+            ks[declared.num_draft_tokens] = draft
+        ks[0] = FALLBACK
+    return {d: dict(sorted(ks.items())) for d, ks in out.items()}

@@ -31,7 +31,7 @@ class Status(_StrEnum):
 
 
 class TestVerdict(_StrEnum):
-    """The verdict of one exactness test (gate.rules.exactness_tests.ExactnessTest.verdict).
+    """The verdict of one exactness test (gate.exactness.stats.ExactnessTest.verdict).
 
     pass / fail / inconclusive as for an outcome; not rejected: an evidence test that found
     nothing (it claims no power, so it is no pass)."""
@@ -45,7 +45,7 @@ class TestVerdict(_StrEnum):
 
 
 class Change(_StrEnum):
-    """The verdict of one figure in `gate compare` (candidate over baseline, gate.compare).
+    """The verdict of one figure in `gate compare` (candidate over baseline, gate.commands.compare).
 
     regressed / improved: the whole interval is worse / better than the tolerance; unchanged:
     the whole interval is within it; inconclusive: neither (or not comparable); missing:

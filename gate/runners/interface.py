@@ -4,7 +4,7 @@ timed streams for planned requests under an offered load.
 A runner returns, per request, a StreamResult (transport independent: output ids,
 per-token times, stop reason, E2E latency, plus what only some runners can see, None
 elsewhere) or the exception that request raised: a failed request never stops the others,
-and the caller records it (gate.run turns it into a Failure of stage "request").
+and the caller records it (gate.loop.run turns it into a Failure of stage "request").
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from gate.law import Law
+from gate.core.law import Law
+from gate.core.requests import Request
 from gate.load.interface import LoadStrategy
-from gate.requests import Request
 from gate.runners.result import StreamResult
 
 
@@ -29,7 +29,7 @@ class Capabilities:
 
     token_ids: its outputs are token ids of the target's tokenizer (not text only).
     step_counters: per-step committed/proposed/accepted counts (spec-decode counters per request).
-    seeding: a request's seed (gate.requests.Request.seed) fixes its sampled output.
+    seeding: a request's seed (gate.core.requests.Request.seed) fixes its sampled output.
     (These three describe the records a runner gives; the records themselves say it per
     request, and what reads them reads the records.)
     first_steps: it can draw many independent speculative first steps (Runner.first_steps),
@@ -52,7 +52,7 @@ class Capabilities:
         about 30 s on CPU), so at load points each repetition runs one runner's windows at
         every load point back to back (one start per runner and repetition), the runners'
         order and the load points' order rotated per repetition (else every window rotates).
-    metrics: the metrics only runners with this capability measure (gate.metrics names); the
+    metrics: the metrics only runners with this capability measure (gate.metrics.catalogue names); the
         policy refuses a rule on a metric that some runner kind lists and its runner does not,
         saying "<metric> <metrics_note>" ({kinds}: the kinds that measure it).
     """
@@ -124,8 +124,8 @@ class Runner(ABC):
 
     @classmethod
     def from_plan(cls, plan: Any, local: Any = None) -> Runner:
-        """The runner of a validated plan (gate.plan.Plan; plan.policy.runner is its spec).
-        `local`: the models loaded in this process (gate.session.LocalModels) for a runner
+        """The runner of a validated plan (gate.plan.matrix.Plan; plan.policy.runner is its spec).
+        `local`: the models loaded in this process (gate.loop.session.LocalModels) for a runner
         that runs them (Capabilities.in_process), else None. Builds the configuration only:
         nothing is started or sent. Raises PolicyValueError naming the YAML path for what it
         cannot run (a draft kind, a missing binary, a law field it cannot honour)."""

@@ -335,9 +335,9 @@ class LlamaServerRunner(ManagedServerRunner):
         fallback; for each draft what its kind serves (DraftKind.llama_server: -md, an n-gram
         spec type). Raises PolicyValueError at runner.binary (no executable binary), at
         target.model (not a GGUF) or at drafts.<name>.kind (a kind llama-server cannot run)."""
+        from gate.core.errors import PolicyValueError
         from gate.drafts import registry as draft_kinds
         from gate.drafts.interface import ServedContext
-        from gate.errors import PolicyValueError
         from gate.models.loading import eos_token_ids
 
         policy = plan.policy

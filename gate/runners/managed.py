@@ -40,8 +40,8 @@ from typing import Any
 
 import httpx
 
+from gate.core.requests import Request
 from gate.load.interface import LoadStrategy
-from gate.requests import Request
 from gate.runners.client.transport import ServedError
 from gate.runners.interface import Done, Ended, RequestResult
 from gate.runners.openai import Endpoint, OpenAIRunner
@@ -232,7 +232,7 @@ class ManagedServerRunner(OpenAIRunner):
         """The executable a plan names (runner.binary, relative to the policy's folder) or else
         `found`. Raises PolicyValueError at runner.binary when it is not an executable file,
         saying where gate looked (`where`) and how to build one (`build`)."""
-        from gate.errors import PolicyValueError
+        from gate.core.errors import PolicyValueError
 
         spec = plan.policy.runner
         binary = str(plan.resolve(spec.binary)) if spec.binary else found

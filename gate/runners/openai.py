@@ -39,10 +39,10 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gate.core.requests import Request
 from gate.load.interface import LoadStrategy
 from gate.load.schedule import split
 from gate.records import UNKNOWN_ID, ClientWorkerRecord, ServerRecord
-from gate.requests import Request
 from gate.runners.client.protocol import PROTOCOLS, protocol
 from gate.runners.client.stream import StreamClient
 from gate.runners.client.transfer import RawStream
@@ -332,7 +332,7 @@ class OpenAIRunner(Runner):
         builds (from_plan: nothing started or sent) and every declared law and constraint is
         one its servers apply as gate does (gate.runners.refusals.check_law_refusals).
         Raises PolicyValueError at the YAML path."""
-        from gate.errors import PolicyValueError
+        from gate.core.errors import PolicyValueError
         from gate.runners.refusals import check_law_refusals
 
         spec = plan.policy.runner
@@ -705,7 +705,7 @@ class OpenAIRunner(Runner):
         return self.endpoint(runner).dialect
 
     def law_refusals(self, runner: str, law: Any, fmt: Any = None) -> list[tuple[str, str]]:
-        """What `runner`'s server cannot apply as gate applies `law` (a gate.law.Law) to a
+        """What `runner`'s server cannot apply as gate applies `law` (a gate.core.law.Law) to a
         request constrained by `fmt` (a gate.constraints.interface.ResponseFormat, None:
         unconstrained): (field, why) pairs, field a Law attribute name or "constraint";
         [] when the server follows the whole law (its engine's Engine.law_refusals)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.errors import PolicyValueError
+from gate.core.errors import PolicyValueError
 from gate.records import FALLBACK
 
 

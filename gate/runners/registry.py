@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args
 
 from pydantic import BeforeValidator, Field
 
-from gate.registry import Registry
+from gate.core.registry import Registry
 from gate.runners.interface import Runner
 
 BUILTIN = ("gate.runners.transformers", "gate.runners.openai", "gate.runners.llama_server", "gate.runners.vllm_server")

@@ -3,7 +3,7 @@ transformers causal LM, private to this module.
 
 One request at a time (concurrency 1). Each step: the draft proposes up to
 num_draft_tokens tokens, the target scores the last committed token plus the proposals in
-one forward pass (num_draft_tokens + 1 positions), and gate.speculative.verify accepts a
+one forward pass (num_draft_tokens + 1 positions), and gate.core.speculative.verify accepts a
 prefix and draws the correction or bonus token. The target's KV cache is cropped back to
 the committed prefix after every step. The fallback is the same loop with no draft: one
 target forward per token, under the same law, the same target and the same code path.
@@ -28,20 +28,20 @@ import torch
 
 from gate.constraints import bind
 from gate.constraints.interface import GrammarEngine, ResponseFormat
+from gate.core.law import AnyLaw, Law, law_probs
+from gate.core.requests import Request
+from gate.core.speculative import Verdict, sample, verify
 from gate.drafts.interface import Draft
-from gate.law import AnyLaw, Law, law_probs
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.records import FALLBACK
-from gate.requests import Request
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.registry import register
 from gate.runners.stop import StopStrings
-from gate.speculative import Verdict, sample, verify
 
 # Metrics only gate's own loop measures: they need its step counters, the caches it holds, the
-# drafts loaded here (overlap, top-1 agreement) or their tokenizer mapping (gate.metrics names).
+# drafts loaded here (overlap, top-1 agreement) or their tokenizer mapping (gate.metrics.catalogue names).
 IN_PROCESS_METRICS = frozenset(
     {
         "overlap",
@@ -108,7 +108,7 @@ class TransformersRunner(Runner):
     @classmethod
     def from_plan(cls, plan: Any, local: Any = None) -> TransformersRunner:
         """The runner on the target and drafts loaded for `plan` (`local`, a
-        gate.session.LocalModels). Raises ValueError without them."""
+        gate.loop.session.LocalModels). Raises ValueError without them."""
         if local is None:
             raise ValueError("the transformers runner runs the models loaded in this process: open them first")
         t = local.target

@@ -226,9 +226,9 @@ class VLLMServerRunner(ManagedServerRunner):
         its kind (DraftKind.vllm) merged with runner.speculative_config. Raises
         PolicyValueError at runner.binary (no executable found), target.model (cannot be
         written as a model directory) or drafts.<name>.kind (a kind vLLM cannot run)."""
+        from gate.core.errors import PolicyValueError
         from gate.drafts import registry as draft_kinds
         from gate.drafts.interface import VLLMContext
-        from gate.errors import PolicyValueError
         from gate.models.hf_export import hf_directory
         from gate.models.loading import eos_token_ids
 

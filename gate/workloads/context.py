@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gate.errors import PolicyValueError
+from gate.core.errors import PolicyValueError
 from gate.workloads.interface import Prompt
 
 TOLERANCE_TOKENS = 4

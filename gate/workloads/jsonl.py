@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from gate.constraints.interface import ResponseFormat, parse_response_format
-from gate.errors import PolicyValueError
+from gate.core.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource
 from gate.workloads.registry import SourceKind, register
 

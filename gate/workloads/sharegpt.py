@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gate.errors import PolicyValueError
+from gate.core.errors import PolicyValueError
 from gate.workloads.interface import Accept, Prompt, WorkloadSource, packaged_file
 from gate.workloads.registry import SourceKind, register
 

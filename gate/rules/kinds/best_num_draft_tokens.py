@@ -9,7 +9,7 @@ level 1 - (1 - level) / m for the m Ks tried: a Bonferroni correction (Dunn 1961
 every K. It passes where some K passes, fails (warns at level warn) where every K fails, is an
 error where no K passes and a K's measurement is missing, and inconclusive otherwise. The
 message names the K that passes (the one with the best measured value among those that
-pass); the report's K schedule (gate.rules.schedule: the best stable K by median speedup)
+pass); the report's K schedule (gate.analysis.schedule: the best stable K by median speedup)
 need not choose the same.
 """
 
@@ -21,8 +21,7 @@ from gate.records import Measurements
 from gate.rules.kinds import metric
 from gate.rules.kinds.interface import RuleKind, Settings
 from gate.rules.outcome import Outcome
-from gate.rules.schedule import swept_runners
-from gate.rules.selection import Selection
+from gate.rules.selection import Selection, swept_runners
 from gate.rules.status import Status
 
 

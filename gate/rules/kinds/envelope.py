@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gate.core.units import Dimension, parse_quantity
 from gate.records import FALLBACK, EnvelopeRecord, Measurements
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
-from gate.units import Dimension, parse_quantity
 
 
 class EnvelopeRules(RuleKind):

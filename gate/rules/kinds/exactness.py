@@ -1,13 +1,13 @@
 """Rule kind 'exactness': speculative output follows the target's declared law (greedy:
 token equality with the fallback; sampling: PIT and next-token tests with Holm correction
-and a stated power). The tests themselves are gate.rules.exactness."""
+and a stated power). The tests themselves are gate.exactness.verdict."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gate.exactness.verdict import evaluate_exactness
 from gate.records import Measurements
-from gate.rules.exactness import evaluate_exactness
 from gate.rules.kinds.interface import RuleKind, Settings
 from gate.rules.outcome import Outcome
 

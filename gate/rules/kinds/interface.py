@@ -61,7 +61,7 @@ class RuleKind(ABC):
     """One rule kind: the policy's `kind:` value `name` and everything that differs by kind.
 
     `keys`: the rule fields this kind reads, in the order `gate explain` shows them;
-    `reads_metric`: its rules decide a gate.metrics metric (metric, aggregation, per and
+    `reads_metric`: its rules decide a gate.metrics.catalogue metric (metric, aggregation, per and
     load points apply: power and load-point warnings look at them); `needs_exactness`: its
     rules are decided on exactness raw material (teacher-forced checks, first-token samples),
     which gate check measures for every draft and law in their scope."""

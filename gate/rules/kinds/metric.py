@@ -1,5 +1,5 @@
 """Rule kind 'metric' (the default): a Lighthouse CI-style assertion on one metric of
-gate.metrics: metric, aggregation, comparison, threshold, optionally relative to the
+gate.metrics.catalogue: metric, aggregation, comparison, threshold, optionally relative to the
 fallback or the baseline, decided per draft and law (and per value of `per`).
 
 Every verdict is decided on a confidence interval (gate.rules.confidence): pass when the
@@ -16,9 +16,10 @@ import operator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from gate.core.units import Dimension, format_value, parse_quantity
 from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
-from gate.metrics import (
+from gate.metrics.catalogue import (
     COMPUTED_ONCE,
     FALLBACK_RATIOS,
     METRICS,
@@ -57,7 +58,6 @@ from gate.rules.scope import (
     scoped_points,
 )
 from gate.rules.status import Status
-from gate.units import Dimension, format_value, parse_quantity
 
 if TYPE_CHECKING:
     from gate.policy.model import RuleSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.registry import Registry
+from gate.core.registry import Registry
 from gate.rules.kinds.interface import RuleKind
 
 # The registration lines, in this order (the order of the schema's enum and of "expected one
@@ -73,7 +73,7 @@ def json_schema(schema: dict[str, Any]) -> None:
 
 
 def reads_metric(rule: Any) -> bool:
-    """Whether `rule` (a gate.policy.model.RuleSpec) decides a gate.metrics metric."""
+    """Whether `rule` (a gate.policy.model.RuleSpec) decides a gate.metrics.catalogue metric."""
     return get(rule.kind).reads_metric
 
 

@@ -110,7 +110,7 @@ class Engine:
         return None
 
     def sampling_fields(self, law: Any, penalty_window: int | None = None) -> dict[str, Any]:
-        """The request fields of `law` (a gate.law.Law). `penalty_window`: the tokens a
+        """The request fields of `law` (a gate.core.law.Law). `penalty_window`: the tokens a
         repetition penalty looks back over where the engine takes a window (the slot
         context; None: gate does not know it)."""
         raise NotImplementedError
@@ -132,7 +132,7 @@ class Engine:
         return {"structured_outputs": {"choice": list(fmt.choices)}}
 
     def law_refusals(self, law: Any, fmt: Any = None) -> list[tuple[str, str]]:
-        """What the engine cannot apply as gate applies `law` (gate.law) to a request with
+        """What the engine cannot apply as gate applies `law` (gate.core.law) to a request with
         constraint `fmt` (None: none): (field, why), field a Law attribute or "constraint";
         [] when it follows the whole law."""
         raise NotImplementedError

@@ -31,9 +31,9 @@ LLAMA_PENALTY_WINDOW = 1 << 17
 -1 (server-schema.cpp: hard limits 0..INT32_MAX), and llama_sampler_init_penalties would
 read it as 0 (off)."""
 VLLM_TRUNCATION_ORDER = ("temperature", "min_p", "top_k", "top_p")
-"""gate's "vllm" convention after the penalties (gate.law; vllm/v1/sample/sampler.py)."""
+"""gate's "vllm" convention after the penalties (gate.core.law; vllm/v1/sample/sampler.py)."""
 TRANSFORMERS_TRUNCATION_ORDER = ("temperature", "top_k", "top_p", "min_p")
-"""gate's "transformers" convention after the penalties (gate.law; transformers
+"""gate's "transformers" convention after the penalties (gate.core.law; transformers
 generation/utils.py, _get_logits_processor)."""
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from gate.registry import Registry
+from gate.core.registry import Registry
 from gate.runners.engines.interface import Engine, ServerSnapshot
 
 # The registration lines, in this order (of engine_names(): the policy's Literal and messages).

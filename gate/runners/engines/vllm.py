@@ -5,7 +5,7 @@ off), top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, log
 {"<id>": bias}, every field explicit, off values included, so no server default (its
 generation_config.json) applies. Order (vllm/v1/sample/sampler.py, Sampler.forward): logit
 bias, penalties, greedy argmax, or temperature, min-p, top-k, top-p: gate's "vllm"
-convention (gate.law). Constraints: response_format {"type": "json_schema", "json_schema":
+convention (gate.core.law). Constraints: response_format {"type": "json_schema", "json_schema":
 {"name", "schema"}}; structured_outputs {"regex": ...} / {"choice": [...]}
 (docs/features/structured_outputs.md).
 

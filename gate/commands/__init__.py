@@ -1,0 +1,3 @@
+"""The commands behind the CLI, as functions: check, merge, compare, exactness (recorded samples), bill and
+roofline.
+"""

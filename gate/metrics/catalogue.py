@@ -1,0 +1,475 @@
+"""The catalogue of metrics a rule can bind to: name, dimension, aggregations, meaning, and
+the flags every other layer reads (how it is sampled, whether clocks move it, whether more
+repetitions can settle it, whether it is a ratio rather than a share).
+
+A built-in metric is declared once, here; a new one is one module whose registration line
+is ``gate.rules.samples.register_metric(Metric(...), extract)`` (the declaration with how its
+samples are taken), made before gate.policy is imported (the policy's rules[].metric values
+are METRICS' names then). TIMED, REPEATABLE, COMPUTED_ONCE, RATIO_NOT_SHARE, PER_REQUEST,
+PER_TOKEN and RESAMPLED are derived from the declarations, read when asked (so they include
+a metric registered later). How a metric's samples are taken from measurement records is in
+``gate.rules.samples.SAMPLES`` (checked at import against METRICS); this module imports
+nothing from the rules (rules never run models, and measurements never know about rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Set
+from dataclasses import KW_ONLY, dataclass
+from typing import Any, Literal
+
+from gate.core.units import Dimension
+from gate.records import FailureStage
+
+SAMPLE_AGGREGATIONS = ("mean", "median", "p10", "p90", "p95", "p99", "min", "max")
+POOLED = "pooled"
+# How a metric is sampled: one value per position of a target continuation, per request,
+# per token or step of a request (at most max_new_tokens per request), pooled counters or
+# totals only, or computed / measured once per draft (bills, process peaks: no sampling distribution).
+Sampling = Literal["position", "request", "token", "pooled", "once"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its unit's dimension, allowed aggregations, what one sample is, and its flags.
+
+    sampling: see Sampling. timed: read from clocks, so a contended machine distorts it and
+    its verdicts leave contended requests out (gate.measure.contention). repeatable: more
+    timed repetitions can settle an inconclusive verdict (gate check's extra repetitions;
+    overlap is measured once, on repetition 0). ratio_not_share: dimensionless but not a
+    share, so a percentage threshold ('5%' would read as 0.05x) is refused. failure_stage: the
+    stage (gate.records.Failure.stage) whose failures leave the metric unmeasured; failures of
+    the whole run ("run") always do."""
+
+    name: str
+    dimension: Dimension
+    aggregations: tuple[str, ...]
+    sample: str  # what one sample is, for messages and docs
+    fallback_has_it: bool  # whether the non-speculative fallback produces it (relative_to)
+    description: str
+    _: KW_ONLY
+    sampling: Sampling
+    timed: bool
+    repeatable: bool
+    ratio_not_share: bool = False
+    failure_stage: FailureStage = FailureStage.REQUEST  # failures of this stage leave the metric unmeasured
+
+    @property
+    def computed_once(self) -> bool:
+        """Computed or measured once per draft: decided on the value itself, no interval, no breakdown."""
+        return self.sampling == "once"
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "overlap",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one position of a target continuation",
+            False,
+            "sum_x min(p(x), q(x)) under the declared law (Leviathan et al. 2023, Sec. 3): the per-step acceptance "
+            "probability",
+            sampling="position",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.OVERLAP,
+        ),
+        Metric(
+            "top1_agreement",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one position of a target continuation",
+            False,
+            "1 when argmax q equals argmax p at a position (diagnostic only; not the acceptance probability under "
+            "sampling)",
+            sampling="position",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.OVERLAP,
+        ),
+        Metric(
+            "acceptance_rate",
+            Dimension.RATIO,
+            (POOLED,),
+            "pooled counters",
+            False,
+            "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)",
+            sampling="pooled",
+            timed=False,
+            repeatable=True,
+        ),
+        Metric(
+            "mean_acceptance_length",
+            Dimension.TOKENS,
+            (POOLED,),
+            "pooled counters",
+            False,
+            "num_committed_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean "
+            "acceptance length, "
+            "1 + num_accepted_tokens / num_drafts, except where an output ends inside an accepted block)",
+            sampling="pooled",
+            timed=False,
+            repeatable=True,
+        ),
+        Metric(
+            "speedup",
+            Dimension.RATIO,
+            (POOLED,),
+            "paired requests",
+            False,
+            "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved "
+            "requests)",
+            sampling="pooled",
+            timed=True,
+            repeatable=True,
+            ratio_not_share=True,
+        ),
+        Metric(
+            "request_speedup",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one paired request",
+            False,
+            "a request's committed tokens/s over its paired fallback request's: p10 is the slowest decile, "
+            "mean of (draft < fallback) the share slower than the fallback",
+            sampling="request",
+            timed=True,
+            repeatable=False,
+            ratio_not_share=True,
+        ),
+        Metric(
+            "request_acceptance_rate",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one speculative request with proposals",
+            False,
+            "one request's num_accepted_tokens / num_draft_tokens: its distribution shows the low-acceptance requests",
+            sampling="request",
+            timed=False,
+            repeatable=False,
+        ),
+        Metric(
+            "committed_tokens_per_s",
+            Dimension.RATE,
+            SAMPLE_AGGREGATIONS + (POOLED,),
+            "one request",
+            True,
+            "output tokens / E2E latency per request; pooled = all output tokens / all E2E time",
+            sampling="request",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "ttft_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one request",
+            True,
+            "time from request start to the first committed token (prefill and first sample)",
+            sampling="request",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "itl_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one committed token after the first",
+            True,
+            "inter-token latency, token by token: a step committing k tokens yields its gap and k-1 gaps of 0",
+            sampling="token",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "itl_chunk_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one verification step after the first token",
+            True,
+            "inter-token latency per streamed chunk (vLLM's bench convention): one gap per step, whatever it commits",
+            sampling="token",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "tpot_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one request with 2+ output tokens",
+            True,
+            "(E2E latency - TTFT) / (output tokens - 1)",
+            sampling="request",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "e2el_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one request",
+            True,
+            "end-to-end latency of a request",
+            sampling="request",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "output_throughput",
+            Dimension.RATE,
+            (POOLED,),
+            "one measured window (a runner at a load point)",
+            True,
+            "output tokens / window duration (first send to last byte), pooled over windows: tokens/s at the offered "
+            "load (vLLM bench serve's output token throughput)",
+            sampling="pooled",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "request_throughput",
+            Dimension.REQUEST_RATE,
+            (POOLED,),
+            "one measured window (a runner at a load point)",
+            True,
+            "completed requests / window duration (requests/s)",
+            sampling="pooled",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "goodput",
+            Dimension.REQUEST_RATE,
+            (POOLED,),
+            "one measured window (a runner at a load point)",
+            True,
+            "requests meeting every load.goodput SLO (TTFT, TPOT, E2EL) / window duration (vLLM's --goodput), "
+            "requests/s",
+            sampling="pooled",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "queue_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one served request",
+            True,
+            "client queue time: from the request's scheduled arrival to its send (open loop capped by max_concurrency)",
+            sampling="request",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "memory_bill_bytes",
+            Dimension.BYTES,
+            ("max",),
+            "one bill per draft and law",
+            True,
+            "predicted resident bytes at the peak: weights, KV caches, verification slots, logits (see gate bill)",
+            sampling="once",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.BILL,
+        ),
+        Metric(
+            "memory_line_bytes",
+            Dimension.BYTES,
+            ("max",),
+            "one bill line per draft (the rule's `line`)",
+            True,
+            "one line of the bill, e.g. 'draft KV cache' or 'target logits' (see gate bill)",
+            sampling="once",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.BILL,
+        ),
+        Metric(
+            "memory_headroom_bytes",
+            Dimension.BYTES,
+            ("min",),
+            "one budget per draft",
+            True,
+            "resources.capacity minus the bill total (needs resources.capacity)",
+            sampling="once",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.BILL,
+        ),
+        Metric(
+            "extra_sequences",
+            Dimension.RATIO,
+            ("min",),
+            "one budget per draft",
+            True,
+            "more sequences of the same context that fit in the headroom (needs resources.capacity)",
+            sampling="once",
+            timed=False,
+            repeatable=False,
+            ratio_not_share=True,
+            failure_stage=FailureStage.BILL,
+        ),
+        Metric(
+            "kv_cache_bytes",
+            Dimension.BYTES,
+            SAMPLE_AGGREGATIONS,
+            "one request",
+            True,
+            "measured bytes of the target and draft KV cache tensors at the end of a request",
+            sampling="request",
+            timed=False,
+            repeatable=True,
+        ),
+        Metric(
+            "process_peak_rss_bytes",
+            Dimension.BYTES,
+            ("max",),
+            "one run of gate check",
+            True,
+            "peak resident set size of the gate process (CPU) as reported by the OS",
+            sampling="once",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.RUN,
+        ),
+        # Cross-tokenizer drafts (gate.drafts.cross_tokenizer): the mapping cost measured apart from the draft's
+        # forwards.
+        Metric(
+            "mapping_ms",
+            Dimension.TIME_MS,
+            SAMPLE_AGGREGATIONS,
+            "one verification step with a draft call",
+            False,
+            "time a step's proposal spent translating between the draft's and the target's tokenizers (decoding, "
+            "re-encoding, mapping q), ms; 0 for drafts that share the target's tokenizer",
+            sampling="token",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "mapping_share",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one speculative request",
+            False,
+            "a request's total translation time over its E2E latency: the share of latency the tokenizer mapping costs",
+            sampling="request",
+            timed=True,
+            repeatable=True,
+        ),
+        Metric(
+            "translation_loss",
+            Dimension.RATIO,
+            (POOLED,),
+            "pooled counters",
+            False,
+            "proposals lost in translation: 1 - target tokens verified / tokens the draft proposed in its own "
+            "vocabulary, pooled over requests (negative where the target's tokenizer splits the text finer)",
+            sampling="pooled",
+            timed=False,
+            repeatable=True,
+        ),
+        # The run's target against the pinned release (target.release.model), along the fallback continuations
+        # (gate.loop.identity.drift_along); the same values for every draft's scope: the target drifted, not a draft.
+        Metric(
+            "target_drift_tv",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one position of a target continuation",
+            False,
+            "1/2 sum_x |p(x) - r(x)|: total variation between the loaded target's law p and the release's r under the "
+            "declared law (needs target.release.model)",
+            sampling="position",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.DRIFT,
+        ),
+        Metric(
+            "target_drift_kl",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one position of a target continuation",
+            False,
+            "KL(p || r) in nats, the loaded target's law p against the release's r under the declared law; +inf where "
+            "p "
+            "puts mass on a token r excludes (needs target.release.model)",
+            sampling="position",
+            timed=False,
+            repeatable=False,
+            ratio_not_share=True,
+            failure_stage=FailureStage.DRIFT,
+        ),
+        Metric(
+            "target_drift_top1",
+            Dimension.RATIO,
+            SAMPLE_AGGREGATIONS,
+            "one position of a target continuation",
+            False,
+            "1 when the loaded target's argmax equals the release's at a position (needs target.release.model)",
+            sampling="position",
+            timed=False,
+            repeatable=False,
+            failure_stage=FailureStage.DRIFT,
+        ),
+    )
+}
+
+
+def add(metric: Metric) -> Metric:
+    """Add `metric` to METRICS, after the built-in ones. Returns `metric`. Raises ValueError
+    when another metric has its name. Called by gate.rules.samples.register_metric, which
+    also says how its samples are taken (a metric without that cannot be decided)."""
+    if metric.name in METRICS:
+        raise ValueError(f"metric {metric.name!r} is already in the catalogue (gate.metrics.catalogue.METRICS)")
+    METRICS[metric.name] = metric
+    return metric
+
+
+class MetricNames(Set):
+    """The names of METRICS' metrics that `has` holds for, in catalogue order, read from
+    METRICS on every use (a metric added later is in it). A read-only set of str: `in`,
+    iteration, len, and set operators (which return frozensets)."""
+
+    def __init__(self, has: Callable[[Metric], bool]):
+        self._has = has
+
+    def __contains__(self, name: object) -> bool:
+        metric = METRICS.get(name) if isinstance(name, str) else None
+        return metric is not None and self._has(metric)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name, m in METRICS.items() if self._has(m)])
+
+    def __len__(self) -> int:
+        return sum(1 for m in METRICS.values() if self._has(m))
+
+    @classmethod
+    def _from_iterable(cls, it: Any) -> frozenset:
+        return frozenset(it)
+
+
+# Metrics read from clocks: a contended machine (gate.measure.contention) distorts them, so
+# their verdicts leave contended requests out. Overlap, acceptance and bills do not depend on it.
+TIMED = MetricNames(lambda m: m.timed)
+# Metrics whose verdicts more timed repetitions can settle (overlap is measured once, on repetition 0).
+REPEATABLE = MetricNames(lambda m: m.repeatable)
+# Computed or measured once per draft (bills, process peaks): no interval, no breakdown by `per`.
+COMPUTED_ONCE = MetricNames(lambda m: m.computed_once)
+# Every metric with a sampling distribution: all but those computed or measured once (gate.rules.resampling resamples
+# them).
+RESAMPLED = MetricNames(lambda m: not m.computed_once)
+# Dimensionless metrics that are not shares: a percentage threshold is a mistake there ('5%' would be 0.05x).
+RATIO_NOT_SHARE = MetricNames(lambda m: m.ratio_not_share)
+# One sample per request, and one per token or step of a request (gate.rules.power counts them).
+PER_REQUEST = MetricNames(lambda m: m.sampling == "request")
+PER_TOKEN = MetricNames(lambda m: m.sampling == "token")
+# Metrics that are a draft's ratio to the fallback by definition (paired requests).
+FALLBACK_RATIOS = frozenset({"speedup", "request_speedup"})
+
+
+def compares_with_fallback(metric: str, relative_to: str | None) -> bool:
+    """Whether a rule's value compares a runner with the fallback: a fallback ratio by
+    definition (FALLBACK_RATIOS) or a metric taken relative_to the fallback."""
+    return relative_to == "fallback" or metric in FALLBACK_RATIOS
