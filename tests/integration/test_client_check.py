@@ -1,0 +1,140 @@
+"""The served client checks its own timing (gate.measure.client_check): a client slowed on
+purpose (its worker processes stopped with SIGSTOP for 40 ms out of every 50 while the
+requests stream) makes the timing verdicts inconclusive, naming the client's delay, and
+the self-check appears in the JSON, Markdown and HTML reports. Unslowed, the same rule is
+decided."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import stub_policy, write_policy
+from gate.cli import cli
+from gate.runners.client.workers import shared_pool
+from served_stub import Stub
+
+# A TTFT ceiling the stub's 20 ms first token cannot meet: decided as a fail on honest
+# requests, inconclusive when the requests the client delayed must be left out.
+TTFT_RULE = "  - {id: ttft, metric: ttft_ms, aggregation: median, comparison: '<=', threshold: 5 ms}\n"
+
+
+class Stopper:
+    """Stops every client worker process for `stop_s` out of every `period_s` (SIGSTOP /
+    SIGCONT), from a thread, until stopped: a client that does not get its CPU."""
+
+    def __init__(self, stop_s: float = 0.04, period_s: float = 0.05):
+        self.stop_s, self.period_s = stop_s, period_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            pids = [w.proc.pid for w in list(shared_pool().workers)]
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+            time.sleep(self.stop_s)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            time.sleep(self.period_s - self.stop_s)
+
+    def __enter__(self) -> "Stopper":
+        shared_pool().ensure(1)  # the workers exist before the run, so they are stopped from its first request
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join(5)
+        for w in shared_pool().workers:
+            try:
+                os.kill(w.proc.pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+
+def check(tmp_path: Path, tiny_model_dir: Path, prompts_file: Path, slowed: bool) -> tuple[int, dict[str, Any], Path]:
+    with Stub(ttft_s=0.02, itl_s=0.005) as fallback, Stub(ttft_s=0.02, itl_s=0.005) as draft:
+        text = stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url, load="{concurrency: [1]}",
+                           max_new_tokens=8, rules=TTFT_RULE,
+                           measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: 10")
+        path = write_policy(tmp_path, text)
+        args = ["check", str(path), "--json", str(tmp_path / "out.json"), "--markdown", str(tmp_path / "out.md"),
+                "--html", str(tmp_path / "out.html"), "--no-progress"]
+        if slowed:
+            with Stopper():
+                result = CliRunner().invoke(cli, args)
+        else:
+            result = CliRunner().invoke(cli, args)
+    assert "Traceback" not in result.output, result.output
+    assert (tmp_path / "out.json").exists(), (result.output, result.exception)
+    return result.exit_code, json.loads((tmp_path / "out.json").read_text()), tmp_path
+
+
+def test_a_slowed_client_makes_its_timing_verdicts_inconclusive_and_says_so_in_every_report(
+        tmp_path: Path, tiny_model_dir: Path, prompts_file: Path) -> None:
+    code, report, folder = check(tmp_path, tiny_model_dir, prompts_file, slowed=True)
+    ttft = [o for o in report["outcomes"] if o["rule_id"] == "ttft"]
+    assert ttft and all(o["status"] == "inconclusive" for o in ttft), [(o["status"], o["message"]) for o in ttft]
+    assert all("client delayed: schedule or event-loop lag over 10 ms on" in o["message"] for o in ttft), ttft
+    assert code == 3  # inconclusive at error level: the gate could not decide
+    checks = report["client"]
+    assert checks and {c["runner"] for c in checks} == {"fallback", "fast"}
+    for c in checks:
+        assert c["workers"] >= 1 and c["max_client_lag_ms"] == 10
+        assert c["delayed"] > c["requests"] / 2, c
+        assert c["loop_lag_max_ms"] > 10, c
+        assert any("client delayed" in w for w in c["warnings"]), c
+    requests = report["measurements"]["requests"]
+    assert requests and all(r["loop_lag_ms"] is not None and r["schedule_lag_ms"] is not None for r in requests)
+    assert all(r["send_ms"] >= 0 and r["client_worker"] is not None for r in requests)
+    md = (folder / "out.md").read_text()
+    assert "### Client self-check" in md and "client: fallback greedy c=1" in md
+    html = (folder / "out.html").read_text()
+    assert '<section id="client">' in html and "client delayed" in html
+
+
+def test_the_same_rule_on_a_client_that_gets_its_cpu_is_decided(tmp_path: Path, tiny_model_dir: Path,
+                                                                 prompts_file: Path) -> None:
+    code, report, _ = check(tmp_path, tiny_model_dir, prompts_file, slowed=False)
+    ttft = [o for o in report["outcomes"] if o["rule_id"] == "ttft"]
+    assert ttft and all(o["status"] == "fail" for o in ttft), [(o["status"], o["message"]) for o in ttft]
+    assert code == 1
+    for c in report["client"]:
+        assert c["delayed"] <= c["requests"] / 2, c  # a busy test machine may delay a few, never most
+        assert c["token_mismatches"] == 0  # the stub's tokens_predicted is the count it streamed
+
+
+@pytest.fixture(autouse=True)
+def _resume_workers():
+    yield
+    for w in shared_pool().workers:  # never leave a stopped worker behind for the next test
+        try:
+            os.kill(w.proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
+
+
+# -- the checks on synthetic records (gate.measure.client_check) -----------------------------
+
+
+
+
+# -- timing rules on client-delayed requests (gate.rules.kinds.metric) -----------------------
+
+
+

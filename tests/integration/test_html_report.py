@@ -1,0 +1,67 @@
+"""The HTML report (gate/report/html.py): one self-contained page, verdict first, every plot
+with data, escaped text; `gate report` renders saved reports; `gate check --html`."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from gate.cli import cli
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+EXAMPLE = DATA / "smollm2-example-report.json.gz"
+EVIL = '<script>alert("x")</script>&$x^2$'
+
+
+class Page(HTMLParser):
+    """The page's elements in order: (tag, attributes) and the text of headings."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.headings: list[str] = []
+        self._in: str | None = None
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag in ("h1", "h2", "h3"):
+            self._in, self._text = tag, ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self._in:
+            self.headings.append(self._text.strip())
+            self._in = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self._text += data
+
+    def plots(self) -> dict[str, int]:
+        return {a["data-plot"]: int(a["data-points"]) for t, a in self.tags if "data-plot" in a}
+
+
+def test_gate_check_writes_the_page_and_links_it_from_the_markdown(tmp_path, tiny_model_dir, prompts_file):
+    import torch
+
+    from conftest import tiny_policy, write_policy
+
+    drafts = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, drafts=drafts, max_new_tokens=6))
+    page, md = tmp_path / "out" / "gate-report.html", tmp_path / "summary.md"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(cli, ["check", str(policy), "--junit", str(tmp_path / "j.xml"), "--json", str(tmp_path / "r.json"),
+                                          "--markdown", str(md), "--html", str(page), "--no-progress", "--no-warmup"])
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code in (0, 1, 3) and "Traceback" not in result.output, result.output
+    text = page.read_text(encoding="utf-8")
+    plots = Page(text).plots()
+    assert {"speedup", "ttft-cdf", "itl-cdf", "memory-bill"} <= set(plots) and all(plots.values())
+    assert md.read_text(encoding="utf-8").rstrip().endswith(f"Plots: [gate-report.html]({page}) (self-contained HTML report).")

@@ -1,0 +1,80 @@
+"""Rules, the load summary and the crossover on served records (no server: the records are
+built here, as gate.loop.run writes them), and the policy's runner and load sections."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from conftest import write_policy
+from gate.core.errors import InputError
+from gate.policy.reader import load_policy
+from gate.records import (RequestRecord)
+
+N_TOKENS = 16
+
+
+def served(runner: str, prompt: int, rep: int, c: int, e2el: float, start: float, drafted: int = 0,
+           accepted: int = 0) -> tuple[float, RequestRecord]:
+    times = [e2el * (i + 1) / N_TOKENS for i in range(N_TOKENS)]
+    r = RequestRecord(runner, "greedy", f"p{prompt}", "qa", N_TOKENS, rep, 10, list(range(N_TOKENS)), times, [1] * N_TOKENS,
+                      None, None, "length", e2el, 4 if runner != "fallback" else 0, None, None, None, concurrency=c,
+                      server_draft_tokens=drafted if runner != "fallback" else None,
+                      server_accepted_tokens=accepted if runner != "fallback" else None)
+    return start, r
+
+
+POLICY = """\
+version: 1
+target: {{model: {model}}}
+drafts:
+  lookup: {{kind: prompt_lookup, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+{extra}
+rules:
+{rules}
+"""
+SPEEDUP = "  - {id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}"
+
+
+@pytest.mark.parametrize("extra, rules, where, says", [
+    ("", SPEEDUP, "rules[0].per", "per: concurrency needs load.concurrency"),
+    ("load: {concurrency: [1, 2]}", SPEEDUP, "load", "load points apply to served runners"),
+    ("runner: {kind: openai, endpoints: {fallback: {base_url: 'http://127.0.0.1:1'}}}", SPEEDUP, "runner.endpoints",
+     "no endpoint for runner 'lookup'"),
+    ("runner: {kind: llama_server}\nload: {concurrency: [1, 2]}",
+     "  - {id: g, metric: goodput, aggregation: pooled, comparison: '>=', threshold: 1 requests/s}", "rules[0].metric",
+     "goodput needs load.goodput"),
+    ("runner: {kind: llama_server}", "  - {id: o, metric: overlap, comparison: '>=', threshold: 0.5}", "rules[0].metric",
+     "needs gate's in-process loop"),
+    ("runner: {kind: llama_server}\nload: {concurrency: [1, 2]}",
+     "  - {id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, scope: {concurrency: [8]}}",
+     "rules[0].scope.concurrency[0]", "8 is not a load point"),
+])
+def test_runner_and_load_sections_are_checked_at_their_yaml_path(tmp_path, tiny_model_dir, extra, rules, where, says):
+    path = write_policy(tmp_path, POLICY.format(model=tiny_model_dir, extra=extra, rules=rules))
+    with pytest.raises(InputError) as e:
+        load_policy(path)
+    text = str(e.value)
+    assert where in text and says in text
+
+
+def test_validate_warns_that_one_repetition_leaves_the_drift_between_windows_out(tmp_path, tiny_model_dir):
+    from gate.rules.power import underpowered
+
+    def warnings(extra: str) -> list[tuple[str, str]]:
+        rules = SPEEDUP.replace(", per: concurrency", "")
+        path = write_policy(tmp_path, POLICY.format(model=tiny_model_dir, extra=extra, rules=rules))
+        return underpowered(load_policy(path).policy, ["qa"] * 16)
+
+    served = "runner: {kind: llama_server}\nload: {concurrency: [1, 2]}\n"
+    (w,) = [w for w in warnings(served + "measurement: {repetitions: 1}") if "drift" in w[1]]
+    assert w[0] == "rules[0].metric" and "measurement.repetitions >= 2" in w[1]
+    extreme = "  - {id: m, metric: tpot_ms, aggregation: max, relative_to: fallback, comparison: '<=', threshold: 1.0x}"
+    path = write_policy(tmp_path, POLICY.format(model=tiny_model_dir, extra=served + "measurement: {repetitions: 1}",
+                                                rules=extreme))
+    assert not [w for w in underpowered(load_policy(path).policy, ["qa"] * 16) if "drift" in w[1]]  # no interval to leave it out of
+    assert not [w for w in warnings(served + "measurement: {repetitions: 2}") if "drift" in w[1]]
+    assert not [w for w in warnings("measurement: {repetitions: 1}") if "drift" in w[1]]  # in-process: cell by cell
+
+
