@@ -4,7 +4,7 @@ sampler fault and sample budget, against a naive pooled test, over many runs.
 The speculative sampler is tests/sampler_server.py's (a tiny sharp target and a noisy draft,
 the first token from the prefill, then speculative steps with an injectable fault), called
 in-process so that hundreds of runs fit in minutes; the HTTP path is covered by
-tests/test_served_sampled.py. Each run draws, with fresh seeds, `budget` 4-token samples of
+tests/{unit,integration}/test_served_sampled.py. Each run draws, with fresh seeds, `budget` 4-token samples of
 one prompt from the fallback (no speculation) and from the sampler under test, builds gate's
 records with gate's own code (gate.exactness.sampled.runner_record) and decides them with
 gate's rule (gate.exactness.verdict.evaluate_exactness, detect_tv 0.1, power 0.9,

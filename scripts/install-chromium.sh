@@ -1,5 +1,5 @@
 #!/bin/sh
-# Headless Chromium for the HTML report's browser test (tests/test_html_browser.py):
+# Headless Chromium for the HTML report's browser test (tests/e2e/test_html_browser.py):
 # Debian's `chromium` package, installed with apt-get when no Chromium is on PATH (sudo
 # when not root). Does nothing when one is there. Prints the browser's path.
 set -eu

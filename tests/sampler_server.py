@@ -1,5 +1,5 @@
 """A small speculative-sampling server with injectable sampler faults, for the mutation tests
-and the benchmark of served sampled exactness (tests/test_served_sampled.py,
+and the benchmark of served sampled exactness (tests/{unit,integration}/test_served_sampled.py,
 benchmarks/served_sampled_exactness.py).
 
 A tiny target and a tiny draft (random-weight Llamas from a config) behind the OpenAI

@@ -1,7 +1,7 @@
 """Rule evaluation over measurement records: samples, aggregation, comparison, outcomes.
 Every pass/fail decision of gate is made here; nothing here runs a model.
 
-Modules, lowest first (each imports only those before it; tests/test_layers.py checks there
+Modules, lowest first (each imports only those before it; tests/unit/test_layers.py checks there
 is no import cycle): status (Status, TestVerdict, Role, Change), selection (Selection,
 aggregate), samples (how each metric of gate.metrics.catalogue is sampled: SAMPLES, checked against
 METRICS at import), units (resampling units), confidence (intervals and their decision),

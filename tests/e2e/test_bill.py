@@ -4,18 +4,14 @@ of tiny models, the bill's lines and the budget statement, and bad configs."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
 from gate.measure.bill import BillInputs, build_bill
 from gate.measure.kv import cache_model
+from unit.test_bill import cfg  # noqa: F401 - shared with that tier
 
 KIB = 1024
-
-
-def cfg(**kw):
-    return SimpleNamespace(**kw)
 
 
 LLAMA2_7B = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096)

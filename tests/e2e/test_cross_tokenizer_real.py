@@ -22,7 +22,7 @@ pytestmark = [
 
 # One direction in the suite (the other costs 2 more minutes: Gemma's 262,144-token vocabulary as the
 # draft's logits at every step); `make example-gemma` runs both. The mapping both ways is covered by
-# tests/test_cross_tokenizer.py on tiny models.
+# tests/{unit,integration}/test_cross_tokenizer.py on tiny models.
 @pytest.mark.parametrize("example,target_vocab,draft_vocab", [("gemma-target.yaml", 262144, 49152)])
 def test_gemma_smollm2_pair_in_both_directions(tmp_path, example, target_vocab, draft_vocab):
     policy = yaml.safe_load((ROOT / "examples" / "gemma" / example).read_text())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -14,40 +13,12 @@ from click.testing import CliRunner
 from gate.cli import cli
 from gate.report.document import ADAPTER
 from gate.report.html import HtmlReport
+from unit.test_html_report import Page  # noqa: F401 - shared with that tier
 
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 EXAMPLE = DATA / "smollm2-example-report.json.gz"
 EVIL = '<script>alert("x")</script>&$x^2$'
-
-
-class Page(HTMLParser):
-    """The page's elements in order: (tag, attributes) and the text of headings."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.headings: list[str] = []
-        self._in: str | None = None
-        self.feed(text)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, dict(attrs)))
-        if tag in ("h1", "h2", "h3"):
-            self._in, self._text = tag, ""
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == self._in:
-            self.headings.append(self._text.strip())
-            self._in = None
-
-    def handle_data(self, data: str) -> None:
-        if self._in:
-            self._text += data
-
-    def plots(self) -> dict[str, int]:
-        return {a["data-plot"]: int(a["data-points"]) for t, a in self.tags if "data-plot" in a}
 
 
 @pytest.fixture(scope="module")

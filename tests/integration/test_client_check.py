@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 
 from conftest import stub_policy, write_policy
 from gate.cli import cli
 from gate.runners.client.workers import shared_pool
 from served_stub import Stub
+from unit.test_client_check import _resume_workers  # noqa: F401 - shared with that tier
 
 # A TTFT ceiling the stub's 20 ms first token cannot meet: decided as a fail on honest
 # requests, inconclusive when the requests the client delayed must be left out.
@@ -119,22 +119,9 @@ def test_the_same_rule_on_a_client_that_gets_its_cpu_is_decided(tmp_path: Path, 
         assert c["token_mismatches"] == 0  # the stub's tokens_predicted is the count it streamed
 
 
-@pytest.fixture(autouse=True)
-def _resume_workers():
-    yield
-    for w in shared_pool().workers:  # never leave a stopped worker behind for the next test
-        try:
-            os.kill(w.proc.pid, signal.SIGCONT)
-        except OSError:
-            pass
-
-
 # -- the checks on synthetic records (gate.measure.client_check) -----------------------------
 
 
-
-
 # -- timing rules on client-delayed requests (gate.rules.kinds.metric) -----------------------
-
 
 

@@ -18,14 +18,9 @@ from conftest import tiny_policy, write_policy
 from gate.cli import cli
 from gate.measure.contention import (Reading)
 from gate.policy.model import RuleSpec
-from gate.records import Environment
+from unit.test_contention import env  # noqa: F401 - shared with that tier
 
 PSI = "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-
-
-def env() -> Environment:
-    return Environment("3.11", "2.x", "5.x", "0", "linux", "cpu", "cpu", 0, cpu_count=2, threads=2,
-                       cpu_pressure_source="/proc/pressure/cpu")
 
 
 SPEEDUP = RuleSpec(id="speedup", metric="speedup", aggregation="pooled", comparison=">=", threshold="1.0x")

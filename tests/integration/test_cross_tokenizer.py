@@ -17,54 +17,18 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import VOCAB, WORDS, sharp_llama, tiny_llama, tiny_tokenizer, tiny_policy, write_policy
+from conftest import VOCAB, sharp_llama, tiny_llama, tiny_tokenizer, tiny_policy, write_policy
 from gate.drafts.cross_tokenizer import CrossTokenizerDraft, Translator
 from gate.core.law import Law, law_probs
 from gate.measure.bill import BillInputs, DraftBill, bill_lines
 from gate.measure.kv import KVFormat, cache_model
 from gate.measure.tokenizers import compare_tokenizers
 from gate.runners.transformers import TransformersRunner
+from unit.test_cross_tokenizer import permutation, permuted_tokenizer, piece_tokenizer  # noqa: F401 - shared with that tier
 
 PERM_SEED = 7
 GREEDY = Law("greedy", 0.0)
 SAMPLED = Law("t1", 1.0)
-
-
-def permutation() -> list[int]:
-    """New id of every target id: specials (0..3) stay, the words are shuffled."""
-    g = torch.Generator().manual_seed(PERM_SEED)
-    words = (torch.randperm(VOCAB - 4, generator=g) + 4).tolist()
-    return [0, 1, 2, 3] + words
-
-
-def permuted_tokenizer():
-    """conftest's words at permuted ids; adds <s> before plain text (an add-BOS difference)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    perm = permutation()
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({w: perm[i + 4] for i, w in enumerate(WORDS)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
-
-
-def piece_tokenizer():
-    """A SentencePiece-style BPE over the target's text: words split into pieces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=40, special_tokens=["<unk>", "<eos>", "<bos>"],
-                                  initial_alphabet=list("w0123456789<>/sunkaitro▁"))
-    corpus = [" ".join(WORDS[i:i + 5]) for i in range(0, len(WORDS), 3)] + ["<s> </s> <unk> user assistant"]
-    tok.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
 
 
 def permuted_draft_model(target: torch.nn.Module) -> torch.nn.Module:

@@ -16,61 +16,23 @@ Everything is seeded; no timing assertions.
 from __future__ import annotations
 
 import copy
-import functools
 
-import numpy as np
 import pytest
 import torch
 
-import gate.exactness.collect as mx
 import gate.exactness.stats as ex
 from conftest import tiny_llama
 from gate.core.law import Law, law_probs
-from reference import LAW_PART_FAULTS, LAW_PRESERVING, Fault, speculative_sample
+from reference import LAW_PART_FAULTS, LAW_PRESERVING, Fault
+from unit.test_exactness import combined, explain, memoized_power, residual_support  # noqa: F401 - shared with that tier
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
 GAMMA = 3
 V, LENGTH, BATCH = 8, 5, 1000  # 5,000 sampled tokens per law
 LAWS = [Law("t0.8-k6", 0.8, top_k=6), Law("t1-p0.9", 1.0, top_p=0.9)]
 TABLE_SEED = 2  # explicit tables: target randn * 1.5, draft = target + randn * 1.0
-PLAIN_FAULTS = [f for f in Fault if f not in LAW_PART_FAULTS]  # the law-part faults: tests/test_law_mutations.py
+PLAIN_FAULTS = [f for f in Fault if f not in LAW_PART_FAULTS]  # the law-part faults: tests/{unit,integration}/test_law_mutations.py
 FAULTS = [f for f in PLAIN_FAULTS if f not in LAW_PRESERVING]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def memoized_power():
-    """gtest_detectable / ks_detectable are pure functions of (n, df, alpha, power) but cost
-    ~0.1 s per test through samples_needed; memoize them so the module stays fast."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ex, "gtest_detectable", functools.lru_cache(maxsize=None)(ex.gtest_detectable))
-        mp.setattr(ex, "ks_detectable", functools.lru_cache(maxsize=None)(ex.ks_detectable))
-        yield
-
-
-def combined(target: torch.Tensor, draft: torch.Tensor, law: Law, fault: Fault, batch: int, length: int, seed: int,
-             alpha: float = ALPHA) -> tuple[str, list[ex.ExactnessTest]]:
-    """Sample with the reference sampler, run PIT-KS over all tokens plus a next-token
-    G-test per position, Holm via decide; the overall verdict as gate's rule forms it."""
-    tokens = speculative_sample(target, draft, law, GAMMA, batch, length, torch.Generator().manual_seed(seed), fault)
-    assert int(tokens.min()) >= 0
-    p = law_probs(target[:length], law)
-    u = mx.randomized_pit(p.repeat(batch, 1), tokens.reshape(-1), torch.Generator().manual_seed(seed + 1))
-    tests = [ex.pit_test(u.numpy(), alpha, POWER, DETECT_TV)]
-    for t in range(length):
-        counts = np.bincount(tokens[:, t].numpy(), minlength=p.shape[-1])
-        tests.append(ex.next_token_test(counts, p[t].double().numpy(), alpha, POWER, DETECT_TV, name=f"next-token[{t}]"))
-    ex.decide(tests, alpha)
-    return ex.overall(tests), tests
-
-
-def explain(tests: list[ex.ExactnessTest]) -> str:
-    return "; ".join(f"{t.name}: p={t.pvalue:.3g} holm={t.adjusted_pvalue:.3g} n={t.n} df={t.df} "
-                     f"detectable={t.detectable:.3f} {t.verdict}" for t in tests)
-
-
-def residual_support(target: torch.Tensor, draft: torch.Tensor, law: Law) -> torch.Tensor:
-    """Number of tokens with max(0, p - q) > 0, per position."""
-    return ((law_probs(target, law) - law_probs(draft, law)).clamp_min(0.0) > 0).sum(-1)
 
 
 # 1. Explicit small distributions ------------------------------------------------------

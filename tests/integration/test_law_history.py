@@ -11,16 +11,17 @@ import json
 
 import pytest
 import torch
-from conftest import byte_tokenizer, sharp_llama
+from conftest import sharp_llama
 from scipy import stats
 
-from gate.constraints import bind, grammar_engine
+from gate.constraints import bind
 from gate.constraints.interface import ResponseFormat
 from gate.drafts.model import ModelDraft
 from gate.drafts.prompt_lookup import PromptLookupDraft
 from gate.core.law import Law
 from gate.exactness.oracle import TargetOracle
 from gate.runners.transformers import TransformersRunner
+from unit.test_law_history import engine, tok  # noqa: F401 - shared with that tier
 
 CPU = torch.device("cpu")
 V = 259
@@ -32,16 +33,6 @@ JSON_FORMAT = ResponseFormat.of_schema(SCHEMA)
 def sharp(seed: int, noise: float = 0.0) -> torch.nn.Module:
     """A tiny Llama over the byte vocabulary with its head scaled (random logits get shape)."""
     return sharp_llama(noise, seed, scale=15.0, vocab_size=V)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return byte_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def engine(tok):
-    return grammar_engine(tok, V)
 
 
 @pytest.fixture(scope="module")

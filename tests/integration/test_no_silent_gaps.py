@@ -6,7 +6,7 @@ missing acceptance measurement says why it is missing.
   rule's YAML path and line (and `per: request_rate` at concurrencies, the same way).
 - A prompt-lookup runner whose server never proposed (counters that never move, draft_n 0)
   reads "no proposal: the server made no draft proposal at ...", not "measurement missing".
-Against the stub server (tests/served_stub.py), as tests/test_served_check.py does.
+Against the stub server (tests/served_stub.py), as tests/integration/test_served_check.py does.
 """
 
 from __future__ import annotations

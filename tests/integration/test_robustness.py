@@ -22,14 +22,10 @@ from conftest import tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.core.errors import InputError
 from gate.policy.reader import load_policy
+from unit.test_robustness import one_problem  # noqa: F401 - shared with that tier
 
 REPO = Path(__file__).resolve().parents[2]
 LOOKUP = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
-
-
-def one_problem(error: InputError):  # type: ignore[no-untyped-def]
-    assert len(error.problems) == 1, error.problems
-    return error.problems[0]
 
 
 # --- 7. YAML alias amplification -------------------------------------------------------

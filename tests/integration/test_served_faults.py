@@ -24,30 +24,13 @@ from unit.test_served_faults import free_port
 from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
-from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.netstat import listen_counters
-from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
+from gate.runners.openai import ServedError
+from unit.test_served_faults import errors, req, reqs, runner  # noqa: F401 - shared with that tier
 
 GREEDY = Law("greedy", 0.0)
 GATE = Path(sys.executable).with_name("gate")
-
-
-def req(first: int = 5, n: int = 6, rep: int = 0) -> Request:
-    return Request("fallback", GREEDY, PlannedPrompt(f"p{first}-{rep}", "c", (first, 1, 2, 3)), n, rep, 11)
-
-
-def reqs(k: int, first: int = 5) -> list[Request]:
-    return [req(first=first, rep=i) for i in range(k)]
-
-
-def runner(url: str, **kw) -> OpenAIRunner:
-    return OpenAIRunner({"fallback": Endpoint(url)}, set(), **kw)
-
-
-def errors(out: list) -> list[ServedError]:
-    assert all(isinstance(r, ServedError) for r in out), [r for r in out if not isinstance(r, ServedError)]
-    return out
 
 
 def test_reset_before_the_response() -> None:

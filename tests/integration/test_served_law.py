@@ -15,9 +15,9 @@ from served_stub import EOS_ID, Stub
 from gate.constraints.interface import ResponseFormat
 from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
+from unit.test_served_law import req  # noqa: F401 - shared with that tier
 
 FULL = Law("full", 0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
            frequency_penalty=0.25, logit_bias=((7, 2.5), (9, -100.0)))
@@ -26,10 +26,6 @@ SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}},
           "additionalProperties": False}
 FORMATS = {"json_schema": ResponseFormat.of_schema(SCHEMA), "regex": ResponseFormat("regex", "[a-z]+"),
            "choice": ResponseFormat.of_choices(["yes", 'a "quoted"\nline'])}
-
-
-def req(law: Law = GREEDY, fmt: ResponseFormat | None = None, first: int = 5, draft: str = "fallback") -> Request:
-    return Request(draft, law, PlannedPrompt("p", "c", (first, 1, 2, 3), response_format=fmt), 8, 0, 11)
 
 
 # ---- request bodies ------------------------------------------------------------------------

@@ -9,19 +9,9 @@ import pytest
 from conftest import write_policy
 from gate.core.errors import InputError
 from gate.policy.reader import load_policy
-from gate.records import (RequestRecord)
+from unit.test_served_rules import served  # noqa: F401 - shared with that tier
 
 N_TOKENS = 16
-
-
-def served(runner: str, prompt: int, rep: int, c: int, e2el: float, start: float, drafted: int = 0,
-           accepted: int = 0) -> tuple[float, RequestRecord]:
-    times = [e2el * (i + 1) / N_TOKENS for i in range(N_TOKENS)]
-    r = RequestRecord(runner, "greedy", f"p{prompt}", "qa", N_TOKENS, rep, 10, list(range(N_TOKENS)), times, [1] * N_TOKENS,
-                      None, None, "length", e2el, 4 if runner != "fallback" else 0, None, None, None, concurrency=c,
-                      server_draft_tokens=drafted if runner != "fallback" else None,
-                      server_accepted_tokens=accepted if runner != "fallback" else None)
-    return start, r
 
 
 POLICY = """\

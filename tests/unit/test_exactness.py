@@ -33,7 +33,7 @@ GAMMA = 3
 V, LENGTH, BATCH = 8, 5, 1000  # 5,000 sampled tokens per law
 LAWS = [Law("t0.8-k6", 0.8, top_k=6), Law("t1-p0.9", 1.0, top_p=0.9)]
 TABLE_SEED = 2  # explicit tables: target randn * 1.5, draft = target + randn * 1.0
-PLAIN_FAULTS = [f for f in Fault if f not in LAW_PART_FAULTS]  # the law-part faults: tests/test_law_mutations.py
+PLAIN_FAULTS = [f for f in Fault if f not in LAW_PART_FAULTS]  # the law-part faults: tests/{unit,integration}/test_law_mutations.py
 FAULTS = [f for f in PLAIN_FAULTS if f not in LAW_PRESERVING]
 
 

@@ -3,7 +3,7 @@ speculative sampler (reference) with the whole law applied to p and q, each posi
 with its own history and grammar mask, and the faults that take a part of the law away
 from the verifier's p (a penalty on q only, a penalty on the history before the block,
 min-p on q only, a grammar mask on q only). Each must fail gate's exactness decision at
-the default sample size of tests/test_exactness.py (1,000 sequences x 5 tokens, gamma 3),
+the default sample size of tests/{unit,integration}/test_exactness.py (1,000 sequences x 5 tokens, gamma 3),
 and the correct sampler under the same law must pass.
 
 The decision is the one `gate exactness` makes (gate.exactness.verdict): a next-token G-test
@@ -12,7 +12,7 @@ at the first output position (the claim), next-token G-tests after output prefix
 a stale history shows) and the PIT KS test over every token, each against the exact
 target law at its position given the sample's prefix; Holm together at significance 0.01,
 power 0.9, detect_tv 0.1. Positions after the first have prefix-dependent laws here, so
-the per-position marginal tests of tests/test_exactness.py would not apply.
+the per-position marginal tests of tests/{unit,integration}/test_exactness.py would not apply.
 
 Also: the vLLM-order law computed by hand on a 5-token example, and the transformers
 convention checked against transformers' own logits processors.

@@ -26,7 +26,7 @@ BEST_RULES = """\
 
 
 def test_ks_that_all_lose_to_the_fallback_schedule_speculation_off() -> None:
-    """Records as gate.loop.run writes them (tests/test_served_rules.py): the draft d (K=4) at 0.7x at
+    """Records as gate.loop.run writes them (tests/{unit,integration}/test_served_rules.py): the draft d (K=4) at 0.7x at
     concurrency 1 and 1.3x at 4, and its sweep runner d.k2 the same requests at the same speed."""
     from dataclasses import replace
 
