@@ -110,10 +110,11 @@ test: setup llama-server
 	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" GATE_VLLM="$$($(VLLM) || echo unavailable)" \
 	  $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 $(TESTS)
 
-# Style, format and layers of gate/ (pyproject.toml: [tool.ruff], [tool.importlinter]); CI runs it before the tests.
+# Style, format, types and layers of gate/ (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]); CI runs it before the tests.
 lint: setup
 	$(BIN)/ruff check gate
 	$(BIN)/ruff format --check gate
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 clean:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from gate.records import FALLBACK, Measurements, SpecDecodeCounters
+from gate.records import FALLBACK, Measurements, RequestRecord, SpecDecodeCounters
 from gate.rules.samples import Selection, aggregate, pooled, samples
 
 
@@ -69,7 +69,7 @@ def _clean(x: float) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
 
-def _counters(m: Measurements, sel: Selection, reqs: list) -> SpecDecodeCounters:
+def _counters(m: Measurements, sel: Selection, reqs: list[RequestRecord]) -> SpecDecodeCounters:
     """Spec-decode counters of a selection: pooled over its requests' per-step counts, or, for
     served requests (none), over the server counter deltas of its whole windows."""
     counts = [r.counters for r in reqs if r.counters is not None]
@@ -106,10 +106,10 @@ def _slower_share(m: Measurements, sel: Selection) -> float | None:
     return sum(x < 1 for x in ratios) / len(ratios) if ratios else None
 
 
-def _by_constraint(m: Measurements, sel: Selection, reqs: list) -> dict[str, Breakdown]:
+def _by_constraint(m: Measurements, sel: Selection, reqs: list[RequestRecord]) -> dict[str, Breakdown]:
     """Pooled figures per workload.constraints label, in the workload's order (first seen
     when the report has no workload record); empty when the requests carry no label."""
-    seen = [r.constraint for r in reqs if getattr(r, "constraint", None) is not None]
+    seen = [c for c in (getattr(r, "constraint", None) for r in reqs) if c is not None]
     declared = (
         list(m.workload.constraints) if m.workload is not None and getattr(m.workload, "constraints", None) else []
     )

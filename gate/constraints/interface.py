@@ -45,14 +45,16 @@ class ResponseFormat:
         """The JSON schema (kind json_schema only). Raises ValueError for another kind."""
         if self.kind != "json_schema":
             raise ValueError(f"a {self.kind} format has no schema")
-        return json.loads(self.value)
+        schema: dict[str, Any] = json.loads(self.value)
+        return schema
 
     @property
     def choices(self) -> list[str]:
         """The allowed strings (kind choice only). Raises ValueError for another kind."""
         if self.kind != "choice":
             raise ValueError(f"a {self.kind} format has no choices")
-        return json.loads(self.value)
+        choices: list[str] = json.loads(self.value)
+        return choices
 
     def describe(self) -> str:
         """A short human description, e.g. "json_schema (3 properties)"."""

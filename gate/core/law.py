@@ -35,9 +35,9 @@ teacher-forced rows are each processed with their own history.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -100,7 +100,7 @@ class RequestLaw:
     prompt_len: int
     grammar: Matcher | None = field(default=None, compare=False)
 
-    def __getattr__(self, name: str):  # only called for names not found on RequestLaw itself
+    def __getattr__(self, name: str) -> Any:  # only called for names not found on RequestLaw itself
         if name.startswith("__") or name == "law":  # copy and pickle probe before __init__ ran
             raise AttributeError(name)
         return getattr(self.law, name)
@@ -264,7 +264,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     n = v // _BLOCK
     if n < 2:
         return x.argmax(dim=-1)
-    head = x[..., : n * _BLOCK].unflatten(-1, (n, _BLOCK))  # [..., n, _BLOCK], a view
+    head = x[..., : n * _BLOCK].unflatten(-1, (n, _BLOCK))  # type: ignore[no-untyped-call]  # torch's stub lacks it  # [..., n, _BLOCK], a view
     tail = x[..., n * _BLOCK :]  # [..., v mod _BLOCK]
     maxima = head.amax(dim=-1)
     if tail.shape[-1]:
@@ -272,7 +272,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     block = maxima.argmax(dim=-1, keepdim=True)  # [..., 1]; n: the tail
     rows = head.gather(-2, block.clamp(max=n - 1).unsqueeze(-1).expand(*block.shape, _BLOCK)).squeeze(-2)
     block = block.squeeze(-1)
-    out = block * _BLOCK + rows.argmax(dim=-1)
+    out: torch.Tensor = block * _BLOCK + rows.argmax(dim=-1)
     if tail.shape[-1]:
         out = torch.where(block < n, out, n * _BLOCK + tail.argmax(dim=-1))
     return out
@@ -310,7 +310,9 @@ def law_probs(
     return _rows(logits, law, ids, start, process)
 
 
-def _rows(logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None, start: int | None, apply) -> torch.Tensor:
+def _rows(
+    logits: torch.Tensor, law: AnyLaw, ids: Sequence[int] | None, start: int | None, apply: Callable[..., torch.Tensor]
+) -> torch.Tensor:
     """`apply` (process or adjust) on logits [V] or [T, V] with each row's history."""
     base, prompt_len, grammar = _unbound(law)
     if not (base.needs_history or grammar is not None):

@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -351,7 +351,7 @@ class Window:
     failed: int = 0
 
 
-def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[ProbeResult, dict]:
+def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[ProbeResult, dict[str, Any]]:
     """Whether a probe's windows hold every SLO (module docstring), and its figures per window
     for the report: {"throughputs", "good_shares", "itl_p99_ms", "tpot_mean_ms", "requests",
     "failed", "excluded"}. A window's throughput is its committed output tokens over the time from its
@@ -361,7 +361,7 @@ def judge_probe(plan: SearchPlan, load: float, windows: list[Window]) -> tuple[P
     from gate.measure.client_check import is_client_delayed
     from gate.measure.contention import is_contended
 
-    figures: dict = {
+    figures: dict[str, Any] = {
         "throughputs": [],
         "good_shares": [],
         "itl_p99_ms": [],

@@ -135,7 +135,7 @@ def build_bill(b: BillInputs, capacity_bytes: int | None = None) -> BillRecord:
     return record
 
 
-def _total(b: BillInputs, **change: int) -> int:
+def _total(b: BillInputs, **change: Any) -> int:
     from dataclasses import replace
 
     return sum(line.bytes for line in bill_lines(replace(b, **change)) if line.coexists_at_peak)
@@ -215,7 +215,8 @@ def meta_model(config: Any) -> Any:
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+            model: torch.nn.Module = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+            return model
     except Exception as e:  # noqa: BLE001 - any failure means: not a causal LM gate can bill
         raise ConfigError(
             f"cannot build a causal LM from this config ({type(config).__name__}): {type(e).__name__}: {e}"
@@ -234,11 +235,11 @@ def estimate_weight_bytes(config: Any, dtype: str, quantization: str = "none") -
 
     model = meta_model(config)
     size = torch.empty(0, dtype=DTYPES[dtype]).element_size()
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # e.g. rotary inv_freq, kept float32
+    buffers: int = sum(b.numel() * b.element_size() for b in model.buffers())  # e.g. rotary inv_freq, kept float32
     if quantization != "int8_dynamic":
-        return sum(p.numel() for p in model.parameters()) * size + buffers
+        return int(sum(p.numel() for p in model.parameters()) * size + buffers)
     # int8 Linear weights (a tied head gets its own int8 copy; the embedding stays float32)
-    total = 0
+    total: int = 0
     counted: set[int] = set()
     for m in model.modules():
         if isinstance(m, torch.nn.Linear):

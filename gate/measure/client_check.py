@@ -299,17 +299,19 @@ def client_checks(
     `slots`: runner -> requests its server admits at once, where known; `burst_gap_ms`:
     the runner's burst rule. Repetitions that disagree warn on the last of them."""
     out: list[ClientCheck] = []
-    groups: dict[tuple, list[tuple[RunRecord, list[RequestRecord], ClientCheck]]] = {}
+    groups: dict[
+        tuple[str, str, int | None, float | None], list[tuple[RunRecord, list[RequestRecord], ClientCheck]]
+    ] = {}
     for w in runs:
         # requests carry a load point's labels (gate.load.points.point_of): an open loop's rate
         # alone, its cap (the window's concurrency) not
-        c = w.load.concurrency if w.load.request_rate is None else None
+        conc = w.load.concurrency if w.load.request_rate is None else None
         mine = [
             r
             for r in requests
             if r.draft == w.runner
             and r.law == w.law
-            and r.concurrency == c
+            and r.concurrency == conc
             and r.request_rate == w.load.request_rate
             and (w.repetition is None or r.repetition == w.repetition)
         ]

@@ -110,7 +110,7 @@ def stall_share(record: object, cpus: int | None = None) -> float | None:
     wall = getattr(record, "e2el_ms", 0.0)
     stall = getattr(record, "cpu_stall_ms", None)
     if stall is not None and wall > 0:
-        return min(1.0, max(0.0, stall / wall))
+        return min(1.0, max(0.0, float(stall) / float(wall)))
     return load_stall_share(getattr(record, "load_avg_1m", None), cpus)
 
 
@@ -123,7 +123,7 @@ def cpu_share(record: object) -> float | None:
     )
     if cpu is None or not threads or wall <= 0:
         return None
-    return cpu / (wall * threads)
+    return float(cpu) / (float(wall) * float(threads))
 
 
 def is_contended(record: object, max_cpu_stall: float | None, cpus: int | None = None) -> bool:

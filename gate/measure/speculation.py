@@ -158,10 +158,7 @@ def check(m: Measurements, floors: Mapping[str, ProposalFloor]) -> list[Speculat
                 and w.load.request_rate == rate
             ]
             made = (
-                sum(
-                    max(w.counters.num_draft_tokens, w.counters.num_drafts)
-                    for w in windows  # type: ignore[union-attr]
-                )
+                sum(max(c.num_draft_tokens, c.num_drafts) for c in (w.counters for w in windows) if c is not None)
                 if windows
                 else None
             )

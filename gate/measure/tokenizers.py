@@ -15,6 +15,7 @@ Works on any transformers tokenizer (`len(tok)`, `get_vocab()`, `batch_decode`,
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gate.records import TokenizerComparison
@@ -65,7 +66,7 @@ def canonical(tokenizer: Any) -> Prefer:
     return prefer
 
 
-def _ids_by_text(texts: list[str], exclude: set[int]) -> dict[str, list[int]]:
+def _ids_by_text(texts: list[str], exclude: AbstractSet[int]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for i, text in enumerate(texts):
         if text and i not in exclude:
@@ -76,8 +77,8 @@ def _ids_by_text(texts: list[str], exclude: set[int]) -> dict[str, list[int]]:
 def shared_token_map(
     target_texts: list[str],
     draft_texts: list[str],
-    exclude_target: set[int] = frozenset(),
-    exclude_draft: set[int] = frozenset(),
+    exclude_target: AbstractSet[int] = frozenset(),
+    exclude_draft: AbstractSet[int] = frozenset(),
     prefer_target: Prefer = lowest,
     prefer_draft: Prefer = lowest,
 ) -> tuple[list[int], list[int]]:

@@ -427,7 +427,7 @@ def add(metric: Metric) -> Metric:
     return metric
 
 
-class MetricNames(Set):
+class MetricNames(Set[str]):
     """The names of METRICS' metrics that `has` holds for, in catalogue order, read from
     METRICS on every use (a metric added later is in it). A read-only set of str: `in`,
     iteration, len, and set operators (which return frozensets)."""
@@ -446,7 +446,7 @@ class MetricNames(Set):
         return sum(1 for m in METRICS.values() if self._has(m))
 
     @classmethod
-    def _from_iterable(cls, it: Any) -> frozenset:
+    def _from_iterable(cls, it: Any) -> frozenset[str]:  # type: ignore[override]  # Set's is generic in its item
         return frozenset(it)
 
 

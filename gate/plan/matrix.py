@@ -139,7 +139,7 @@ def cells(requests: list[Request]) -> list[list[Request]]:
     """Consecutive requests of one cell (law, length, prompt, repetition): with interleaving
     the fallback and every draft, run back to back; without it, one request each."""
 
-    def key(r: Request) -> tuple:
+    def key(r: Request) -> tuple[Any, ...]:
         return r.law.name, r.max_new_tokens, r.prompt.id, r.prompt.context_length, r.repetition
 
     out: list[list[Request]] = []
@@ -437,7 +437,8 @@ class Plan:
     @property
     def warnings(self) -> list[Any]:
         """Problems that do not stop a run (e.g. an under-powered rule), for gate validate to print."""
-        return self.loaded.warnings
+        warnings: list[Any] = self.loaded.warnings
+        return warnings
 
     @property
     def path(self) -> Any:
@@ -450,7 +451,8 @@ class Plan:
 
     def error(self, e: Exception) -> Exception:
         """`e` (a PolicyValueError) as an InputError naming the file, YAML path and line."""
-        return self.loaded.error(e)
+        error: Exception = self.loaded.error(e)
+        return error
 
     def requests(self, drafts: list[str], repetitions: range | int, laws: list[str] | None = None) -> list[Request]:
         """The requests of `drafts` (and their fallback) under `laws` (default: all), in run

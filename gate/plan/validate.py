@@ -196,7 +196,7 @@ def _check_constraints(policy: Any, workload: Any, tokenizer: Any, vocab_size: i
             "workload.constraints" if policy.workload.constraints else "workload.path",
             f"the grammar engine cannot use the target's tokenizer: {type(e).__name__}: {e}",
         ) from None
-    entries = {}  # format -> the YAML path of the first workload.constraints entry that declares it
+    entries: dict[str, str] = {}  # format -> the YAML path of the first workload.constraints entry that declares it
     for i, entry in enumerate(policy.workload.constraints or []):
         if not isinstance(entry, str):
             entries.setdefault(_entry_format(entry, workload), f"workload.constraints[{i}]")

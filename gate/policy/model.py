@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import date
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -31,6 +31,7 @@ from gate.metrics.catalogue import METRICS
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.kinds.interface import shown_threshold
 from gate.runners import registry as runner_kinds
+from gate.runners.interface import RunnerSpecBase
 from gate.runners.registry import default_runner_spec, runner_spec_union
 from gate.workloads import registry as workload_sources
 
@@ -513,7 +514,10 @@ class ScopeSpec(_Strict):
     )
 
 
-RunnerSpec = runner_spec_union()  # each runner kind's spec, registered beside its class (gate.runners.registry)
+if TYPE_CHECKING:  # a union built at import time: the type checker reads the kinds' base
+    RunnerSpec = RunnerSpecBase
+else:
+    RunnerSpec = runner_spec_union()  # each runner kind's spec, registered beside its class (gate.runners.registry)
 
 
 class GoodputSpec(_Strict):

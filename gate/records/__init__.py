@@ -665,7 +665,8 @@ class RunRecord:
             raise ValueError("a run record needs at least one request")
         intervals = [(start, start + r.e2el_ms / 1e3) for start, r in spans]
         counts = [r.counters for _, r in spans]
-        pooled = sum(counts, SpecDecodeCounters()) if all(c is not None for c in counts) else None  # type: ignore[arg-type]
+        known = [c for c in counts if c is not None]
+        pooled = sum(known, SpecDecodeCounters()) if len(known) == len(counts) else None
         return cls(
             runner,
             law,
@@ -1006,7 +1007,10 @@ class EnvelopeRecord:
         """The interval as reports show it: "concurrency [4, 5)", "request rate [2.1, 2.4)/s";
         "[16, max)" when every SLO held up to the maximum, "[2, ?)" when the search stopped
         before anything failed (budget, an inconclusive or failed probe)."""
-        f = lambda v: "-" if v is None else f"{v:g}" if self.integer else f"{v:.3g}"  # noqa: E731
+
+        def f(v: float | None) -> str:
+            return "-" if v is None else f"{v:g}" if self.integer else f"{v:.3g}"
+
         hi = ("max" if self.stop == "max" else "?") if self.upper is None else f(self.upper)
         unit = "/s" if not self.integer else ""
         return f"{self.over.replace('_', ' ')} [{f(self.lower)}, {hi}){unit}"
