@@ -10,7 +10,8 @@ are drawn through at most 200 quantiles per curve).
 Every plot is a `<figure class="plot" data-plot="NAME" data-points="N">` holding one inline
 SVG and a one-line caption saying what it shows; N counts the plotted values. A plot the
 report has no data for is left out and named, with the reason, under "Not plotted".
-Every text taken from the report is escaped (html.escape; matplotlib escapes SVG text and
+The page is the Jinja2 template templates/report.html.j2 (its CSS in templates/report.css),
+autoescaped: every text taken from the report is escaped (matplotlib escapes SVG text and
 `text.parse_math` is off, so a `$` in a draft name is not TeX).
 
 Plots (names as in data-plot): acceptance-per-position, accepted-length (SummaryRow),
@@ -25,7 +26,7 @@ the effect they detect at their power)."""
 
 from __future__ import annotations
 
-import html
+import functools
 import io
 import math
 import re
@@ -33,6 +34,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import jinja2
 
 from gate.analysis.schedule import schedule_lines
 from gate.core.units import Dimension, format_value
@@ -101,11 +104,6 @@ _RC = {
 }
 
 
-def esc(text: object) -> str:
-    """HTML-escaped text of anything from the report."""
-    return html.escape(str(text), quote=True)
-
-
 @dataclass
 class Plot:
     """One rendered plot: its name (data-plot), the values it shows (data-points), the
@@ -127,14 +125,125 @@ class Skipped:
     reason: str
 
 
-def _long(text: str, keep: int = 180) -> str:
-    """Escaped text; a long one folded after its first `keep` characters (the table of
-    rules stays short enough to see the plots below it)."""
+@functools.cache
+def _template() -> jinja2.Template:
+    """The page template (templates/report.html.j2, its CSS in templates/report.css), autoescaped."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gate.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["fold"] = _fold
+    return env.get_template("report.html.j2")
+
+
+def _fold(text: str, keep: int = 180) -> tuple[str, str] | None:
+    """A long text split after about its first `keep` characters, at a space (the table of
+    rules stays short enough to see the plots below it); None for a short one."""
     if len(text) <= keep + 40:
-        return esc(text)
+        return None
     cut = text.rfind(" ", 0, keep)
     cut = cut if cut > keep // 2 else keep
-    return f"<details><summary>{esc(text[:cut])} …</summary>{esc(text[cut:])}</details>"
+    return text[:cut], text[cut:]
+
+
+def _outcome_row(o: Any) -> dict[str, str]:
+    """One row of the table of outcomes that did not pass."""
+    measured = "-" if o.measured is None else f"{o.measured:.4g}"
+    if o.interval is not None:
+        measured += f" ({o.interval.low:.4g}-{o.interval.high:.4g})"
+    return {
+        "cls": _STATUS_CLASS.get(o.status, ""),
+        "status": str(o.status).upper(),
+        "name": o.name,
+        "level": str(o.level),
+        "measured": measured,
+        "message": o.message,
+    }
+
+
+def _grid(report: Report, shown: list[Any]) -> dict[str, Any]:
+    """Rules that did not pass (rows) by scope (columns): status and measured value per cell,
+    so thirty outcomes fit on one screen; passing cells of those rules included."""
+    rules = list(dict.fromkeys(o.rule_id for o in shown))
+    column = {
+        o.scope: "/".join(o.scope.split("/", 2)[:2]) for o in report.outcomes
+    }  # draft/law; categories in the cell
+    scopes = list(dict.fromkeys(column[o.scope] for o in report.outcomes if o.rule_id in rules))
+    cells: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    for o in report.outcomes:
+        if o.rule_id in rules:
+            cells[(o.rule_id, column[o.scope])].append(o)
+    rows = []
+    for rule in rules:
+        row: list[dict[str, Any] | None] = []
+        for scope in scopes:
+            here = cells.get((rule, scope), [])
+            if not here:
+                row.append(None)
+                continue
+            worst = min(here, key=lambda o: _ORDER.get(o.status, 9))
+            parts = []
+            for o in here:
+                cats = o.scope.split("/", 2)[2] if o.scope.count("/") >= 2 else ""
+                label = str(o.status) if len(here) == 1 else f"{cats}: {o.status}"
+                value = "" if o.measured is None else f"{o.measured:.3g}"
+                parts.append({"message": o.message, "label": label, "value": value})
+            row.append({"cls": _STATUS_CLASS.get(worst.status, ""), "parts": parts})
+        rows.append({"rule": rule, "cells": row})
+    return {"scopes": scopes, "rows": rows}
+
+
+def _summary_rows(report: Report) -> list[dict[str, Any]]:
+    """The table of drafts against the fallback: each row's cells and its class (pays:
+    the speedup interval lies wholly above 1.0x, costs: wholly below)."""
+
+    def f(x: float | None, fmt: str, suffix: str = "") -> str:
+        return "-" if x is None else format(x, fmt) + suffix
+
+    intervals = _speedup_intervals(report)
+    out = []
+    for r in (r for r in report.summary if r.requests):
+        speedup = f(r.speedup, ".2f", "x")
+        iv = intervals.get((r.runner, r.law, None))
+        if iv is not None and iv[1] is not None:
+            speedup = f"{iv[0]:.2f}x ({iv[1]:.2f}-{iv[2]:.2f})"
+        # coloured only where the interval decides: wholly above 1.0x pays, wholly below costs
+        cls = ""
+        if r.runner != FALLBACK and iv is not None and iv[1] is not None and iv[2] is not None:
+            cls = "pays" if iv[1] > 1 else "costs" if iv[2] < 1 else ""
+        bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
+        slower = None if r.slower_than_fallback is None else 100 * r.slower_than_fallback
+        cells = [
+            r.runner,
+            r.law,
+            str(r.requests),
+            f(r.overlap_mean, ".3f"),
+            f(r.acceptance_rate, ".3f"),
+            f(r.mean_acceptance_length, ".2f"),
+            f(r.committed_tokens_per_s, ".1f"),
+            speedup,
+            f(slower, ".0f", "%"),
+            f(r.ttft_p50_ms, ".0f", " ms"),
+            f(r.itl_p99_ms, ".1f", " ms"),
+            bill,
+        ]
+        out.append({"cls": cls, "cells": cells})
+    return out
+
+
+def _constraints(report: Report) -> dict[str, Any] | None:
+    """Overlap, acceptance rate and mean acceptance length of each draft and law under each
+    grammar constraint (workload.constraints), side by side; None with fewer than two."""
+    _, rows = constraint_rows(report)
+    if not rows:
+        return None
+    return {
+        "labels": constraint_labels(report),
+        "figures": [name for name, _, _ in CONSTRAINT_FIGURES],
+        "rows": rows,
+    }
 
 
 def _clean(x: Any) -> float | None:
@@ -231,196 +340,39 @@ class HtmlReport(ReportFormat):
         plots, skipped = self.plots(report)
         env = report.measurements.environment
         verdict = _VERDICT.get(report.exit_code, f"exit {report.exit_code}")
-        counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
-        verdict_class = {0: "pass", 1: "fail"}.get(report.exit_code, "error")
-        out = [
-            "<!DOCTYPE html>",
-            '<html lang="en">',
-            "<head>",
-            '<meta charset="utf-8">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            '<link rel="icon" href="data:,">',  # no favicon request (no network, no console error)
-            f"<title>gate: {esc(verdict)} ({esc(report.policy_file)})</title>",
-            f"<style>{_CSS}</style>",
-            "</head>",
-            "<body>",
-            "<header>",
-            f'<h1 class="verdict {verdict_class}">gate: {esc(verdict)}</h1>',
-            f"<p><code>{esc(report.policy_file)}</code>: {esc(counts)}; exit code {report.exit_code}.</p>",
-            f'<p class="meta">gate {esc(report.gate_version)}, {esc(report.created_utc)}; torch {esc(env.torch)}, '
-            f"transformers {esc(env.transformers)}, {esc(env.device)} ({esc(env.device_name)}), seed {esc(env.seed)}"
+        meta = (
+            f"gate {report.gate_version}, {report.created_utc}; torch {env.torch}, transformers {env.transformers}, "
+            f"{env.device} ({env.device_name}), seed {env.seed}"
             + (f", {env.cpu_count} CPUs, {env.threads} threads" if env.cpu_count else "")
-            + ".</p>",
-            "</header>",
-        ]
-        if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.loop.identity)
-            out += ['<section id="target-identity"><h2>Target identity</h2><ul>'] + [
-                f"<li>{esc(x)}</li>" for x in identity
-            ]
-            out.append("</ul></section>")
-        out += self._not_passed(report)
-        out += self._summary_table(report)
-        out += self._constraint_table(report)
-        if mapping := mapping_lines(report.measurements):  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
-            out += ['<section id="cross-tokenizer"><h2>Cross-tokenizer drafts: tokenizers and mapping cost</h2><ul>']
-            out += [f"<li><pre>{esc(x)}</pre></li>" for x in mapping] + ["</ul></section>"]
-        out.append('<section id="plots"><h2>Plots</h2>')
-        if report.crossovers:
-            out.append(
-                '<ul class="crossovers">' + "".join(f"<li>{esc(c.message)}</li>" for c in report.crossovers) + "</ul>"
-            )
-        for p in plots:
-            out += [
-                f'<figure class="plot" id="plot-{esc(p.name)}" data-plot="{esc(p.name)}" data-points="{p.points}">',
-                f"<h3>{esc(p.title)}</h3>",
-                p.svg,
-                f"<figcaption>{esc(p.caption)}</figcaption>",
-                "</figure>",
-            ]
-        if skipped:
-            out.append('<h3>Not plotted</h3><ul class="skipped">')
-            out += [
-                f'<li data-skipped="{esc(s.name)}"><strong>{esc(s.title)}</strong>: {esc(s.reason)}</li>'
-                for s in skipped
-            ]
-            out.append("</ul>")
-        out.append("</section>")
-        out += self._envelope(report)
-        out += self._prediction(report)
-        out += self._schedule(report)
-        out += self._client(report)
-        out += self._tail(report)
-        out += ["</body>", "</html>"]
-        return "\n".join(out) + "\n"
+        )
+        shown = sorted((o for o in report.outcomes if o.status != Status.PASS), key=lambda o: _ORDER.get(o.status, 9))
+        tables = [self._envelope(report), self._prediction(report), self._schedule(report), self._client(report)]
+        return _template().render(
+            verdict=verdict,
+            verdict_class={0: "pass", 1: "fail"}.get(report.exit_code, "error"),
+            policy_file=report.policy_file,
+            counts=", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules",
+            exit_code=report.exit_code,
+            meta=meta,
+            identity=identity_lines(report.measurements),  # unchanged or updated target (gate.loop.identity)
+            shown=[_outcome_row(o) for o in shown],
+            grid=_grid(report, [o for o in report.outcomes if o.status != Status.PASS]) if shown else None,
+            passed=len(report.outcomes) - len(shown),
+            summary=_summary_rows(report),
+            constraints=_constraints(report),
+            mapping=mapping_lines(report.measurements),  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
+            crossovers=[c.message for c in report.crossovers],
+            plots=plots,
+            skipped=skipped,
+            tables=[t for t in tables if t is not None],
+            failures=[f"{f.stage} {f.draft}/{f.law} {f.what}: {f.message}" for f in report.measurements.failures],
+            notes=report.notes,
+        )
 
-    def _not_passed(self, report: Report) -> list[str]:
-        shown = [o for o in report.outcomes if o.status != Status.PASS]
-        passed = len(report.outcomes) - len(shown)
-        out = ['<section id="rules"><h2>Rules that did not pass</h2>']
-        if not shown:
-            out.append(f"<p>Every rule outcome passed ({passed}).</p>" if passed else "<p>No rule outcome.</p>")
-        else:
-            out += self._grid(report, shown)
-            out += [
-                f"<details><summary>Every outcome that did not pass, with its message ({len(shown)})</summary>",
-                "<table><thead><tr><th>status</th><th>rule</th><th>level</th><th>measured</th><th>message</th></tr></thead><tbody>",
-            ]
-            for o in sorted(shown, key=lambda o: _ORDER.get(o.status, 9)):
-                measured = "-" if o.measured is None else f"{o.measured:.4g}"
-                if o.interval is not None:
-                    measured += f" ({o.interval.low:.4g}-{o.interval.high:.4g})"
-                out.append(
-                    f'<tr class="{_STATUS_CLASS.get(o.status, "")}"><td>{esc(str(o.status).upper())}</td>'
-                    f"<td><code>{esc(o.name)}</code></td><td>{esc(o.level)}</td><td>{esc(measured)}</td>"
-                    f"<td>{_long(o.message)}</td></tr>"
-                )
-            out.append("</tbody></table></details>")
-            out.append(f"<p>{passed} rule outcome(s) passed.</p>")
-        out.append("</section>")
-        return out
-
-    def _grid(self, report: Report, shown: list[Any]) -> list[str]:
-        """Rules that did not pass (rows) by scope (columns): status and measured value per
-        cell, so thirty outcomes fit on one screen; passing cells of those rules included."""
-        rules = list(dict.fromkeys(o.rule_id for o in shown))
-        column = {
-            o.scope: "/".join(o.scope.split("/", 2)[:2]) for o in report.outcomes
-        }  # draft/law; categories in the cell
-        scopes = list(dict.fromkeys(column[o.scope] for o in report.outcomes if o.rule_id in rules))
-        cells: dict[tuple[str, str], list[Any]] = defaultdict(list)
-        for o in report.outcomes:
-            if o.rule_id in rules:
-                cells[(o.rule_id, column[o.scope])].append(o)
-        out = [
-            '<table class="grid"><thead><tr><th>rule</th>'
-            + "".join(f"<th>{esc(x)}</th>" for x in scopes)
-            + "</tr></thead><tbody>"
-        ]
-        for rule in rules:
-            row = [f"<td><code>{esc(rule)}</code></td>"]
-            for scope in scopes:
-                here = cells.get((rule, scope), [])
-                if not here:
-                    row.append("<td></td>")
-                    continue
-                worst = min(here, key=lambda o: _ORDER.get(o.status, 9))
-                parts = []
-                for o in here:
-                    cats = o.scope.split("/", 2)[2] if o.scope.count("/") >= 2 else ""
-                    value = "" if o.measured is None else f"{o.measured:.3g}"
-                    label = str(o.status) if len(here) == 1 else f"{cats}: {o.status}"
-                    parts.append(
-                        f'<span title="{esc(o.message)}">{esc(label)}</span>'
-                        + (f" <small>{esc(value)}</small>" if value else "")
-                    )
-                row.append(f'<td class="{_STATUS_CLASS.get(worst.status, "")}">' + "<br>".join(parts) + "</td>")
-            out.append("<tr>" + "".join(row) + "</tr>")
-        out.append("</tbody></table>")
-        return out
-
-    def _summary_table(self, report: Report) -> list[str]:
-        rows = [r for r in report.summary if r.requests]
-        if not rows:
-            return []
-
-        def f(x: float | None, fmt: str, suffix: str = "") -> str:
-            return "-" if x is None else format(x, fmt) + suffix
-
-        intervals = _speedup_intervals(report)
-        out = [
-            '<section id="summary"><h2>Drafts against the fallback</h2>',
-            "<table><thead><tr><th>draft</th><th>law</th><th>req</th><th>overlap</th><th>accept rate</th>"
-            "<th>mean acc len</th><th>tokens/s</th><th>speedup (CI)</th><th>slower</th><th>TTFT p50</th><th>ITL "
-            "p99</th>"
-            "<th>bill</th></tr></thead><tbody>",
-        ]
-        for r in rows:
-            speedup = f(r.speedup, ".2f", "x")
-            iv = intervals.get((r.runner, r.law, None))
-            if iv is not None and iv[1] is not None:
-                speedup = f"{iv[0]:.2f}x ({iv[1]:.2f}-{iv[2]:.2f})"
-            # coloured only where the interval decides: wholly above 1.0x pays, wholly below costs
-            decided = r.runner != FALLBACK and iv is not None and iv[1] is not None and iv[2] is not None
-            cls = "" if not decided else ' class="pays"' if iv[1] > 1 else ' class="costs"' if iv[2] < 1 else ""
-            bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
-            out.append(
-                f"<tr{cls}><td>{esc(r.runner)}</td><td>{esc(r.law)}</td><td>{r.requests}</td>"
-                f"<td>{f(r.overlap_mean, '.3f')}</td>"
-                f"<td>{f(r.acceptance_rate, '.3f')}</td><td>{f(r.mean_acceptance_length, '.2f')}</td>"
-                f"<td>{f(r.committed_tokens_per_s, '.1f')}</td><td>{esc(speedup)}</td>"
-                f"<td>{f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')}</td>"
-                f"<td>{f(r.ttft_p50_ms, '.0f', ' ms')}</td><td>{f(r.itl_p99_ms, '.1f', ' ms')}</td>"
-                f"<td>{esc(bill)}</td></tr>"
-            )
-        out += ["</tbody></table>", "</section>"]
-        return out
-
-    def _constraint_table(self, report: Report) -> list[str]:
-        """Overlap, acceptance rate and mean acceptance length of each draft and law under each
-        grammar constraint (workload.constraints), side by side; nothing with fewer than two."""
-        labels = constraint_labels(report)
-        _, rows = constraint_rows(report)
-        if not rows:
-            return []
-        figures = [name for name, _, _ in CONSTRAINT_FIGURES]
-        out = [
-            '<section id="constraints"><h2>Acceptance under each grammar constraint</h2>',
-            "<p>Counters pooled per constraint (workload.constraints): the same prompts, each run under every "
-            "constraint as its own request; the grammar masks p and q alike.</p>",
-            '<table><thead><tr><th rowspan="2">draft</th><th rowspan="2">law</th>'
-            + "".join(f'<th colspan="{len(figures)}">{esc(c)}</th>' for c in labels)
-            + "</tr><tr>"
-            + "".join(f"<th>{esc(x)}</th>" for _ in labels for x in figures)
-            + "</tr></thead><tbody>",
-        ]
-        out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
-        out += ["</tbody></table>", "</section>"]
-        return out
-
-    def _envelope(self, report: Report) -> list[str]:
+    def _envelope(self, report: Report) -> dict[str, Any] | None:
         """The envelope search (load.search): each runner's SLO load and its probes."""
         if not report.measurements.envelopes:
-            return []
+            return None
         return _table_section(
             "envelope",
             "Envelope search",
@@ -431,11 +383,11 @@ class HtmlReport(ReportFormat):
             envelope_rows(report),
         )
 
-    def _prediction(self, report: Report) -> list[str]:
+    def _prediction(self, report: Report) -> dict[str, Any] | None:
         """The speedup model at each load point beside the measured speedup (gate.analysis.load_points)."""
         rows = prediction_rows(report)
         if not rows:
-            return []
+            return None
         return _table_section(
             "predicted-at-load",
             "Predicted at load",
@@ -449,10 +401,10 @@ class HtmlReport(ReportFormat):
             rows,
         )
 
-    def _schedule(self, report: Report) -> list[str]:
+    def _schedule(self, report: Report) -> dict[str, Any] | None:
         """num_draft_tokens per load (num_draft_tokens_sweep): every K's speedup and the best K."""
         if not report.schedule:
-            return []
+            return None
         return _table_section(
             "num-draft-tokens",
             "num_draft_tokens per load",
@@ -465,10 +417,10 @@ class HtmlReport(ReportFormat):
             schedule_lines(report.schedule) + [c.message for c in report.schedule],
         )
 
-    def _client(self, report: Report) -> list[str]:
+    def _client(self, report: Report) -> dict[str, Any] | None:
         """The client's check of itself, per served window (gate.measure.client_check)."""
         if not report.client:
-            return []
+            return None
         return _table_section(
             "client",
             "Client self-check",
@@ -480,23 +432,6 @@ class HtmlReport(ReportFormat):
             "client-warnings",
             client_warnings(report),
         )
-
-    def _tail(self, report: Report) -> list[str]:
-        out = []
-        failures = report.measurements.failures
-        if failures:
-            out += ['<section id="failures"><h2>Measurements that could not be made</h2><ul>']
-            out += [
-                f"<li>{esc(f.stage)} {esc(f.draft)}/{esc(f.law)} {esc(f.what)}: {esc(f.message)}</li>" for f in failures
-            ]
-            out.append("</ul></section>")
-        if report.notes:
-            out += (
-                ['<section id="notes"><h2>Notes</h2><ul>']
-                + [f"<li>{esc(n)}</li>" for n in report.notes]
-                + ["</ul></section>"]
-            )
-        return out
 
     # --- the plots -----------------------------------------------------------------------
 
@@ -871,20 +806,18 @@ def _table_section(
     rows: list[list[str]],
     list_class: str | None = None,
     items: list[str] | None = None,
-) -> list[str]:
-    """A report section: heading, one paragraph, a table of `rows` under `columns`, and a list
-    of `items` (class `list_class`) when there are any; every text escaped."""
-    out = [
-        f'<section id="{section_id}"><h2>{esc(title)}</h2>',
-        f"<p>{esc(intro)}</p>",
-        "<table><thead><tr>" + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>",
-    ]
-    out += ["<tr>" + "".join(f"<td>{esc(x)}</td>" for x in row) + "</tr>" for row in rows]
-    out.append("</tbody></table>")
-    if items:
-        out += [f'<ul class="{list_class}">'] + [f"<li>{esc(x)}</li>" for x in items] + ["</ul>"]
-    out.append("</section>")
-    return out
+) -> dict[str, Any]:
+    """A report section for the template's table_section: heading, one paragraph, a table of
+    `rows` under `columns`, and a list of `items` (class `list_class`) when there are any."""
+    return {
+        "id": section_id,
+        "title": title,
+        "intro": intro,
+        "columns": list(columns),
+        "rows": rows,
+        "list_class": list_class,
+        "items": items or [],
+    }
 
 
 def _interactivity(report: Report, colors: dict[str, Any]) -> Plot | str:
@@ -1208,34 +1141,5 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
         "only; the black tick: the effect the policy requires).",
     )
 
-
-_CSS = """
-:root { --fail: #b3261e; --pass: #1e7b34; --warn: #8a6100; }
-body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; max-width: 60rem; margin: 1.5rem auto;
-       padding: 0 1rem; color: #1b1b1b; background: #fff; }
-h1.verdict { font-size: 1.7rem; margin: 0 0 .3rem; }
-h1.pass { color: var(--pass); } h1.fail, h1.error { color: var(--fail); }
-.meta { color: #555; font-size: .85rem; }
-table { border-collapse: collapse; width: 100%; font-size: .82rem; margin: .5rem 0 1rem; }
-th, td { border-bottom: 1px solid #ddd; padding: .25rem .4rem; text-align: left; vertical-align: top; }
-tr.fail td:first-child, tr.error td:first-child { color: var(--fail); font-weight: 600; }
-tr.inconclusive td:first-child, tr.warn td:first-child { color: var(--warn); font-weight: 600; }
-table.grid td { white-space: nowrap; } table.grid small { color: #555; font-weight: 400; } table.grid td.fail,
-table.grid td.error { color: var(--fail); font-weight: 600; }
-table.grid td.inconclusive, table.grid td.warn { color: var(--warn); } table.grid td.pass { color: var(--pass); }
-tr.pays td:nth-child(8) { color: var(--pass); font-weight: 600; } tr.costs td:nth-child(8) { color: var(--fail);
-font-weight: 600; }
-figure.plot { margin: 1.2rem 0 1.8rem; }
-figure.plot h3 { margin: 0 0 .3rem; font-size: 1rem; }
-figure.plot svg { width: 100%; height: auto; display: block; }
-figcaption { font-size: .85rem; color: #333; margin-top: .2rem; }
-ul.skipped, ul.crossovers { font-size: .85rem; }
-code { font-size: .85em; }
-@media print {
-  body { max-width: none; margin: 0; font-size: 11px; }
-  figure.plot, table tr { break-inside: avoid; page-break-inside: avoid; }
-  h2 { break-after: avoid; }
-}
-"""
 
 register(HtmlReport, "one self-contained HTML page: the verdict, the rules that did not pass, inline SVG plots")
