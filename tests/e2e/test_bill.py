@@ -1,6 +1,5 @@
-"""The resident resource bill: KV formulas on known figures, layer kinds (sliding windows,
-alternating local/global, MLA latents, recurrent state), quantized KV, the real cache tensors
-of tiny models, the bill's lines and the budget statement, and bad configs."""
+"""The tests of tests/unit/test_bill.py's subject that need the real models, llama-server, vLLM or the browser; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -10,13 +9,7 @@ import pytest
 from gate.measure.bill import BillInputs, build_bill
 from gate.measure.kv import cache_model
 from unit.test_bill import cfg  # noqa: F401 - shared with that tier
-
-KIB = 1024
-
-
-LLAMA2_7B = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, hidden_size=4096)
-LLAMA3_8B = cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096)
-SMOLLM2 = cfg(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576, head_dim=64)
+from unit.test_bill import SMOLLM2
 
 
 def test_smollm2_135m_from_its_config():

@@ -1,11 +1,10 @@
-"""The HTML report (gate/report/html.py): one self-contained page, verdict first, every plot
-with data, escaped text; `gate report` renders saved reports; `gate check --html`."""
+"""The tests of tests/unit/test_html_report.py's subject that need the real models, llama-server, vLLM or the browser; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,11 +13,7 @@ from gate.cli import cli
 from gate.report.document import ADAPTER
 from gate.report.html import HtmlReport
 from unit.test_html_report import Page  # noqa: F401 - shared with that tier
-
-
-DATA = Path(__file__).resolve().parents[1] / "data"
-EXAMPLE = DATA / "smollm2-example-report.json.gz"
-EVIL = '<script>alert("x")</script>&$x^2$'
+from unit.test_html_report import EXAMPLE
 
 
 @pytest.fixture(scope="module")

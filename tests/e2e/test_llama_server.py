@@ -1,11 +1,5 @@
-"""The managed llama-server runner against a real llama-server (gate.runners.llama_server).
-
-The binary comes from find_binary(): $GATE_LLAMA_SERVER (`make test` builds it with
-scripts/build-llama-server.sh and sets it), `llama-server` on PATH, or the build cache.
-Tests that need it skip, saying so, only when none is found. Models: tiny random Llamas
-written as GGUF (tests/gguf_models.py, SmolLM2's tokenizer), a few hundred ms to start;
-one integration test runs the packaged SmolLM2 GGUF.
-"""
+"""The tests of tests/unit/test_llama_server.py's subject that need the real models, llama-server, vLLM or the browser; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -23,7 +17,6 @@ import httpx
 import pytest
 
 from conftest import HAS_SMOLLM2
-from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.sequential import SEQUENTIAL
 from gate.plan.matrix import Request
@@ -35,19 +28,10 @@ from gate.runners.openai import ServedError
 from gate.runners.server_metrics import counter_delta
 from gguf_models import smollm2_gguf_path, write_tiny_llama_gguf
 from unit.test_llama_server import _fake_build, request  # noqa: F401 - shared with that tier
+from unit.test_llama_server import BINARY, EOS, HAVE_BINARY, PROMPT_IDS, THREADS, needs_binary
 
-BINARY = find_binary()
-HAVE_BINARY = BINARY is not None and os.access(BINARY, os.X_OK)
-needs_binary = pytest.mark.skipif(
-    not HAVE_BINARY,
-    reason=f"llama-server not found ({BINARY or 'no $GATE_LLAMA_SERVER, none on PATH, none in ~/.cache/gate'}): "
-           "run scripts/build-llama-server.sh or `make test`, or set GATE_LLAMA_SERVER")
 
-GREEDY = Law("greedy", 0.0)
-EOS = {2}
 # "The quick brown fox jumps over the lazy dog" in SmolLM2's tokenizer
-PROMPT_IDS = (504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767)
-THREADS = 1
 
 
 def ok(results: list) -> list[StreamResult]:

@@ -1,10 +1,5 @@
-"""The whole declared law on the wire (issue 13): served requests carry every law field and
-the prompt's constraint in each engine's own names (vLLM's OpenAI-compatible API, llama.cpp's
-native /completion), with llama.cpp's sampler order set to the law's convention; what a
-server cannot apply as gate does is refused by `gate validate` at its YAML path and by the
-runner before anything is sent; served greedy exactness takes its gaps under the law
-(penalties with each position's history, the grammar mask); and, when a llama-server binary
-is available, a JSON-schema-constrained greedy request comes back as JSON matching it."""
+"""The tests of tests/unit/test_served_law.py's subject that need the real models, llama-server, vLLM or the browser; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ import torch
 from served_stub import EOS_ID
 
 from conftest import HAS_SMOLLM2, write_policy
-from gate.constraints.interface import ResponseFormat
 from gate.core.errors import InputError
 from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
@@ -24,14 +18,7 @@ from gate.plan.matrix import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.llama_server import LlamaServerRunner, ServerConfig
 from gate.core.law import law_logits
-
-FULL = Law("full", 0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
-           frequency_penalty=0.25, logit_bias=((7, 2.5), (9, -100.0)))
-GREEDY = Law("greedy", 0.0)
-SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}}, "required": ["color"],
-          "additionalProperties": False}
-FORMATS = {"json_schema": ResponseFormat.of_schema(SCHEMA), "regex": ResponseFormat("regex", "[a-z]+"),
-           "choice": ResponseFormat.of_choices(["yes", 'a "quoted"\nline'])}
+from unit.test_served_law import CHOICE, FORMATS, REGEX, SCHEMA, SERVED
 
 
 # ---- request bodies ------------------------------------------------------------------------
@@ -58,31 +45,6 @@ def smol_dir(tmp_path_factory):
                pad_token_id=tok.pad_token_id).save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-SERVED = """\
-version: 1
-target: {{model: {model}, device: cpu}}
-drafts:
-  lookup: {{kind: prompt_lookup, num_draft_tokens: 3}}
-law: {law}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: 'http://127.0.0.1:1', {endpoint}}}
-    lookup: {{base_url: 'http://127.0.0.1:1', {endpoint}}}
-workload:
-  source: jsonl
-  path: {prompts}
-  max_new_tokens: 8
-  seed: 0
-  chat_template: false
-{constraints}
-rules:
-  - {{id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x}}
-"""
-CHOICE = "  constraints: [none, {name: yn, type: choice, choices: ['yes', 'no']}]"
-REGEX = "  constraints: [{name: rx, type: regex, pattern: '[a-z]+'}]"
 
 
 @pytest.mark.parametrize("endpoint, law, constraints, where, says", [

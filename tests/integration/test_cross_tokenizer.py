@@ -1,14 +1,5 @@
-"""Cross-tokenizer drafts (gate.drafts.cross_tokenizer): the tokenizer comparison, the
-translation, exactness of the speculative loop with a draft in another vocabulary (greedy:
-equal to the fallback; sampled: the first committed token's law is p), the mapping
-counters and metrics, the bill's draft logits, and validation.
-
-Tokenizers: the target's is conftest's word-level tokenizer (w0..w91, no BOS added); the
-drafts' are (a) the same words at permuted ids, adding a BOS, with a model whose embedding
-and head rows are the target's permuted the same way (so its law is the target's: every
-greedy proposal is accepted), and (b) a SentencePiece-style BPE (Metaspace) that splits
-words into pieces ('▁w', '1', '2'), with a random model of another shape.
-"""
+"""The tests of tests/unit/test_cross_tokenizer.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -19,16 +10,13 @@ from scipy import stats
 
 from conftest import VOCAB, sharp_llama, tiny_llama, tiny_tokenizer, tiny_policy, write_policy
 from gate.drafts.cross_tokenizer import CrossTokenizerDraft, Translator
-from gate.core.law import Law, law_probs
+from gate.core.law import law_probs
 from gate.measure.bill import BillInputs, DraftBill, bill_lines
 from gate.measure.kv import KVFormat, cache_model
 from gate.measure.tokenizers import compare_tokenizers
 from gate.runners.transformers import TransformersRunner
 from unit.test_cross_tokenizer import permutation, permuted_tokenizer, piece_tokenizer  # noqa: F401 - shared with that tier
-
-PERM_SEED = 7
-GREEDY = Law("greedy", 0.0)
-SAMPLED = Law("t1", 1.0)
+from unit.test_cross_tokenizer import GREEDY, PROMPTS, SAMPLED
 
 
 def permuted_draft_model(target: torch.nn.Module) -> torch.nn.Module:
@@ -66,9 +54,6 @@ def draft(kind: str, mapping: str, target: torch.nn.Module, gamma: int = 3) -> C
 
 def runner(target: torch.nn.Module, drafts: dict) -> TransformersRunner:
     return TransformersRunner(target, {2}, torch.device("cpu"), drafts=drafts)
-
-
-PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 20, 21, 22], [40, 41, 42, 43, 44, 45, 46]]
 
 
 @pytest.mark.parametrize("kind,mapping", [("permuted", "retokenize"), ("permuted", "shared_vocab"),

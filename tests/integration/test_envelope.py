@@ -1,6 +1,5 @@
-"""The envelope search (load.search, gate.load.search): the search on probes with a known
-answer, and `gate check` finding a stub server's known capacity (Stub.slots) through the
-whole pipeline, with the envelope rule deciding on the interval."""
+"""The tests of tests/unit/test_envelope.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -13,19 +12,13 @@ from click.testing import CliRunner
 from conftest import stub_policy, write_policy
 from gate.cli import cli
 from served_stub import Stub
+from unit.test_envelope import RULES, SEARCH
 
 
 # -- through gate check, on stub servers of a known capacity -----------------------------------
 
 # Each stub generates at most 4 requests at once (the others wait, FIFO); a request takes
 # 20 ms + 11 x 5 ms = 75 ms, so at concurrency 5 one request in five waits ~75 ms for a slot.
-SEARCH = ("{concurrency: [1], goodput: {ttft: %s}, search: {over: concurrency, start: 1, max: 16, requests_per_load: 4, "
-          "min_good_share: 0.9}, per_user_tokens_s: 50}")
-RULES = """\
-  - {id: sustains, kind: envelope, comparison: '>=', threshold: 4}
-  - {id: beyond, kind: envelope, comparison: '>=', threshold: 6}
-  - {id: as-fallback, kind: envelope, comparison: '>=', threshold: 1.0, relative_to: fallback}
-"""
 
 
 def run_search(tmp_path: Path, model: Path, prompts: Path, ttft: str) -> dict:

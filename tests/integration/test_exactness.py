@@ -1,17 +1,5 @@
-"""Mutation tests of gate's exactness statistics (gate.exactness.collect, gate.exactness.stats) against the
-reference speculative sampler (reference) with injected faults.
-
-The combined test is what `gate check` runs for a sampling law: the PIT Kolmogorov-Smirnov
-test over every sampled token plus a next-token G-test at every position, Holm-corrected
-together (decide) at significance 0.01, required to detect TV 0.1 with power 0.9.
-
-Sample size: 5,000 sampled tokens per law, laid out as 1,000 sequences x 5 positions. At
-500 sequences x 10 positions the per-position G-tests (500 samples each, judged at
-0.01 / 11 after Holm) can only detect TV ~0.12, so the correct sampler would be
-*inconclusive*, not pass; 1,000 samples per position (judged at 0.01 / 6) detect <= 0.09.
-
-Everything is seeded; no timing assertions.
-"""
+"""The tests of tests/unit/test_exactness.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -22,25 +10,19 @@ import torch
 
 import gate.exactness.stats as ex
 from conftest import tiny_llama
-from gate.core.law import Law, law_probs
-from reference import LAW_PART_FAULTS, LAW_PRESERVING, Fault
+from gate.core.law import law_probs
+from reference import LAW_PRESERVING
 from unit.test_exactness import combined, explain, memoized_power, residual_support  # noqa: F401 - shared with that tier
+from unit.test_exactness import GAMMA, PLAIN_FAULTS, TINY_LAW
 
 ALPHA, POWER, DETECT_TV = 0.01, 0.9, 0.1
-GAMMA = 3
 V, LENGTH, BATCH = 8, 5, 1000  # 5,000 sampled tokens per law
-LAWS = [Law("t0.8-k6", 0.8, top_k=6), Law("t1-p0.9", 1.0, top_p=0.9)]
-TABLE_SEED = 2  # explicit tables: target randn * 1.5, draft = target + randn * 1.0
-PLAIN_FAULTS = [f for f in Fault if f not in LAW_PART_FAULTS]  # the law-part faults: tests/{unit,integration}/test_law_mutations.py
-FAULTS = [f for f in PLAIN_FAULTS if f not in LAW_PRESERVING]
 
 
 # 1. Explicit small distributions ------------------------------------------------------
 
 
 # 2. Position-dependent distributions from tiny random-weight models ------------------
-
-TINY_LAW = Law("t0.1-k8", 0.1, top_k=8)  # random-init logits have std ~0.1: sharpen, keep 8 tokens
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,9 @@
-"""Issue 10, items 1 and 2: a sampling-exactness pass carries the power it claims.
-
-- A pass rests only on *claim* tests: next-token G-tests at a prompt's first output
-  position, each powered against TV detect_tv at its Holm level. The PIT over every token
-  and the tests after shared prefixes are *evidence*: they can fail a sampler, never pass it.
-- The issue's scenario (a tiny Llama target, a noisy-copy draft, T 0.8, 150 samples x 16
-  tokens over 8 prompts) no longer passes deterministic acceptance, a residual taken as p
-  or a reused uniform: too few samples per prompt is inconclusive, and gate says how many.
-- A NaN p-value is that test's alone: it never masks the others in the Holm family.
-"""
+"""The tests of tests/unit/test_exactness_claims.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,19 +13,15 @@ from conftest import sharp_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.core.law import Law, law_probs
 from reference import Fault, model_logits, speculative_sample
+from unit.test_exactness_claims import FAULTS, LAW, PROMPTS
 
 ALPHA, POWER, TV = 0.01, 0.9, 0.1
-RULE = SimpleNamespace(id="exact", level="error", significance=ALPHA, power=POWER, detect_tv=TV, tie_tolerance=0.0,
-                       scope=SimpleNamespace(laws=None))
 
 
 # --- the definition: what backs a pass ------------------------------------------------
 
 
 # --- the issue's scenario, end to end through `gate exactness` -------------------------
-
-PROMPTS = [[1, 4 + 3 * i, 9 + i, 20 + 2 * i] for i in range(8)]
-LAW = {"temperature": 0.8}
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +71,6 @@ def sharp_dir(tmp_path_factory):
     sharp_llama(0.0).save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
-
-
-FAULTS = [Fault.DETERMINISTIC_ACCEPTANCE, Fault.RESIDUAL_IS_P, Fault.REUSED_UNIFORM]
 
 
 def test_the_issue_scenario_passes_no_fault(tmp_path, pair, sharp_dir, prompts_file):

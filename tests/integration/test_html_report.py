@@ -1,19 +1,13 @@
-"""The HTML report (gate/report/html.py): one self-contained page, verdict first, every plot
-with data, escaped text; `gate report` renders saved reports; `gate check --html`."""
+"""The tests of tests/unit/test_html_report.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from gate.cli import cli
 from unit.test_html_report import Page  # noqa: F401 - shared with that tier
-
-
-DATA = Path(__file__).resolve().parents[1] / "data"
-EXAMPLE = DATA / "smollm2-example-report.json.gz"
-EVIL = '<script>alert("x")</script>&$x^2$'
 
 
 def test_gate_check_writes_the_page_and_links_it_from_the_markdown(tmp_path, tiny_model_dir, prompts_file):

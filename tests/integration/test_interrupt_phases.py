@@ -1,15 +1,5 @@
-"""Issue 23: a SIGTERM at any phase of a run keeps what was measured and writes every report.
-
-`gate check` runs as a subprocess; the test reads its progress lines on stderr (plain lines
-off a terminal: `gate: <phase> 0/N, 0s` when a phase starts) and sends a real SIGTERM when
-the phase of interest has started. Each phase is made long enough to be hit (a wider random
-model, longer prompts, more of them), never by sleeping in gate. The bill phases are too
-short to hit from outside: there the signal is sent by gate's own process as the bill
-starts (os.kill from a wrapper), still a real signal through gate's handler.
-
-Also: the served exactness pass batches its teacher-forced forwards (the same logits as one
-at a time) and does not run at all where there is nothing to compare.
-"""
+"""The tests of tests/unit/test_interrupt_phases.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -17,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -30,9 +19,7 @@ from click.testing import CliRunner
 from conftest import WORDS, stub_policy, tiny_llama, tiny_tokenizer, write_policy
 from gate.cli import cli
 from served_stub import Stub
-
-GATE = [sys.executable, "-m", "gate"]
-WIDE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4)
+from unit.test_interrupt_phases import GATE, WIDE
 
 
 @pytest.fixture(scope="module")

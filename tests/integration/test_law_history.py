@@ -1,9 +1,5 @@
-"""Issue 13: the law's history-dependent parts (penalties) and grammar constraints, applied to
-p and q with each position's own history, in gate.core.law and in the in-process speculative loop.
-
-A tiny random Llama over a byte-level tokenizer (one token per byte, so JSON grammars are
-real) is the target; a noisy copy of it is the draft. Sampled exactness of the loop under a
-constraint and penalties is checked against the law itself with a G-test on first steps."""
+"""The tests of tests/unit/test_law_history.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -22,12 +18,7 @@ from gate.core.law import Law
 from gate.exactness.oracle import TargetOracle
 from gate.runners.transformers import TransformersRunner
 from unit.test_law_history import engine, tok  # noqa: F401 - shared with that tier
-
-CPU = torch.device("cpu")
-V = 259
-SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}},
-          "required": ["id", "ok"], "additionalProperties": False}
-JSON_FORMAT = ResponseFormat.of_schema(SCHEMA)
+from unit.test_law_history import CPU, JSON_FORMAT, SCHEMA, V
 
 
 def sharp(seed: int, noise: float = 0.0) -> torch.nn.Module:

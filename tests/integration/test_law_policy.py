@@ -1,7 +1,5 @@
-"""The whole declared law in the policy (issue 13): min-p, the penalties, logit bias and the
-convention on `law`; grammar constraints (workload.constraints and a JSONL line's
-response_format) through validation and planning, scopes by constraint, and the reports'
-side-by-side figures. Bad input exits 2 with one message naming the file, YAML path and line."""
+"""The tests of tests/unit/test_law_policy.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -18,9 +16,7 @@ from gate.constraints.interface import ResponseFormat
 from gate.plan.matrix import laws_of, plan_workload
 from gate.policy.reader import load_policy
 from gate.plan.validate import validate
-
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "total": {"type": "number"}},
-          "required": ["name", "total"], "additionalProperties": False}
+from unit.test_law_policy import ROWS, SCHEMA
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +35,6 @@ def _prompts(folder: Path, rows: list[dict], name: str = "prompts.jsonl") -> Pat
     path = folder / name
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
-
-
-ROWS = [
-    {"id": "a", "category": "x", "prompt": "w1 w2 w3", "response_format": {"type": "json_schema", "schema": SCHEMA}},
-    {"id": "b", "category": "x", "prompt": "w4 w5 w6",
-     "response_format": {"type": "json_schema", "json_schema": {"name": "bill", "schema": SCHEMA}}},
-    {"id": "c", "category": "y", "prompt": "w7 w8", "response_format": {"type": "regex", "pattern": "w[0-9]+( w[0-9]+)*"}},
-    {"id": "d", "category": "y", "prompt": "w9 w10", "response_format": {"type": "choice", "choices": ["w1", "w2"]}},
-    {"id": "e", "category": "y", "prompt": "w11 w12"},
-]
 
 
 def _policy(model_dir: Path, prompts: Path, laws: str = "  - temperature: 0\n", workload: str = "", rules: str = "") -> str:

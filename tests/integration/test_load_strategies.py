@@ -1,6 +1,5 @@
-"""Offered load strategies (issue 15): closed loop at a concurrency, open loop with gamma
-arrivals (vLLM benchmark_serving's burstiness convention) and an optional cap, and the
-scheduler that drives a send function under them, without any server."""
+"""The tests of tests/unit/test_load_strategies.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 

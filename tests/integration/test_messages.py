@@ -1,6 +1,5 @@
-"""What a user reads: greedy exactness verdicts in plain words, divergences placed by repetition
-and load point in `gate explain`, one statement of a failed connection per rule, tables that
-fit a CI log, the complete `reports:` line, and a base_url that already holds the API path."""
+"""The tests of tests/unit/test_messages.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 

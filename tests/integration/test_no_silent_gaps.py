@@ -1,13 +1,5 @@
-"""No silent gaps (issue 23): every declared load point gets a verdict or says why not, and a
-missing acceptance measurement says why it is missing.
-
-- A rule with `per: concurrency` on a policy that also declares request rates gives those
-  points a skipped outcome saying it does not apply there, and `gate validate` warns at the
-  rule's YAML path and line (and `per: request_rate` at concurrencies, the same way).
-- A prompt-lookup runner whose server never proposed (counters that never move, draft_n 0)
-  reads "no proposal: the server made no draft proposal at ...", not "measurement missing".
-Against the stub server (tests/served_stub.py), as tests/integration/test_served_check.py does.
-"""
+"""The tests of tests/unit/test_no_silent_gaps.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -21,15 +13,7 @@ from gate.cli import cli
 from gate.policy.reader import load_policy
 from gate.plan.validate import load_gaps
 from served_stub import Stub
-
-STATIC_METRICS = """\
-# TYPE llamacpp:spec_decode_num_drafts_total counter
-llamacpp:spec_decode_num_drafts_total 7
-# TYPE llamacpp:spec_decode_num_draft_tokens_total counter
-llamacpp:spec_decode_num_draft_tokens_total 28
-# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
-llamacpp:spec_decode_num_accepted_tokens_total 20
-"""
+from unit.test_no_silent_gaps import ACCEPTANCE, PER_CONCURRENCY, PER_RATE, STATIC_METRICS
 
 
 def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, load: str, rules: str, draft_metrics: str = "") -> str:
@@ -38,11 +22,6 @@ def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, load: str,
     return stub_policy(model_dir, prompts, fallback, draft, draft_name="lookup",
                        draft_spec="{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}",
                        draft_metrics=draft_metrics or None, load=load, max_new_tokens=8, rules=rules)
-
-PER_CONCURRENCY = "  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}\n"
-PER_RATE = "  - {id: ttft, metric: ttft_ms, aggregation: mean, comparison: '<=', threshold: 10 s, per: request_rate}\n"
-ACCEPTANCE = ("  - {id: acceptance, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.1, "
-              "per: concurrency}\n")
 
 
 def check(tmp_path: Path, text: str) -> tuple[int, dict, str]:

@@ -1,7 +1,5 @@
-"""num_draft_tokens per load (num_draft_tokens_sweep, gate.analysis.schedule, rule kind
-best_num_draft_tokens): the sweep's runners in the policy, the best K of stub servers whose
-speed at each K is known, the schedule and the rule through `gate check`, and the in-process
-runner sweeping K of a model draft."""
+"""The tests of tests/unit/test_num_draft_tokens.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -18,12 +16,11 @@ from gate.policy.reader import load_policy
 from gate.analysis.schedule import schedule
 from gate.policy.saved import read_report
 from served_stub import Stub
+from unit.test_num_draft_tokens import BEST_RULES, DRAFT, SPEEDS
 
 # A stub per K: one event every itl_s carrying tokens_per_event tokens, 12 tokens per request, 20 ms to the first.
 # E2E: fallback 20 + 11 x 8 = 108 ms; K=1 20 + 5 x 10 = 70 ms (1.54x); K=3 20 + 3 x 12 = 56 ms (1.93x);
 # K=6 20 + 2 x 20 = 60 ms (1.80x). So the best K is 3, the declared one is 6.
-SPEEDS = {"fallback": (1, 0.008), "fast.k1": (2, 0.010), "fast.k3": (3, 0.012), "fast": (4, 0.020)}
-DRAFT = "{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 6, num_draft_tokens_sweep: [0, 1, 3, 6]}"
 
 
 def sweep_policy(model: Path, prompts: Path, urls: dict[str, str], repetitions: int = 2, rules: str = "") -> str:
@@ -72,14 +69,6 @@ def test_a_sweep_adds_a_runner_per_k_and_is_checked(tmp_path: Path, tiny_model_d
         "  - {id: best, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x}\n"
     with pytest.raises(InputError, match="needs a draft with num_draft_tokens_sweep"):
         load_policy(write_policy(tmp_path, unswept))
-
-
-BEST_RULES = """\
-  - {id: pays, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.7x,
-     per: concurrency}
-  - {id: pays-2.5x, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 2.5x,
-     scope: {concurrency: [2]}}
-"""
 
 
 def test_gate_check_finds_the_known_best_k_and_decides_the_rule_on_every_k(tmp_path: Path, tiny_model_dir: Path,

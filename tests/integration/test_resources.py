@@ -1,5 +1,5 @@
-"""gate bill and gate roofline: config-only bills equal the bytes gate check loads, the
-budget statement, rules on bill lines and headroom, and the seed's roofline lab."""
+"""The tests of tests/unit/test_resources.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from conftest import tiny_llama, tiny_policy, write_policy
 from gate.cli import cli
 from gate.models.loading import quantize_int8_dynamic, weight_bytes
 from gate.measure.bill import estimate_weight_bytes
+from unit.test_resources import RESOURCES
 
 
 @pytest.mark.parametrize("dtype, quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int8_dynamic")])
@@ -22,9 +23,6 @@ def test_weight_estimate_from_config_equals_loaded_bytes(dtype, quantization):
         model = quantize_int8_dynamic(model)
     estimate = estimate_weight_bytes(tiny_llama(0, tie_word_embeddings=True).config, dtype, quantization)
     assert abs(estimate - weight_bytes(model)) <= 256  # rotary buffers' dtype may differ
-
-
-RESOURCES = "resources:\n  capacity: 2 MiB\n  sequences: 2\n  workspace: 64 KiB\n  fragmentation: 0.05\n"
 
 
 def test_gate_bill_on_a_policy_and_on_configs(tmp_path, tiny_model_dir, tiny_draft_dir, prompts_file):

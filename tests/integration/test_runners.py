@@ -1,6 +1,5 @@
-"""Issue 11 item 1 and 3: the runner seam (capabilities, registry, sequential load, results
-per request), the target oracle, records a runner without step counters can fill, the
-measured window (RunRecord) and its throughput, and failure stages as an enum."""
+"""The tests of tests/unit/test_runners.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -20,14 +19,11 @@ from gate.core.law import Law
 from gate.load.interface import LoadStrategy
 from gate.load.sequential import SEQUENTIAL, Sequential
 from gate.exactness.oracle import TargetOracle
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.plan.matrix import Request
 from gate.records import (FALLBACK, DraftInfo, Environment, Measurements, OfferedLoad)
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, StreamResult
 from gate.runners.transformers import TransformersRunner
-
-CPU = torch.device("cpu")
-GREEDY = Law("greedy", 0.0)
-PROMPT = PlannedPrompt("p", "c", (1, 5, 7, 9, 5, 7, 9, 11))
+from unit.test_runners import CPU, GREEDY, PROMPT
 
 
 @pytest.fixture(scope="module")

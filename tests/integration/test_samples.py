@@ -1,5 +1,5 @@
-"""`gate exactness` on recorded samples: correct samples are not failed, corrupted ones are,
-too few samples are inconclusive, bad files are exit 2 with file and line."""
+"""The tests of tests/unit/test_samples.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from gate.cli import cli
 from gate.drafts.model import ModelDraft
 from gate.runners.transformers import TransformersRunner
 from gate.core.law import Law
+from unit.test_samples import CPU, RULE
 
-CPU = torch.device("cpu")
 # tiny random models have near-flat logits (top-2 gaps ~1e-3): no tie tolerance here
-RULE = "  - id: exact\n    kind: exactness\n    detect_tv: 0.1\n    tie_tolerance: 0.0\n"
 
 
 @pytest.fixture(scope="module")

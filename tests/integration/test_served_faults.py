@@ -1,10 +1,5 @@
-"""Served runs that never hang and never lose what was measured (issue 23): every transport
-failure of the streaming client named for what happened (refused at connect, reset before
-the response, reset mid-stream, timed out before the first byte, timed out mid-stream) with
-a non-empty detail; a runner that keeps failing stops costing a timeout per request
-(runner.max_consecutive_failures); the kernel's listen-queue overflows reported as a note.
-
-Wall times are asserted as upper bounds with wide margins (the test machine is shared)."""
+"""The tests of tests/unit/test_served_faults.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -12,7 +7,6 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,16 +15,13 @@ from conftest import write_policy
 from served_stub import FIRST_ID, Stub
 from unit.test_served_faults import free_port
 
-from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
 from gate.runners.interface import StreamResult
 from gate.runners.netstat import listen_counters
 from gate.runners.openai import ServedError
 from unit.test_served_faults import errors, req, reqs, runner  # noqa: F401 - shared with that tier
-
-GREEDY = Law("greedy", 0.0)
-GATE = Path(sys.executable).with_name("gate")
+from unit.test_served_faults import GATE
 
 
 def test_reset_before_the_response() -> None:

@@ -1,10 +1,5 @@
-"""The whole declared law on the wire (issue 13): served requests carry every law field and
-the prompt's constraint in each engine's own names (vLLM's OpenAI-compatible API, llama.cpp's
-native /completion), with llama.cpp's sampler order set to the law's convention; what a
-server cannot apply as gate does is refused by `gate validate` at its YAML path and by the
-runner before anything is sent; served greedy exactness takes its gaps under the law
-(penalties with each position's history, the grammar mask); and, when a llama-server binary
-is available, a JSON-schema-constrained greedy request comes back as JSON matching it."""
+"""The tests of tests/unit/test_served_law.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -12,20 +7,12 @@ from __future__ import annotations
 import pytest
 from served_stub import EOS_ID, Stub
 
-from gate.constraints.interface import ResponseFormat
 from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
 from gate.runners.interface import StreamResult
 from gate.runners.openai import Endpoint, OpenAIRunner, ServedError
 from unit.test_served_law import req  # noqa: F401 - shared with that tier
-
-FULL = Law("full", 0.7, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
-           frequency_penalty=0.25, logit_bias=((7, 2.5), (9, -100.0)))
-GREEDY = Law("greedy", 0.0)
-SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green"]}}, "required": ["color"],
-          "additionalProperties": False}
-FORMATS = {"json_schema": ResponseFormat.of_schema(SCHEMA), "regex": ResponseFormat("regex", "[a-z]+"),
-           "choice": ResponseFormat.of_choices(["yes", 'a "quoted"\nline'])}
+from unit.test_served_law import FORMATS, GREEDY, SCHEMA
 
 
 # ---- request bodies ------------------------------------------------------------------------
@@ -61,31 +48,6 @@ def test_a_refused_request_is_not_sent():
         with pytest.raises(ServedError, match="constraint: llama.cpp takes a JSON schema or a GBNF grammar, not a regex"):
             runner.run([req(GREEDY, FORMATS["regex"])], SEQUENTIAL)
         assert stub.requests == []
-
-
-SERVED = """\
-version: 1
-target: {{model: {model}, device: cpu}}
-drafts:
-  lookup: {{kind: prompt_lookup, num_draft_tokens: 3}}
-law: {law}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: 'http://127.0.0.1:1', {endpoint}}}
-    lookup: {{base_url: 'http://127.0.0.1:1', {endpoint}}}
-workload:
-  source: jsonl
-  path: {prompts}
-  max_new_tokens: 8
-  seed: 0
-  chat_template: false
-{constraints}
-rules:
-  - {{id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x}}
-"""
-CHOICE = "  constraints: [none, {name: yn, type: choice, choices: ['yes', 'no']}]"
-REGEX = "  constraints: [{name: rx, type: regex, pattern: '[a-z]+'}]"
 
 
 # ---- exactness under the law ---------------------------------------------------------------

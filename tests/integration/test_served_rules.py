@@ -1,5 +1,5 @@
-"""Rules, the load summary and the crossover on served records (no server: the records are
-built here, as gate.loop.run writes them), and the policy's runner and load sections."""
+"""The tests of tests/unit/test_served_rules.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -10,21 +10,7 @@ from conftest import write_policy
 from gate.core.errors import InputError
 from gate.policy.reader import load_policy
 from unit.test_served_rules import served  # noqa: F401 - shared with that tier
-
-N_TOKENS = 16
-
-
-POLICY = """\
-version: 1
-target: {{model: {model}}}
-drafts:
-  lookup: {{kind: prompt_lookup, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-{extra}
-rules:
-{rules}
-"""
-SPEEDUP = "  - {id: s, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}"
+from unit.test_served_rules import POLICY, SPEEDUP
 
 
 @pytest.mark.parametrize("extra, rules, where, says", [

@@ -1,7 +1,5 @@
-"""Sampled-law exactness of served engines (gate.exactness.sampled, gate.exactness.verdict):
-mutation tests against a speculative-sampling server with injectable sampler faults
-(tests/sampler_server.py, first token from the prefill as real engines do), one `gate check`
-for the whole module, and the reference logic on hand-made records."""
+"""The tests of tests/unit/test_served_sampled.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -17,10 +15,7 @@ from gate.cli import cli
 from gate.core.law import Law
 from gate.exactness.verdict import evaluate_exactness
 from gate.policy.model import RuleSpec
-
-FAULTS = ("none", "no_temperature", "no_top_k", "residual_p", "accept_all")
-DETECT_TV = 0.1
-PROMPT = "w1 w2 w3 w4 w1 w2"
+from unit.test_served_sampled import DETECT_TV, FAULTS, PROMPT
 
 
 @pytest.fixture(scope="module")

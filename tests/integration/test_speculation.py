@@ -1,7 +1,5 @@
-"""Did a draft runner speculate (gate.measure.speculation)? The floor each draft kind's outputs
-imply, the status of a cell, and what rules make of it: a draft endpoint that serves without
-speculation decides nothing (every outcome of it there is an error naming the cause), while
-prompt lookup with nothing to copy keeps its measured verdicts and says so."""
+"""The tests of tests/unit/test_speculation.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -11,15 +9,10 @@ from pathlib import Path
 from conftest import stub_policy
 from served_stub import Stub
 from integration.test_served_check import check
-
-CYCLE = [10, 11, 12] * 4  # a lookup of 2-grams copies from position 5 on (12, 10, 11 follow the first 10, 11)
+from unit.test_speculation import LOOKUP, RULES
 
 
 # --- end to end on stub servers (tests/served_stub.py) ---------------------------------------
-
-LOOKUP = "{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}"
-RULES = ("  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 0.9x, per: concurrency}\n"
-         "  - {id: exact, kind: exactness}\n")
 
 
 def test_a_draft_endpoint_that_is_the_plain_server_decides_nothing(tmp_path: Path, tiny_model_dir: Path,

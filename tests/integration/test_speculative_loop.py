@@ -1,6 +1,5 @@
-"""gate's speculative loop on tiny random Llamas: greedy output equals the fallback token for
-token, counters add up, EOS or a stop string inside an accepted block ends the output and
-its counters, very short outputs work with a draft, cache bytes match the bill."""
+"""The tests of tests/unit/test_speculative_loop.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -16,10 +15,7 @@ from gate.runners.transformers import TransformersRunner
 from gate.core.law import Law
 from gate.measure.kv import cache_model
 from gate.records import SpecDecodeCounters
-
-CPU = torch.device("cpu")
-GREEDY = Law("greedy", 0.0)
-PROMPT = [1, 5, 7, 9, 5, 7, 9, 11, 3, 5, 7]
+from unit.test_speculative_loop import CPU, GREEDY, PROMPT
 
 
 @pytest.fixture(scope="module")

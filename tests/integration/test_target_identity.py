@@ -1,5 +1,5 @@
-"""Target identity (gate.loop.identity): unchanged vs updated target against a pinned release,
-with the probe and the drift along the workload. Tiny random-weight models, CPU only."""
+"""The tests of tests/unit/test_target_identity.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -17,13 +17,7 @@ from gate.loop import identity
 from gate.policy.reader import load_policy
 from gate.records import TargetIdentity
 from gate.plan.validate import validate
-
-LOOKUP = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
-LAWS = "  - temperature: 0\n  - {temperature: 1.0, top_k: 8}\n"
-DRIFT_RULES = (
-    "  - id: drift-tv\n    metric: target_drift_tv\n    aggregation: mean\n    comparison: '<='\n    threshold: 0.05\n"
-    "  - id: drift-top1\n    metric: target_drift_top1\n    aggregation: mean\n    comparison: '>='\n    threshold: 0.5\n"
-    "  - id: drift-kl\n    metric: target_drift_kl\n    aggregation: mean\n    comparison: '<='\n    threshold: 0.5\n")
+from unit.test_target_identity import DRIFT_RULES, LAWS, LOOKUP
 
 
 # --- the pure functions -------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Mistakes `gate validate` catches before anything runs (exit 2 with file, YAML path and
-line), and robustness fixes found by using the product as a new user."""
+"""The tests of tests/unit/test_validate_mistakes.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What verdicts do downstream: inconclusive actions and exit codes, waivers, the JUnit
-mapping and junit-xml's traps, baselines (`relative_to: baseline`, `gate compare`), extra
-repetitions and the under-powered warnings of `gate validate`."""
+"""The tests of tests/unit/test_verdicts.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -11,11 +10,7 @@ from click.testing import CliRunner
 
 from conftest import tiny_policy, write_policy
 from gate.cli import cli
-
-DRAFTS = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
-
-
-SPEEDUP = dict(id="speedup", metric="speedup", aggregation="pooled", comparison=">=", threshold="1.1x")
+from unit.test_verdicts import DRAFTS
 
 
 def test_malformed_waivers_are_policy_errors(tmp_path, tiny_model_dir, prompts_file):

@@ -1,8 +1,5 @@
-"""Issue 23: measurement.max_wall_s, a wall-time budget for gate check. Once it has run out
-gate measures nothing more (checked between requests, load points and phases), the
-requests not measured are errors named as such, the rules are decided on what was
-measured, every report is written, a note says so, and the exit code is 3 (measurements
-missing), not an interrupt's."""
+"""The tests of tests/unit/test_wall_budget.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from click.testing import CliRunner
 from conftest import stub_policy, tiny_policy, write_policy
 from gate.cli import cli
 from served_stub import Stub
-
-LOOKUP = "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n"
+from unit.test_wall_budget import LOOKUP
 
 
 def served_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, budget: str, concurrency: int,

