@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gate.core.errors import InputError, Problem
 from gate.records import DID_NOT_SPECULATE, Environment, Measurements
@@ -104,11 +106,12 @@ def environment_differences(base: Environment, cand: Environment) -> list[str]:
 def workload_differences(base: Measurements, cand: Measurements) -> list[str]:
     """What makes two runs measure different things: prompts, output lengths, laws."""
     out = []
-    for what, get in (
+    getters: list[tuple[str, Callable[[Measurements], set[Any]]]] = [
         ("prompts", lambda m: {r.prompt_id for r in m.requests}),
         ("max_new_tokens", lambda m: {r.max_new_tokens for r in m.requests}),
         ("laws", lambda m: set(m.laws)),
-    ):
+    ]
+    for what, get in getters:
         a, b = get(base), get(cand)
         if a != b:
             only_a, only_b = sorted(map(str, a - b)), sorted(map(str, b - a))

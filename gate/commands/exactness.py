@@ -65,7 +65,7 @@ class SampleLine(BaseModel):
     )
 
 
-def samples_schema() -> dict:
+def samples_schema() -> dict[str, Any]:
     """JSON Schema of one line of a samples file."""
     schema = SampleLine.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
@@ -203,7 +203,9 @@ def check_samples(
     m.environment.models = [target.info]
     laws: dict[str, Law] = {}
     records: dict[tuple[str, str], ExactnessRecord] = {}
-    groups: dict[tuple[str, str, tuple], list[int]] = defaultdict(list)  # line indices sampled alike (prompt, format)
+    groups: dict[tuple[str, str, tuple[Any, ...]], list[int]] = defaultdict(
+        list
+    )  # line indices sampled alike (prompt, format)
     for i, line in enumerate(lines):
         law = law_of(line.law)
         if laws.get(law.name, law) != law:
@@ -227,7 +229,8 @@ def check_samples(
     tested = {
         key: contexts([lines[i].output_ids for i in idx], min_first=MIN_NEXT_TOKEN_GROUP) for key, idx in groups.items()
     }
-    context_laws: dict[tuple[str, str, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    # (source, law, (prompt ids, format), output prefix) -> the target's law after that prefix
+    context_laws: dict[tuple[str, str, tuple[Any, ...], tuple[int, ...]], torch.Tensor] = {}
     wanted = {(key, prefix) for key, found in tested.items() for prefix, _ in found}
     pit_generator = torch.Generator().manual_seed(seed)
     for i, line in enumerate(lines):
@@ -251,8 +254,9 @@ def check_samples(
             key = (line.source, law.name, (tuple(line.prompt_ids), formats[i]))
             for j in range(len(line.output_ids)):
                 prefix = tuple(line.output_ids[:j])
-                if (key, prefix) in wanted and (*key, prefix) not in context_laws:
-                    context_laws[(*key, prefix)] = probs[j]
+                at = (key[0], key[1], key[2], prefix)
+                if (key, prefix) in wanted and at not in context_laws:
+                    context_laws[at] = probs[j]
         except Exception as e:  # noqa: BLE001 - recorded; its rules become errors
             m.failures.append(Failure(FailureStage.EXACTNESS, line.source, law.name, ident, f"{type(e).__name__}: {e}"))
     prompt_names: dict[tuple[str, str], int] = defaultdict(int)
@@ -262,8 +266,9 @@ def check_samples(
         prompt_names[(source, law_name)] += 1
         name = f"prompt-{prompt_names[(source, law_name)]}"
         for prefix, tokens in found:
-            if (*key, prefix) in context_laws:  # else the lines through it failed (recorded above)
-                rec.next_token.append(sparse_counts(name, tokens, context_laws[(*key, prefix)], prefix=prefix))
+            at = (key[0], key[1], key[2], prefix)
+            if at in context_laws:  # else the lines through it failed (recorded above)
+                rec.next_token.append(sparse_counts(name, tokens, context_laws[at], prefix=prefix))
     m.exactness = list(records.values())
     m.laws = list(laws)
     m.drafts = {src: DraftInfo(RECORDED_SAMPLES) for src, _ in records}
@@ -302,7 +307,7 @@ def _served_samples(
     m = Measurements(environment=environment(target.device, seed))
     m.environment.models = [target.info]
     laws = {law_of(lines[i].law).name: law_of(lines[i].law) for i in sampled}
-    prompts: dict[tuple, str] = {}
+    prompts: dict[tuple[Any, ...], str] = {}
     outputs: dict[tuple[str, str], dict[str, list[list[int]]]] = defaultdict(lambda: defaultdict(list))
     for i in sampled:
         line = lines[i]
@@ -315,9 +320,10 @@ def _served_samples(
 
         def target_law(pid: str, prefix: tuple[int, ...], law: Law = law) -> torch.Tensor:
             ids, fmt = list(by_id[pid][0]), by_id[pid][1]
-            return target.oracle.target_probs(ids + list(prefix) + [0], len(ids), bind(law, len(ids), fmt, engine))[
-                -1
-            ].cpu()
+            probs: torch.Tensor = target.oracle.target_probs(
+                ids + list(prefix) + [0], len(ids), bind(law, len(ids), fmt, engine)
+            )
+            return probs[-1].cpu()
 
         ref = dict(outputs.get((reference, law_name), {}))
         name = FALLBACK if source == reference else source

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,6 +100,9 @@ class DraftSpecBase(BaseModel):
     are errors, and specs are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    if TYPE_CHECKING:  # each kind declares its own Literal tag; the type checker reads it here
+        kind: str
 
     num_draft_tokens: int = Field(4, ge=1, le=64, description="Proposals per verification step (gamma).")
     num_draft_tokens_sweep: list[Annotated[int, Field(ge=0, le=64)]] | None = Field(

@@ -16,7 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from gate.core.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.drafts import registry as draft_kinds
-from gate.drafts.interface import DType  # the weight dtypes a policy may name, declared once
+from gate.drafts.interface import DraftSpecBase, DType  # DType: the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
 from gate.measure.bill import SERVER_POOL_LINE
 from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS
@@ -152,7 +152,10 @@ class TargetSpec(_Strict):
 
 # The draft kinds' spec classes live in their own modules (gate/drafts/model.py, ...); this
 # union is assembled from gate.drafts.registry, so a new kind needs no edit here.
-DraftSpec = draft_spec_union()
+if TYPE_CHECKING:  # a union built at import time: the type checker reads the kinds' base
+    DraftSpec = DraftSpecBase
+else:
+    DraftSpec = draft_spec_union()
 
 
 class LawSpec(_Strict):
@@ -459,8 +462,9 @@ class WorkloadSpec(_Strict):
             raise FieldError(
                 "length_filter", f"length_filter applies to source {applies} only (source is {self.source!r})"
             )
-        for i, length in enumerate(self.context_lengths or []):
-            if length in self.context_lengths[:i]:
+        lengths = self.context_lengths or []
+        for i, length in enumerate(lengths):
+            if length in lengths[:i]:
                 raise FieldError(f"context_lengths[{i}]", f"context length {length} is listed twice")
         labels = self.constraint_labels
         for i, label in enumerate(labels):
@@ -671,7 +675,7 @@ class LoadSpec(_Strict):
 
     @field_validator("concurrency", "request_rate")
     @classmethod
-    def _distinct(cls, v: list | None) -> list | None:
+    def _distinct(cls, v: list[float] | None) -> list[float] | None:
         if v is not None:
             seen = [x for i, x in enumerate(v) if x in v[:i]]
             if seen:
@@ -1198,14 +1202,15 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                 )
             )
         seen.setdefault(rule.id, i)
-        for key, known in (("drafts", list(policy.drafts)), ("laws", labels)):
+        scoped: list[tuple[str, list[str]]] = [("drafts", list(policy.drafts)), ("laws", list(labels))]
+        for key, names in scoped:
             for j, value in enumerate(getattr(rule.scope, key) or []):
-                if value not in known:
-                    hint = _did_you_mean(value, known)
+                if value not in names:
+                    hint = _did_you_mean(value, names)
                     problems.append(
                         (
                             f"rules[{i}].scope.{key}[{j}]",
-                            f"unknown {key[:-1]} {value!r}; known: {', '.join(known)}{hint}",
+                            f"unknown {key[:-1]} {value!r}; known: {', '.join(names)}{hint}",
                         )
                     )
     for name, d in policy.drafts.items():

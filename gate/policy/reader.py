@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -20,6 +21,11 @@ from gate.core.errors import InputError, PolicyValueError, Problem
 from gate.drafts import registry as draft_kinds
 from gate.policy.model import Policy
 from gate.runners import registry as runner_kinds
+
+
+def _line(mark: Any) -> int:
+    """The 1-based line of a YAML mark (0 where the parser gave none)."""
+    return int(mark.line) + 1 if mark is not None else 0
 
 
 class _Loader(yaml.SafeLoader):
@@ -38,19 +44,19 @@ class _Loader(yaml.SafeLoader):
         """Refuse alias amplification ("billion laughs": a few hundred bytes of nested
         anchors expanding to hundreds of millions of nodes) and an alias inside its own
         anchor, at the alias's line, before anything walks the expanded tree."""
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML's stub leaves it untyped
         anchor = getattr(event, "anchor", None)
         if isinstance(event, yaml.AliasEvent):
             if anchor in self._open:
                 raise AliasError(
-                    event.start_mark.line + 1,
+                    _line(event.start_mark),
                     f"alias *{anchor} refers to its own anchor &{anchor} (the YAML refers to itself)",
                 )
             if anchor in self.anchors:
                 self._expanded += _tree_size(self.anchors[anchor], self._sizes)
                 if self._expanded > MAX_ALIAS_NODES:
                     raise AliasError(
-                        event.start_mark.line + 1,
+                        _line(event.start_mark),
                         f"aliases expand to more than {MAX_ALIAS_NODES:,} YAML nodes "
                         f"(at alias *{anchor}); a policy needs far fewer: nested anchors and aliases that "
                         'multiply are refused ("billion laughs")',
@@ -269,7 +275,7 @@ def _got(value: Any) -> str:
 
 # The policy's unions discriminated by `kind`: top-level key -> (depth of the kind tag in an
 # error location, what a kind is of, its registered names, the registry module).
-_TAGGED = {
+_TAGGED: dict[str, tuple[int, str, Callable[[], list[str]], str]] = {
     "drafts": (2, "draft", lambda: draft_kinds.names(), "gate/drafts/registry.py"),
     "runner": (1, "runner", lambda: runner_kinds.registered_kinds(), "gate/runners/registry.py"),
 }
@@ -288,11 +294,12 @@ def _is_tag(out: list[Any], node: Any, part: Any) -> bool:
     if not out or out[0] not in _TAGGED or len(out) != _TAGGED[out[0]][0] or not isinstance(node, dict):
         return False
     kinds = _TAGGED[out[0]][2]()
-    return node.get("kind", kinds[0] if out[0] == "runner" else None) == part
+    return bool(node.get("kind", kinds[0] if out[0] == "runner" else None) == part)
 
 
 def _message(error: dict[str, Any]) -> str:
-    kind, msg = error["type"], error["msg"]
+    kind: str = error["type"]
+    msg: str = error["msg"]
     if kind == "extra_forbidden":
         return _unknown_key(error)[0]
     if kind == "missing":

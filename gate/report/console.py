@@ -49,7 +49,7 @@ class ConsoleReport(ReportFormat):
 
     name = "console"
 
-    def tables(self, report: Report) -> list[Table]:
+    def tables(self, report: Report) -> list[Table | Text]:
         summary = Table(title="Drafts against the fallback (same target, law and prompts)", title_justify="left")
         for col in (
             "draft",
@@ -102,7 +102,7 @@ class ConsoleReport(ReportFormat):
                 f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]", escape(o.name), o.level, escape(o.message)
             )
         served = load_tables(report) + schedule_tables(report)
-        tables = [summary, *slices, *served, rules] if report.measurements.requests else [rules]
+        tables: list[Table | Text] = [summary, *slices, *served, rules] if report.measurements.requests else [rules]
         if identity := identity_lines(report.measurements):  # unchanged or updated target (gate.loop.identity)
             ident = Table(title="Target identity", title_justify="left", show_header=False)
             ident.add_column("identity", overflow="fold")
@@ -344,7 +344,9 @@ def client_rows(report: Report) -> list[list[str]]:
         ]
         return ", ".join(parts) or "-"
 
-    bound = lambda c: f" (>{c.max_client_lag_ms:g} ms)" if c.max_client_lag_ms is not None else ""  # noqa: E731
+    def bound(c: Any) -> str:
+        return f" (>{c.max_client_lag_ms:g} ms)" if c.max_client_lag_ms is not None else ""
+
     return [
         [
             c.runner,
@@ -509,7 +511,7 @@ def load_tables(report: Report) -> list[Table | Text]:
         table.add_column(col, justify="left" if col in ("runner", "law", "load") else "right")
     for row in load_rows(report):
         table.add_row(*(escape(x) for x in row))
-    out = [table]
+    out: list[Table | Text] = [table]
     if report.crossovers:
         cross = Table(
             title="Crossover: the lowest load at which a draft's speedup interval lies below 1.0x",
@@ -823,7 +825,7 @@ def comparison_table(result) -> Table:  # type: ignore[no-untyped-def]
     for col in ("verdict", "draft", "law", "figure", "baseline", "candidate", "ratio", "interval", "note"):
         t.add_column(col, overflow="fold")
 
-    def shown(x: object, figure: str) -> str:
+    def shown(x: float | str | None, figure: str) -> str:
         if x is None:
             return "-"
         if isinstance(x, str):

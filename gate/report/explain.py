@@ -41,7 +41,7 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
             + (f" (did you mean {close[0]!r}?)" if close else "")
             + f"; rules: {', '.join(known)}"
         )
-    policy_rule = next((r for r in report.policy.get("rules", []) if r.get("id") == rule_id), {})
+    policy_rule: dict[str, Any] = next((r for r in report.policy.get("rules", []) if r.get("id") == rule_id), {})
     keys = rule_kinds.get(policy_rule.get("kind") or rule_kinds.names()[0]).keys
     shown_rule = dict(policy_rule, scope={k: v for k, v in (policy_rule.get("scope") or {}).items() if v})
     lines = [

@@ -459,7 +459,7 @@ class HtmlReport(ReportFormat):
         runners = [FALLBACK, *report.measurements.drafts, *(r.runner for r in report.summary)]
         colors = _colors(runners)
         plots, skipped = [], []
-        with matplotlib.rc_context(_RC):
+        with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # its keys typed as literals
             for name, title, make in makers:
                 got = make(report, colors)
                 if isinstance(got, str):
@@ -1097,8 +1097,8 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
             continue
         for d in o.details:
             p = d.get("adjusted_pvalue") if d.get("adjusted_pvalue") is not None else d.get("pvalue")
-            if isinstance(d, dict) and "pvalue" in d and _clean(p) is not None:
-                tests.append((o, d, max(float(p), 1e-300)))
+            if isinstance(d, dict) and "pvalue" in d and (value := _clean(p)) is not None:
+                tests.append((o, d, max(value, 1e-300)))
     if not tests:
         return "no sampling exactness test in the report (greedy exactness is token equality: see the rules table)"
     significance = {
@@ -1124,7 +1124,7 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
     axes[0].set_xscale("log")
     _plain_log(axes[0].xaxis)
     axes[0].set_xlabel("p-value (Holm-adjusted, log)")
-    powers = sorted({d.get("power") for _, d, _ in tests if d.get("power") is not None})
+    powers = sorted({power for _, d, _ in tests if (power := d.get("power")) is not None})
     axes[1].set_xlabel("detectable effect at power " + "/".join(f"{p:g}" for p in powers))
     axes[1].set_xlim(left=0)
     axes[0].set_yticks([-i for i in range(len(tests))], labels)
