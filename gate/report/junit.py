@@ -35,7 +35,8 @@ import xml.etree.ElementTree as ET
 
 from junit_xml import TestCase, TestSuite
 
-from gate.metrics.catalogue import COMPUTED_ONCE
+from gate.metrics.catalogue import COMPUTED_ONCE, compares_with_fallback
+from gate.records import FALLBACK
 from gate.report.document import Report
 from gate.report.identity import identity_lines
 from gate.report.interface import ReportFormat
@@ -148,7 +149,8 @@ def _seconds(report: Report, o: object) -> float | None:
         where = parse_scope(o.scope)  # type: ignore[attr-defined]
     except ValueError:
         return None
-    runners = {where.runner} | ({"fallback"} if o.relative_to == "fallback" or o.metric == "speedup" else set())  # type: ignore[attr-defined]
+    # the fallback's requests count too where the rule compares with it (speedup, request_speedup, relative_to)
+    runners = {where.runner} | ({FALLBACK} if compares_with_fallback(o.metric, o.relative_to) else set())  # type: ignore[attr-defined]
     ms = sum(
         r.e2el_ms
         for r in report.measurements.requests
