@@ -104,7 +104,8 @@ example-sampled: setup llama-server vllm
 
 # Every tier (tests/unit, tests/integration, tests/e2e) on two workers, a test file per worker at a
 # time (a module's server is started once). The vLLM tests skip, saying so, only where
-# scripts/build-vllm.sh cannot build its environment. One tier: make test TESTS=tests/unit.
+# scripts/build-vllm.sh cannot build its environment. One tier without the servers' builds:
+# .venv/bin/pytest tests/unit (or -m integration); with them: make test TESTS=tests/e2e.
 TESTS ?= tests
 test: setup llama-server
 	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" GATE_VLLM="$$($(VLLM) || echo unavailable)" \

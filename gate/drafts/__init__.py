@@ -1,4 +1,5 @@
-"""Proposal mechanisms, one module each: model.py, early_exit.py, prompt_lookup.py.
+"""Proposal mechanisms, one module each: model, early_exit, prompt_lookup, cross_tokenizer
+(a draft with another tokenizer), heads (trained Medusa-style heads).
 
 Each module declares its policy spec and a `KIND = DraftKind(...)` (build, bill and roofline
 costs, checks: gate.drafts.interface); gate.drafts.registry lists the modules. A new draft

@@ -354,7 +354,7 @@ class TwoSampleCounts:
 
 @dataclass
 class SampleRecord:
-    """One short request of the served exactness plan (gate.exactness.fallback.plan_samples):
+    """One short request of the served exactness plan (gate.exactness.sampled.plan_samples):
     runner `runner` under law `law` on prompt `prompt_id` with its own `seed` (distinct per
     sample, so a verdict can be replayed), at load point (`concurrency`, `request_rate`);
     `output_ids` the token ids it returned, in order."""
@@ -455,7 +455,7 @@ class ModelInfo:
     source: str
     kind: str
     dtype: str
-    fingerprint: str  # sha256 over parameter bytes (first 16 hex), see gate.models.fingerprint
+    fingerprint: str  # sha256 over parameter bytes (first 16 hex), see gate.models.loading.fingerprint
     parameters: int
     weight_bytes: int
 

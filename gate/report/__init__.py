@@ -1,2 +1,3 @@
-"""Report formats, one module each (json.py, junit.py, markdown.py, console.py), each registering
-itself in registry.py; interface.py holds ReportFormat, document.py the Report document."""
+"""Report formats, one module each (json, junit, markdown, console, html with its Jinja2
+template under templates/), each registering itself in registry.py; interface.py holds
+ReportFormat, document.py the Report document, explain.py what `gate explain` prints."""

@@ -1,4 +1,4 @@
-"""The report formats gate knows, by name: json, junit, markdown, console.
+"""The report formats gate knows, by name: json, junit, markdown, console, html.
 
 Each format registers once, at the end of its own module:
 
