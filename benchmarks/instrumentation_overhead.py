@@ -30,7 +30,7 @@ from gate.measure.overlap import position_overlaps
 from gate.models.cache import forward
 from gate.models.loading import load_model, load_tokenizer, resolve_source
 from gate.exactness.oracle import TargetOracle
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.records import FALLBACK
 from gate.runners.interface import StreamResult
 from gate.runners.transformers import TransformersRunner

@@ -78,7 +78,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 @dataclass(frozen=True)
 class Settings:
     """What the loop runs, from the policy: `max_new_tokens` (each request's lengths),
-    `repetitions`, `seed` (request seeds, gate.plan.matrix.request_seed), `warmup` (untimed requests
+    `repetitions`, `seed` (request seeds, gate.core.requests.request_seed), `warmup` (untimed requests
     per runner and window, 0: none), `interleave` (measurement.interleave: cells where the
     runner interleaves), `points` (load points in run order, for runners with load points),
     `slo_ms` (goodput objectives, ms: {"ttft": 500.0}), `contention` (when a request is

@@ -19,7 +19,7 @@ from typing import Any
 from gate.constraints.interface import ResponseFormat
 from gate.core.errors import PolicyValueError
 from gate.core.law import Law
-from gate.core.requests import PlannedPrompt, Request, request_seed  # re-exported: what the plan is made of
+from gate.core.requests import PlannedPrompt, Request, request_seed
 from gate.load.interface import LoadStrategy
 from gate.records import FALLBACK, WorkloadInfo
 from gate.workloads.context import ContextBuilder, ContextError, Encode, check_fits

@@ -19,7 +19,7 @@ import pytest
 from conftest import HAS_SMOLLM2
 from gate.load.closed import ClosedLoop
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import Request
+from gate.core.requests import Request
 from gate.runners import llama_server as ls
 from gate.runners import managed
 from gate.runners.interface import StreamResult

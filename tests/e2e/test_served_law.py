@@ -14,7 +14,7 @@ from conftest import HAS_SMOLLM2, write_policy
 from gate.core.errors import InputError
 from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.llama_server import LlamaServerRunner, ServerConfig
 from gate.core.law import law_logits

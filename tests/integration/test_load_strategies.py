@@ -8,7 +8,7 @@ import pytest
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
 from gate.core.law import Law
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.openai import Endpoint, OpenAIRunner
 from served_stub import Stub

@@ -19,7 +19,7 @@ from gate.core.law import Law
 from gate.load.interface import LoadStrategy
 from gate.load.sequential import SEQUENTIAL, Sequential
 from gate.exactness.oracle import TargetOracle
-from gate.plan.matrix import Request
+from gate.core.requests import Request
 from gate.records import (FALLBACK, DraftInfo, Environment, Measurements, OfferedLoad)
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, StreamResult
 from gate.runners.transformers import TransformersRunner

@@ -21,7 +21,7 @@ from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.open import OpenLoop
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.runners.interface import StreamResult
 from gate.runners.client.stream import bursts
 from gate.runners.openai import UNKNOWN_ID, Endpoint, OpenAIRunner, ServedError

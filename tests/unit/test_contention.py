@@ -187,7 +187,7 @@ def run_cells(busy, cells: int = 20, reruns: int = 2, budget: float = 0.5) -> tu
     from types import SimpleNamespace
 
     from gate.measure.contention import Handling
-    from gate.plan.matrix import PlannedPrompt
+    from gate.core.requests import PlannedPrompt
     from gate.loop.run import Loop, Settings
 
     law = SimpleNamespace(name="greedy")

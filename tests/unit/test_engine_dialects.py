@@ -10,7 +10,7 @@ from typing import Any, get_args
 import pytest
 
 from gate.core.law import Law
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.records import SpecDecodeCounters
 from gate.runners.client.protocol import PROTOCOLS, protocol
 from gate.runners.client.sse import SSEReader

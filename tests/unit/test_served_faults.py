@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gate.core.law import Law
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.runners.netstat import ListenCounters, listen_counters, listen_note
 from gate.runners.openai import TRANSPORT_KINDS, Endpoint, OpenAIRunner, ServedError
 

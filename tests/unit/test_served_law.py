@@ -18,7 +18,7 @@ from gate.constraints.interface import Matcher, ResponseFormat
 from gate.core.errors import PolicyValueError
 from gate.core.law import Law
 from gate.load.sequential import SEQUENTIAL
-from gate.plan.matrix import PlannedPrompt, Request
+from gate.core.requests import PlannedPrompt, Request
 from gate.runners.llama_server import LlamaServerRunner, ServerConfig
 from gate.runners.engines.llama_cpp import gbnf_choice
 from gate.runners.engines.registry import engine

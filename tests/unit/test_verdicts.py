@@ -184,7 +184,8 @@ def test_compare_reports_regressions_improvements_and_environment_mismatch(tmp_p
 
 def test_interleave_false_runs_each_runner_in_one_block():
     from gate.core.law import Law
-    from gate.plan.matrix import PlannedPrompt, plan_requests
+    from gate.core.requests import PlannedPrompt
+    from gate.plan.matrix import plan_requests
 
     prompts = [PlannedPrompt("a", "x", (1, 2)), PlannedPrompt("b", "x", (3,))]
     law = Law("greedy", 0.0, None, None)
