@@ -67,14 +67,13 @@ def _greedy_exactness(
     laws = {law.name: law for law in plan.laws}
     greedy = {law.name for law in plan.laws if law.greedy}
     grammars = _Grammars(plan, oracle)
-    compared: list[tuple[str, list[str], dict, dict, dict, dict]] = []
+    compared: list[tuple[str, list[str], dict[Any, Any], dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []
     for law in sorted({law for _, law in pairs} & greedy):
         drafts = sorted(d for d, x in pairs if x == law)
         fallback = {request_key(r): r for r in m.requests if r.draft == FALLBACK and r.law == law}
         recs = {d: ExactnessRecord(d, law, greedy=True) for d in drafts}
-        found: dict[
-            tuple, list[tuple[ExactnessRecord, int, int]]
-        ] = {}  # fallback cell -> (record, position, draft token)
+        # fallback cell -> (record, position, draft token), and later the gap below the top
+        found: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
         no_ids = dict.fromkeys(drafts, 0)
         for r in (x for x in m.requests if x.draft in recs and x.law == law):
             f = fallback.get(request_key(r))
@@ -141,7 +140,9 @@ def _greedy_exactness(
             m.exactness.append(rec)
 
 
-def _teacher_forceable(fallback: dict[tuple, RequestRecord]) -> list[tuple[tuple, RequestRecord]]:
+def _teacher_forceable(
+    fallback: dict[tuple[Any, ...], RequestRecord],
+) -> list[tuple[tuple[Any, ...], RequestRecord]]:
     """The fallback outputs the local target can be teacher-forced along (token ids, non-empty)."""
     return [(key, f) for key, f in fallback.items() if f.output_ids and UNKNOWN_ID not in f.output_ids]
 
@@ -175,8 +176,8 @@ class _Grammars:
 def _gaps(
     oracle: Any,
     prompts: dict[str, PlannedPrompt],
-    fallback: dict[tuple, RequestRecord],
-    found: dict[tuple, list],
+    fallback: dict[tuple[Any, ...], RequestRecord],
+    found: dict[tuple[Any, ...], list[tuple[Any, ...]]],
     law: Any = None,
     grammars: _Grammars | None = None,
     step: Callable[[int], None] | None = None,

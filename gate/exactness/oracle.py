@@ -10,6 +10,8 @@ made (nothing more is built for that case yet).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from gate.core.law import AnyLaw, law_probs
@@ -19,7 +21,7 @@ from gate.models.cache import forward
 class TargetOracle:
     """Teacher-forced logits of a transformers causal LM (`model`, on `device`)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    def __init__(self, model: Any, device: torch.device) -> None:  # a transformers causal LM
         self.model = model
         self.device = device
         head = model.get_output_embeddings()
@@ -31,7 +33,8 @@ class TargetOracle:
         (row i: the logits of ids[start + i] given ids[:start + i]). Raises ValueError for start < 1."""
         if start < 1:
             raise ValueError("teacher forcing needs at least one token of prefix (start >= 1)")
-        return forward(self.model, torch.tensor([ids[:-1]], device=self.device))[0, start - 1 :]
+        logits: torch.Tensor = forward(self.model, torch.tensor([ids[:-1]], device=self.device))
+        return logits[0, start - 1 :]
 
     def target_probs(self, ids: list[int], start: int, law: AnyLaw) -> torch.Tensor:
         """Teacher-forced target law at positions start..len(ids)-1: float32 [len(ids) - start, V],

@@ -353,7 +353,8 @@ def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: P
             prompt = prompts[prompt_id]
             ids = list(prompt.token_ids)
             bound = _bind(session, law, prompt, grammars)
-            return session.oracle.target_probs(ids + list(prefix) + [0], len(ids), bound)[-1].cpu()
+            probs: torch.Tensor = session.oracle.target_probs(ids + list(prefix) + [0], len(ids), bound)
+            return probs[-1].cpu()
 
         outputs = _outputs(m, name, law_name)
         if not outputs:

@@ -334,7 +334,7 @@ def _gtest(
         counts = np.stack([np.bincount(r, minlength=len(cats)) for r in rows])
         with np.errstate(divide="ignore", invalid="ignore"):
             terms = np.where(counts > 0, counts * np.log(counts / expected), 0.0)
-        return (2.0 * terms.sum(axis=-1)).reshape(np.moveaxis(x, axis, -1).shape[:-1])
+        return np.asarray((2.0 * terms.sum(axis=-1)).reshape(np.moveaxis(x, axis, -1).shape[:-1]))
 
     observations = np.repeat(cats, cells_c_arr.astype(int))
     mc = stats.monte_carlo_test(

@@ -145,7 +145,7 @@ def _two_sample(ts: TwoSampleCounts, rule: RuleSpec) -> ExactnessTest:
 
 def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
     """One outcome per (draft, law) in scope; sampling tests share one Holm family."""
-    base = dict(
+    base: dict[str, Any] = dict(
         rule_id=rule.id,
         metric="exactness",
         aggregation="-",
