@@ -816,7 +816,7 @@ def _table_section(
         "columns": list(columns),
         "rows": rows,
         "list_class": list_class,
-        "items": items or [],
+        "lines": items or [],
     }
 
 

@@ -77,7 +77,7 @@ FRAME_CLASSES = frozenset(
     {
         ("gate.runners.client.worker", "Job"),
         ("gate.runners.client.transfer", "RawStream"),
-        ("gate.records", "ClientWorkerRecord"),
+        ("gate.records.windows", "ClientWorkerRecord"),
         ("gate.runners.client.transport", "ServedError"),
     }
 )
