@@ -345,7 +345,7 @@ class HtmlReport(ReportFormat):
             f"{env.device} ({env.device_name}), seed {env.seed}"
             + (f", {env.cpu_count} CPUs, {env.threads} threads" if env.cpu_count else "")
         )
-        shown = sorted((o for o in report.outcomes if o.status != Status.PASS), key=lambda o: _ORDER.get(o.status, 9))
+        not_passed = [o for o in report.outcomes if o.status != Status.PASS]
         tables = [self._envelope(report), self._prediction(report), self._schedule(report), self._client(report)]
         return _template().render(
             verdict=verdict,
@@ -355,9 +355,9 @@ class HtmlReport(ReportFormat):
             exit_code=report.exit_code,
             meta=meta,
             identity=identity_lines(report.measurements),  # unchanged or updated target (gate.loop.identity)
-            shown=[_outcome_row(o) for o in shown],
-            grid=_grid(report, [o for o in report.outcomes if o.status != Status.PASS]) if shown else None,
-            passed=len(report.outcomes) - len(shown),
+            shown=[_outcome_row(o) for o in sorted(not_passed, key=lambda o: _ORDER.get(o.status, 9))],
+            grid=_grid(report, not_passed) if not_passed else None,
+            passed=len(report.outcomes) - len(not_passed),
             summary=_summary_rows(report),
             constraints=_constraints(report),
             mapping=mapping_lines(report.measurements),  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
@@ -805,10 +805,10 @@ def _table_section(
     columns: Sequence[str],
     rows: list[list[str]],
     list_class: str | None = None,
-    items: list[str] | None = None,
+    lines: list[str] | None = None,
 ) -> dict[str, Any]:
     """A report section for the template's table_section: heading, one paragraph, a table of
-    `rows` under `columns`, and a list of `items` (class `list_class`) when there are any."""
+    `rows` under `columns`, and a list of `lines` (class `list_class`) when there are any."""
     return {
         "id": section_id,
         "title": title,
@@ -816,7 +816,7 @@ def _table_section(
         "columns": list(columns),
         "rows": rows,
         "list_class": list_class,
-        "lines": items or [],
+        "lines": lines or [],
     }
 
 
