@@ -46,6 +46,7 @@ class Fault(str, Enum):
     PENALTY_STALE_HISTORY = "penalty_stale_history"  # p penalised on the prefix committed before the block
     MIN_P_DRAFT_ONLY = "min_p_draft_only"  # min-p applied to q; the verifier's p has none
     GRAMMAR_DRAFT_ONLY = "grammar_draft_only"  # grammar mask applied to q; the verifier's p is unmasked
+    ACCEPT_ALL = "accept_all"  # every proposal accepted (a relaxed, synthetic acceptance): the output follows q
 
 
 LAW_PRESERVING = {Fault.NONE, Fault.BONUS_SKIPPED}
@@ -242,6 +243,8 @@ def speculative_sample(
         u = torch.rand(batch, gamma, generator=generator)
         if fault is Fault.DETERMINISTIC_ACCEPTANCE:
             accept = px >= qx
+        elif fault is Fault.ACCEPT_ALL:
+            accept = torch.ones_like(px, dtype=torch.bool)
         elif fault is Fault.TYPICAL_ACCEPTANCE:
             entropy = -(p_v * torch.log(p_v.clamp_min(1e-30))).sum(-1)
             accept = px > torch.minimum(torch.full_like(px, 0.09), 0.3 * torch.exp(-entropy))

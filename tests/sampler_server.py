@@ -6,22 +6,21 @@ A tiny target and a tiny draft (random-weight Llamas from a config) behind the O
 completions API, streaming vLLM's token_ids: POST /<fault>/v1/completions with the prompt as
 token ids, max_tokens, seed and the law's fields (temperature, top_k, top_p, min_p). As real
 engines do, the first output token comes from the prefill (the target alone, sampled from
-its law); from the second on, speculative sampling (Leviathan et al. 2023, Algorithm 1;
-Chen et al. 2023): the draft proposes `num_draft_tokens` tokens from its law q, the target
-accepts token x with probability min(1, p(x) / q(x)), else samples the residual
-norm(max(p - q, 0)) and the step ends; when all are accepted a bonus token comes from p.
-Laws are gate's own (gate.core.law.law_probs), so only the speculative sampler is under test.
+its law); from the second on, the tests' one reference sampler (tests/reference.py,
+speculative_sample: Leviathan et al. 2023, Algorithm 1; Chen et al. 2023) with
+`num_draft_tokens` proposals a step, over the two models' logits. Laws are gate's own
+(gate.core.law), so only the speculative sampler is under test.
 
 Faults (the path's first segment; "none" or "fallback" for the correct sampler; "fallback"
 never speculates):
   "no_temperature"  speculative positions ignore the temperature (T = 1 for p and q)
   "no_top_k"        speculative positions ignore top-k
-  "residual_p"      a rejection samples p instead of the residual (the classic bug)
-  "accept_all"      every proposal is accepted (a relaxed / synthetic acceptance: the law is q)
+  "residual_p"      a rejection samples p instead of the residual (the classic bug: Fault.RESIDUAL_IS_P)
+  "accept_all"      every proposal is accepted (a relaxed / synthetic acceptance: the law is q; Fault.ACCEPT_ALL)
   "batch_residual"  residual_p, only while more than one request is in flight (drift at batch)
 
-Every request draws from its own torch.Generator seeded with the request's seed. The laws of
-a context are cached (the same short contexts recur across samples).
+Every request draws from its own torch.Generator seeded with the request's seed. The logits
+of a context are cached (the same short contexts recur across samples).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 
 from gate.core.law import Law, law_probs
+from reference import Fault, LogitFn, speculative_sample
 
 FAULTS = ("none", "no_temperature", "no_top_k", "residual_p", "accept_all", "batch_residual")
 
@@ -47,12 +47,12 @@ class Sampler:
     target: Any
     draft: Any
     num_draft_tokens: int = 3
-    _cache: dict[tuple[str, tuple[int, ...], Law], torch.Tensor] = field(default_factory=dict)
+    _cache: dict[tuple[str, tuple[int, ...]], torch.Tensor] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def law(self, which: str, ids: list[int], law: Law) -> torch.Tensor:
-        """The law [V] of the token after `ids` under `law`, of the target or the draft."""
-        key = (which, tuple(ids), law)
+    def logits(self, which: str, ids: list[int]) -> torch.Tensor:
+        """The raw logits [V] of the token after `ids`, of the target or the draft (cached)."""
+        key = (which, tuple(ids))
         with self._lock:
             hit = self._cache.get(key)
         if hit is not None:
@@ -60,10 +60,23 @@ class Sampler:
         model = self.target if which == "target" else self.draft
         with torch.inference_mode():
             logits = model(torch.tensor([ids])).logits[0, -1].float()
-        p = law_probs(logits, law)
         with self._lock:
-            self._cache[key] = p
-        return p
+            self._cache[key] = logits
+        return logits
+
+    def law(self, which: str, ids: list[int], law: Law) -> torch.Tensor:
+        """The law [V] of the token after `ids` under `law`, of the target or the draft."""
+        return law_probs(self.logits(which, ids), law)
+
+    def logit_fn(self, which: str, prompt: list[int]) -> LogitFn:
+        """The target's or the draft's logits after `prompt` + an output prefix, as the reference
+        sampler reads them (tests/reference.py's LogitFn), from the cache."""
+
+        def fn(tokens: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+            return torch.stack([torch.stack([self.logits(which, prompt + row[:a].tolist()) for a in where.tolist()])
+                                for row, where in zip(tokens, at)])
+
+        return fn
 
     def generate(self, prompt: list[int], max_tokens: int, law: Law, seed: int, fault: str = "none",
                  batched: bool = False) -> list[int]:
@@ -71,37 +84,16 @@ class Sampler:
         (module docstring; "fallback": no speculation)."""
         g = torch.Generator().manual_seed(int(seed) % (2 ** 63))
         out = [int(torch.multinomial(self.law("target", prompt, law), 1, generator=g))]
-        spec = law
-        if fault == "no_temperature":
-            spec = Law(law.name, 1.0, law.top_k, law.top_p, min_p=law.min_p)
-        elif fault == "no_top_k":
-            spec = Law(law.name, law.temperature, None, law.top_p, min_p=law.min_p)
-        residual_p = fault == "residual_p" or (fault == "batch_residual" and batched)
-        while len(out) < max_tokens:
-            ctx = prompt + out
-            if fault == "fallback":
-                out.append(int(torch.multinomial(self.law("target", ctx, law), 1, generator=g)))
-                continue
-            proposals, qs = [], []
-            for _ in range(self.num_draft_tokens):
-                q = self.law("draft", ctx + proposals, spec)
-                proposals.append(int(torch.multinomial(q, 1, generator=g)))
-                qs.append(q)
-            for j, (x, q) in enumerate(zip(proposals, qs)):
-                p = self.law("target", ctx + proposals[:j], spec)
-                if fault == "accept_all" or float(torch.rand((), generator=g)) * float(q[x]) < float(p[x]):
-                    out.append(x)
-                else:
-                    resid = p if residual_p else torch.clamp(p - q, min=0)
-                    out.append(int(torch.multinomial(resid / resid.sum(), 1, generator=g)))
-                    break
-                if len(out) >= max_tokens:
-                    break
-            else:
-                if len(out) < max_tokens:
-                    out.append(int(torch.multinomial(self.law("target", ctx + proposals, spec), 1, generator=g)))
-        return out[:max_tokens]
-
+        if fault == "fallback":
+            while len(out) < max_tokens:
+                out.append(int(torch.multinomial(self.law("target", prompt + out, law), 1, generator=g)))
+            return out[:max_tokens]
+        if max_tokens <= 1:
+            return out[:max_tokens]
+        ctx = prompt + out
+        rest = speculative_sample(self.logit_fn("target", ctx), self.logit_fn("draft", ctx), _speculative_law(law, fault),
+                                  self.num_draft_tokens, 1, max_tokens - 1, g, _reference_fault(fault, batched), ctx)
+        return out + rest[0].tolist()
 
     def first_step_law(self, ctx: list[int], law: Law, fault: str = "none") -> torch.Tensor:
         """The exact law [V] of the first token a speculative step emits after `ctx` (output
@@ -112,11 +104,7 @@ class Sampler:
         p = self.law("target", ctx, law)
         if fault == "fallback":
             return p
-        spec = law
-        if fault == "no_temperature":
-            spec = Law(law.name, 1.0, law.top_k, law.top_p, min_p=law.min_p)
-        elif fault == "no_top_k":
-            spec = Law(law.name, law.temperature, None, law.top_p, min_p=law.min_p)
+        spec = _speculative_law(law, fault)
         ps, q = self.law("target", ctx, spec), self.law("draft", ctx, spec)
         if fault == "accept_all":
             return q
@@ -124,6 +112,22 @@ class Sampler:
         beta = float(accepted.sum())
         resid = ps if fault == "residual_p" else torch.clamp(ps - q, min=0)
         return accepted + (1.0 - beta) * resid / resid.sum() if beta < 1.0 else accepted
+
+
+def _speculative_law(law: Law, fault: str) -> Law:
+    """The law a faulty sampler applies at speculative positions (to p and q alike)."""
+    if fault == "no_temperature":
+        return Law(law.name, 1.0, law.top_k, law.top_p, min_p=law.min_p)
+    if fault == "no_top_k":
+        return Law(law.name, law.temperature, None, law.top_p, min_p=law.min_p)
+    return law
+
+
+def _reference_fault(fault: str, batched: bool) -> Fault:
+    """The reference sampler's fault for a server fault (module docstring)."""
+    if fault == "residual_p" or (fault == "batch_residual" and batched):
+        return Fault.RESIDUAL_IS_P
+    return Fault.ACCEPT_ALL if fault == "accept_all" else Fault.NONE
 
 
 class SamplerServer:

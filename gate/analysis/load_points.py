@@ -45,6 +45,13 @@ import math
 from dataclasses import dataclass
 
 from gate.measure.roofline import expected_committed
+from gate.metrics.catalogue import (
+    ACCEPTANCE_RATE,
+    GOODPUT,
+    MEAN_ACCEPTANCE_LENGTH,
+    OUTPUT_THROUGHPUT,
+    REQUEST_THROUGHPUT,
+)
 from gate.records import FALLBACK, Measurements, RunRecord
 from gate.rules.confidence import speedup_interval
 from gate.rules.samples import pooled
@@ -186,9 +193,9 @@ def load_summary(
                 if not reqs:
                     continue
                 row = LoadPoint(runner, law, kind, value, len(reqs))
-                row.output_throughput = _clean(pooled("output_throughput", m, sel)[0])
-                row.request_throughput = _clean(pooled("request_throughput", m, sel)[0])
-                row.goodput = _clean(pooled("goodput", m, sel)[0])
+                row.output_throughput = _clean(pooled(OUTPUT_THROUGHPUT.name, m, sel)[0])
+                row.request_throughput = _clean(pooled(REQUEST_THROUGHPUT.name, m, sel)[0])
+                row.goodput = _clean(pooled(GOODPUT.name, m, sel)[0])
                 ttft = [r.ttft_ms for r in reqs if r.token_times_ms]
                 itl = [x for r in reqs for x in r.itl_ms]
                 steps = [x for r in reqs for x in r.itl_chunk_ms]
@@ -203,8 +210,8 @@ def load_summary(
                 bursts = [k for r in reqs for k in (r.step_committed or [])[1:]]
                 row.tokens_per_burst = _clean(aggregate([float(k) for k in bursts], "mean"))
                 if runner != FALLBACK:
-                    row.acceptance_rate = _clean(pooled("acceptance_rate", m, sel)[0])
-                    row.mean_acceptance_length = _clean(pooled("mean_acceptance_length", m, sel)[0])
+                    row.acceptance_rate = _clean(pooled(ACCEPTANCE_RATE.name, m, sel)[0])
+                    row.mean_acceptance_length = _clean(pooled(MEAN_ACCEPTANCE_LENGTH.name, m, sel)[0])
                     row.acceptance_per_pos = _per_position(m, runner, law, kind, value)
                     row.speedup, row.speedup_low, row.speedup_high = speedup_interval(
                         m, sel, confidence, resamples, seed

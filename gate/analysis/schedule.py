@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from gate.measure.client_check import is_client_delayed
 from gate.measure.contention import is_contended
+from gate.metrics.catalogue import ACCEPTANCE_RATE, SPEEDUP
 from gate.records import FALLBACK, Measurements
 from gate.rules.confidence import estimand, speedup_interval
 from gate.rules.kinds.metric import no_proposal
@@ -123,7 +124,7 @@ def _cell(
 ) -> KCell:
     cell = KCell(k, runner)
     if runner != FALLBACK:
-        cell.no_proposal = no_proposal("acceptance_rate", m, _selection(runner, law, kind, value))
+        cell.no_proposal = no_proposal(ACCEPTANCE_RATE.name, m, _selection(runner, law, kind, value))
     if runner == FALLBACK:
         cell.per_repetition, cell.score, cell.spread, cell.stable = [1.0], 1.0, 0.0, True
         cell.speedup = cell.speedup_low = cell.speedup_high = 1.0
@@ -132,7 +133,7 @@ def _cell(
     reps = sorted({r.repetition for r in m.requests if sel.takes(r)})
     for rep in reps:
         one = replace(m, requests=[r for r in m.requests if r.repetition == rep])
-        est = estimand("speedup", "pooled", one, sel)
+        est = estimand(SPEEDUP.name, "pooled", one, sel)
         cell.per_repetition.append(
             _finite(est.point()) if est is not None and all(g[0].n for g in est.groups) else None
         )

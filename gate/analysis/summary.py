@@ -10,6 +10,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from gate.metrics.catalogue import (
+    COMMITTED_TOKENS_PER_S,
+    ITL_MS,
+    KV_CACHE_BYTES,
+    OVERLAP,
+    REQUEST_ACCEPTANCE_RATE,
+    REQUEST_SPEEDUP,
+    TOP1_AGREEMENT,
+    TPOT_MS,
+    TTFT_MS,
+    Metric,
+)
 from gate.records import FALLBACK, Measurements, RequestRecord, SpecDecodeCounters
 from gate.rules.samples import Selection, aggregate, pooled, samples
 
@@ -69,6 +81,11 @@ def _clean(x: float) -> float | None:
     return None if x is None or math.isnan(x) else float(x)
 
 
+def _figure(metric: Metric, aggregation: str, m: Measurements, sel: Selection) -> float | None:
+    """`aggregation` of `metric`'s samples on `sel` (None: no sample)."""
+    return _clean(aggregate(samples(metric.name, m, sel), aggregation))
+
+
 def _counters(m: Measurements, sel: Selection, reqs: list[RequestRecord]) -> SpecDecodeCounters:
     """Spec-decode counters of a selection: pooled over its requests' per-step counts, or, for
     served requests (none), over the server counter deltas of its whole windows."""
@@ -84,15 +101,15 @@ def breakdown(m: Measurements, sel: Selection) -> Breakdown:
     """Pooled figures of one runner on one selection of cells."""
     reqs = [r for r in m.requests if sel.takes(r)]
     counters = _counters(m, sel, reqs)
-    fallback_tps, _ = pooled("committed_tokens_per_s", m, sel.of(FALLBACK))
-    tps, _ = pooled("committed_tokens_per_s", m, sel)
+    fallback_tps, _ = pooled(COMMITTED_TOKENS_PER_S.name, m, sel.of(FALLBACK))
+    tps, _ = pooled(COMMITTED_TOKENS_PER_S.name, m, sel)
     return Breakdown(
         requests=len(reqs),
         output_tokens=sum(r.output_tokens for r in reqs),
         num_drafts=counters.num_drafts,
         num_draft_tokens=counters.num_draft_tokens,
         num_accepted_tokens=counters.num_accepted_tokens,
-        overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if sel.runner != FALLBACK else None,
+        overlap_mean=_figure(OVERLAP, "mean", m, sel) if sel.runner != FALLBACK else None,
         acceptance_rate=_clean(counters.acceptance_rate),
         mean_acceptance_length=_clean(counters.mean_acceptance_length),
         speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
@@ -102,7 +119,7 @@ def breakdown(m: Measurements, sel: Selection) -> Breakdown:
 
 def _slower_share(m: Measurements, sel: Selection) -> float | None:
     """Share of the runner's paired requests with lower committed tokens/s than their fallback request."""
-    ratios = samples("request_speedup", m, sel) if sel.runner != FALLBACK else []
+    ratios = samples(REQUEST_SPEEDUP.name, m, sel) if sel.runner != FALLBACK else []
     return sum(x < 1 for x in ratios) / len(ratios) if ratios else None
 
 
@@ -121,25 +138,23 @@ def summarize(m: Measurements) -> list[SummaryRow]:
     """Rows for the fallback and every draft under every law, in policy order."""
     rows: list[SummaryRow] = []
     for law in m.laws:
-        fallback_tps, _ = pooled("committed_tokens_per_s", m, Selection(FALLBACK, law, None))
+        fallback_tps, _ = pooled(COMMITTED_TOKENS_PER_S.name, m, Selection(FALLBACK, law, None))
         for runner in [FALLBACK, *m.drafts]:
             sel = Selection(runner, law, None)
             reqs = [r for r in m.requests if r.draft == runner and r.law == law]
             counters = _counters(m, sel, reqs)
-            tps, _ = pooled("committed_tokens_per_s", m, sel)
-            itl = samples("itl_ms", m, sel)
+            tps, _ = pooled(COMMITTED_TOKENS_PER_S.name, m, sel)
+            itl = samples(ITL_MS.name, m, sel)
             bill = next((b.total_bytes for b in m.bills if b.draft == runner), None)
-            kv = samples("kv_cache_bytes", m, sel)
+            kv = samples(KV_CACHE_BYTES.name, m, sel)
             rows.append(
                 SummaryRow(
                     runner=runner,
                     law=law,
                     requests=len(reqs),
                     output_tokens=sum(r.output_tokens for r in reqs),
-                    overlap_mean=_clean(aggregate(samples("overlap", m, sel), "mean")) if runner != FALLBACK else None,
-                    top1_agreement=_clean(aggregate(samples("top1_agreement", m, sel), "mean"))
-                    if runner != FALLBACK
-                    else None,
+                    overlap_mean=_figure(OVERLAP, "mean", m, sel) if runner != FALLBACK else None,
+                    top1_agreement=_figure(TOP1_AGREEMENT, "mean", m, sel) if runner != FALLBACK else None,
                     acceptance_rate=_clean(counters.acceptance_rate),
                     mean_acceptance_length=_clean(counters.mean_acceptance_length),
                     vllm_mean_acceptance_length=_clean(counters.vllm_mean_acceptance_length),
@@ -148,16 +163,16 @@ def summarize(m: Measurements) -> list[SummaryRow]:
                     accepted_length_histogram=counters.accepted_length_histogram,
                     committed_tokens_per_s=_clean(tps),
                     speedup=_clean(tps / fallback_tps) if fallback_tps and not math.isnan(fallback_tps) else None,
-                    ttft_p50_ms=_clean(aggregate(samples("ttft_ms", m, sel), "median")),
+                    ttft_p50_ms=_figure(TTFT_MS, "median", m, sel),
                     itl_p50_ms=_clean(aggregate(itl, "median")),
                     itl_p99_ms=_clean(aggregate(itl, "p99")),
-                    tpot_mean_ms=_clean(aggregate(samples("tpot_ms", m, sel), "mean")),
+                    tpot_mean_ms=_figure(TPOT_MS, "mean", m, sel),
                     memory_bill_bytes=bill,
                     kv_cache_bytes_max=int(max(kv)) if kv else None,
-                    request_acceptance_rate_p10=_clean(aggregate(samples("request_acceptance_rate", m, sel), "p10")),
-                    request_acceptance_rate_p50=_clean(aggregate(samples("request_acceptance_rate", m, sel), "median")),
+                    request_acceptance_rate_p10=_figure(REQUEST_ACCEPTANCE_RATE, "p10", m, sel),
+                    request_acceptance_rate_p50=_figure(REQUEST_ACCEPTANCE_RATE, "median", m, sel),
                     slower_than_fallback=_slower_share(m, sel),
-                    request_speedup_p10=_clean(aggregate(samples("request_speedup", m, sel), "p10")),
+                    request_speedup_p10=_figure(REQUEST_SPEEDUP, "p10", m, sel),
                     by_category={
                         c: breakdown(m, replace(sel, categories=(c,))) for c in sorted({r.category for r in reqs})
                     },

@@ -12,6 +12,7 @@ from gate.drafts import registry as draft_kinds
 from gate.loop.bill import config_context, meta_of, policy_bills, weights_of
 from gate.measure.bill import kv_format
 from gate.measure.kv import cache_model
+from gate.metrics.catalogue import SPEEDUP
 from gate.models.loading import read_config
 from gate.records import FALLBACK
 
@@ -92,7 +93,7 @@ def policy_roofline(
                 by_law[law] = {
                     "alpha": alpha,
                     "predicted_speedup": predicted_speedup(alpha, d.num_draft_tokens, c),
-                    "measured_speedup": r.get("speedup"),
+                    "measured_speedup": r.get(SPEEDUP.name),
                 }
         rows.append(
             RooflineRow(

@@ -25,17 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.core.errors import InputError, Problem
+from gate.metrics.catalogue import MEAN_ACCEPTANCE_LENGTH, MEMORY_LINE_BYTES, METRICS, OVERLAP, POOLED, SPEEDUP
 from gate.records import DID_NOT_SPECULATE, Environment, Measurements
 from gate.report.document import Report
 from gate.rules.confidence import MIN_UNITS, Interval, bootstrap_interval, estimand, ratio
 from gate.rules.samples import Selection, value
 from gate.rules.status import Change, Status
 
-HIGHER_IS_BETTER = ("overlap", "mean_acceptance_length", "speedup")
-SPECULATIVE_FIGURES = (
-    "mean_acceptance_length",
-    "speedup",
-)  # what a draft runner that did not speculate leaves undecided
+# what a draft runner that did not speculate leaves undecided
+SPECULATIVE_FIGURES = (MEAN_ACCEPTANCE_LENGTH.name, SPEEDUP.name)
 
 
 @dataclass
@@ -185,7 +183,7 @@ def _sampled(
         c.point(),
         est.point(),
         interval,
-        _verdict(interval, metric in HIGHER_IS_BETTER, tolerance),
+        _verdict(interval, METRICS[metric].better == "higher", tolerance),
         note,
     )
 
@@ -261,18 +259,15 @@ def compare(
                 | {o.category for o in bm.overlaps if o.draft == bd and o.law == law}
             )
             for figure, metric, agg, sel in (
-                [("overlap", "overlap", "mean", None)]
-                + [(f"overlap[{c}]", "overlap", "mean", (c,)) for c in cats]
-                + [
-                    ("mean_acceptance_length", "mean_acceptance_length", "pooled", None),
-                    ("speedup", "speedup", "pooled", None),
-                ]
+                [(OVERLAP.name, OVERLAP.name, "mean", None)]
+                + [(f"{OVERLAP.name}[{c}]", OVERLAP.name, "mean", (c,)) for c in cats]
+                + [(m.name, m.name, POOLED, None) for m in (MEAN_ACCEPTANCE_LENGTH, SPEEDUP)]
             ):
                 row = _sampled(figure, metric, agg, bm, cm, bd, cd, law, sel, tolerance, confidence, resamples)
                 if row is not None:
                     result.comparisons.append(row)
             for o in cand.outcomes:
-                if o.metric == "exactness" and o.draft == cd and o.law == law:
+                if o.tests_law and o.draft == cd and o.law == law:
                     old = next(
                         (b for b in base.outcomes if b.rule_id == o.rule_id and b.draft == bd and b.law == law), None
                     )
@@ -299,8 +294,8 @@ def compare(
                         )
                     )
         for line in _bill_lines(cm, cd):
-            old_bytes, _ = value("memory_line_bytes", "max", bm, Selection(bd, "", None), line)
-            new_bytes, _ = value("memory_line_bytes", "max", cm, Selection(cd, "", None), line)
+            old_bytes, _ = value(MEMORY_LINE_BYTES.name, "max", bm, Selection(bd, "", None), line)
+            new_bytes, _ = value(MEMORY_LINE_BYTES.name, "max", cm, Selection(cd, "", None), line)
             if math.isnan(old_bytes) and math.isnan(new_bytes):
                 continue
             r = new_bytes / old_bytes if old_bytes and not math.isnan(old_bytes) else None

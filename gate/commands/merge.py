@@ -23,11 +23,10 @@ from gate.core.errors import InputError, Problem
 from gate.policy.baseline import load_baseline
 from gate.policy.reader import load_policy
 from gate.policy.saved import read_report
-from gate.records import Measurements
+from gate.records import PEAK, Measurements
 
-# Fields every shard records alike (the session's): shard 1's stand. Peaks: the highest.
+# Fields every shard records alike (the session's): shard 1's stand. Peaks (gate.records.PEAK): the highest.
 FIRST = ("environment", "laws", "tokenizers", "workload", "target_identity")
-PEAKS = ("process_peak_rss_bytes", "cuda_max_memory_allocated_bytes", "cuda_max_memory_reserved_bytes")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -53,7 +52,7 @@ def join(parts: list[Measurements]) -> Measurements:
                     setattr(out, f.name, copy.deepcopy(getattr(other, f.name)))
                 continue
             mine, theirs = getattr(out, f.name), getattr(other, f.name)
-            if f.name in PEAKS:
+            if f.metadata == PEAK:
                 setattr(out, f.name, max((v for v in (mine, theirs) if v is not None), default=None))
             elif isinstance(mine, list):
                 mine.extend(copy.deepcopy(theirs))

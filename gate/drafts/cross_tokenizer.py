@@ -462,6 +462,7 @@ def _check_tokenizer(name: str, spec: CrossTokenizerDraftSpec, target_tokenizer:
 KIND = DraftKind(
     name="cross_tokenizer",
     spec=CrossTokenizerDraftSpec,
+    translates_tokenizer=True,
     # retokenize's; shared_vocab says "distribution" (CrossTokenizerDraftSpec.probability_info)
     probability_info="point_mass",
     build=_build,

@@ -308,6 +308,9 @@ class DraftKind:
     - `modifies_target`: True for a kind whose draft ships a changed target (a jointly
       fine-tuned backbone, merged adapters): the policy must pin `target.release`, and the
       reports call the run's target an updated target for that draft (gate.loop.identity).
+    - `translates_tokenizer`: True for a kind whose proposals are translated between the draft's
+      tokenizer and the target's, so the mapping metrics (Metric.needs "translating_draft":
+      mapping_ms and the like) are measured for it.
     """
 
     name: str
@@ -326,3 +329,4 @@ class DraftKind:
     file_weight_bytes: Callable[[str, Any, Path], int] = _no_file_weights
     proposal_floor: Callable[[Any], ProposalFloor] = _every_step
     modifies_target: bool = False
+    translates_tokenizer: bool = False

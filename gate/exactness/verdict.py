@@ -45,7 +45,7 @@ from gate.records import (
     TwoSampleCounts,
     describe_failures,
 )
-from gate.rules.outcome import Outcome
+from gate.rules.outcome import EXACTNESS, Outcome
 from gate.rules.status import Status
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
     """One outcome per (draft, law) in scope; sampling tests share one Holm family."""
     base: dict[str, Any] = dict(
         rule_id=rule.id,
-        metric="exactness",
+        metric=EXACTNESS,
         aggregation="-",
         comparison="",
         threshold=rule.detect_tv,

@@ -70,6 +70,7 @@ from gate.records import (
     SpecDecodeCounters,
     busy_seconds,
 )
+from gate.runners.engines.interface import ServerLatency
 from gate.runners.interface import RequestResult, Runner, StreamResult
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -207,7 +208,9 @@ class _Attempt:
     scraped: set[str] = field(default_factory=set)  # runners whose counters were read before the requests
     stall_share: float | None = None  # share of the attempt's wall time some task waited for a CPU
     client_workers: list[Any] = field(default_factory=list)  # served: the client's workers (ClientWorkerRecord)
-    latency: dict[str, Any] = field(default_factory=dict)  # runner -> the server's own mean TTFT/ITL (None: none kept)
+    latency: dict[str, ServerLatency | None] = field(
+        default_factory=dict
+    )  # runner -> the server's own mean TTFT/ITL (None: none kept)
 
     def wall_ms(self, one_at_a_time: bool) -> float:
         """Wall time the attempt's timed requests took (ms): the sum of their E2E latencies
@@ -700,10 +703,11 @@ class Loop:
                 w.cpu_stall_share = kept[0].stall_share
             if len(mine) == 1:  # the workers' own figures and the server's histograms span the window
                 w.client_workers = list(mine[0].client_workers)
-                latency = mine[0].latency.get(name) or {}
-                w.server_ttft_mean_ms, w.server_itl_mean_ms = latency.get("ttft_ms"), latency.get("itl_ms")
-                if latency.get("cached_tokens") is not None:
-                    w.server_cached_tokens = int(latency["cached_tokens"])
+                latency = mine[0].latency.get(name)
+                if latency is not None:
+                    w.server_ttft_mean_ms, w.server_itl_mean_ms = latency.ttft_mean_ms, latency.itl_mean_ms
+                    if latency.cached_tokens is not None:
+                        w.server_cached_tokens = int(latency.cached_tokens)
             deltas = [a.counters.get(name) for a in mine]
             w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
             if self.s.slo_ms:
@@ -749,7 +753,7 @@ def _delta(before: Any, after: Any) -> SpecDecodeCounters | None:
     return counter_delta(before, after)
 
 
-def _latency(before: Any, after: Any) -> dict[str, float] | None:
+def _latency(before: Any, after: Any) -> ServerLatency | None:
     """The server's own mean TTFT/ITL between two scrapes (None: not scraped, or no histograms)."""
     if before is None or after is None:
         return None
@@ -944,7 +948,7 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
     done: set[tuple[str, str]] = set()
     runs = [r for r in m.requests if r.draft == FALLBACK and r.repetition == 0 and r.output_ids]
     for i, rec in enumerate(runs):
-        progress("overlap", i, len(runs))
+        progress(FailureStage.OVERLAP, i, len(runs))
         interrupt.check_budget()
         law = laws[rec.law]
         if law.greedy:  # greedy continuations of one prompt are prefixes of the longest one
@@ -987,7 +991,7 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
                     constraint=rec.constraint,
                 )
             )
-    progress("overlap", len(runs), len(runs))
+    progress(FailureStage.OVERLAP, len(runs), len(runs))
 
 
 @torch.inference_mode()

@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gate.records import RequestRecord
+
 PSI_CPU = Path("/proc/pressure/cpu")
 
 
@@ -103,30 +105,25 @@ class Probe:
         return Reading((wall1 - wall0) * 1e3, (cpu1 - cpu0) * 1e3, stall, load_average())
 
 
-def stall_share(record: object, cpus: int | None = None) -> float | None:
+def stall_share(record: RequestRecord, cpus: int | None = None) -> float | None:
     """The share of a request's wall time that some runnable task waited for a CPU: from
     /proc/pressure/cpu when it was recorded, else estimated from the load average; None
     when neither was recorded (records from older reports, synthetic records)."""
-    wall = getattr(record, "e2el_ms", 0.0)
-    stall = getattr(record, "cpu_stall_ms", None)
+    wall, stall = record.e2el_ms, record.cpu_stall_ms
     if stall is not None and wall > 0:
         return min(1.0, max(0.0, float(stall) / float(wall)))
-    return load_stall_share(getattr(record, "load_avg_1m", None), cpus)
+    return load_stall_share(record.load_avg_1m, cpus)
 
 
-def cpu_share(record: object) -> float | None:
+def cpu_share(record: RequestRecord) -> float | None:
     """Process CPU time over wall time x compute threads (1.0: every thread busy throughout)."""
-    cpu, threads, wall = (
-        getattr(record, "cpu_time_ms", None),
-        getattr(record, "threads", None),
-        getattr(record, "e2el_ms", 0.0),
-    )
+    cpu, threads, wall = record.cpu_time_ms, record.threads, record.e2el_ms
     if cpu is None or not threads or wall <= 0:
         return None
     return float(cpu) / (float(wall) * float(threads))
 
 
-def is_contended(record: object, max_cpu_stall: float | None, cpus: int | None = None) -> bool:
+def is_contended(record: RequestRecord, max_cpu_stall: float | None, cpus: int | None = None) -> bool:
     """Whether a request's stalled share of wall time exceeds `max_cpu_stall` (None: never)."""
     if max_cpu_stall is None:
         return False
@@ -134,14 +131,14 @@ def is_contended(record: object, max_cpu_stall: float | None, cpus: int | None =
     return share is not None and share > max_cpu_stall
 
 
-def pooled_stall_share(records: Iterable[object], cpus: int | None = None) -> float | None:
+def pooled_stall_share(records: Iterable[RequestRecord], cpus: int | None = None) -> float | None:
     """The stalled share of the records' summed wall time (each weighted by its wall time)."""
     wall = stalled = 0.0
     for r in records:
         share = stall_share(r, cpus)
         if share is not None:
-            wall += r.e2el_ms  # type: ignore[attr-defined]
-            stalled += share * r.e2el_ms  # type: ignore[attr-defined]
+            wall += r.e2el_ms
+            stalled += share * r.e2el_ms
     return stalled / wall if wall > 0 else None
 
 

@@ -27,6 +27,14 @@ POOLED = "pooled"
 # per token or step of a request (at most max_new_tokens per request), pooled counters or
 # totals only, or computed / measured once per draft (bills, process peaks: no sampling distribution).
 Sampling = Literal["position", "request", "token", "pooled", "once"]
+# Which runners measure a metric: every runner, only gate's in-process loop (its step counters,
+# the caches and drafts it holds: gate.runners.interface.Capabilities.in_process), or only a
+# runner at load points (windows of requests in flight together: Capabilities.load_points).
+MeasuredBy = Literal["any", "in_process", "load_points"]
+# What else of the policy a metric needs to be measured at all (gate.policy.model checks it):
+# the device memory the budget is for, the released target's weights, a goodput SLO, or a
+# draft that translates between tokenizers.
+Needs = Literal["resources.capacity", "target.release.model", "load.goodput", "translating_draft"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,15 @@ class Metric:
     overlap is measured once, on repetition 0). ratio_not_share: dimensionless but not a
     share, so a percentage threshold ('5%' would read as 0.05x) is refused. failure_stage: the
     stage (gate.records.Failure.stage) whose failures leave the metric unmeasured; failures of
-    the whole run ("run") always do."""
+    the whole run ("run") always do. better: the direction of an improvement ("higher" for
+    rates, overlap and speedups; "lower" for times, bytes and losses), which `gate compare`
+    reads. ratio_to_fallback: a draft's ratio to the fallback by its definition (paired
+    requests), so its verdicts rest on the fallback's requests too. measured_by: see
+    MeasuredBy. needs: see Needs (None: nothing beyond the runner). takes_line: a rule on it
+    names one line of the bill (rules[].line). between_tokens: a time between a stream's
+    tokens, which a client that stamps late can make look shorter. of_proposals: its
+    denominator is the draft's proposals, so it is undefined where the draft made none.
+    counts: what a dimensionless count counts ("sequences"; None: not a count)."""
 
     name: str
     dimension: Dimension
@@ -52,7 +68,15 @@ class Metric:
     timed: bool
     repeatable: bool
     ratio_not_share: bool = False
+    better: Literal["higher", "lower"]
     failure_stage: FailureStage = FailureStage.REQUEST  # failures of this stage leave the metric unmeasured
+    ratio_to_fallback: bool = False
+    measured_by: MeasuredBy = "any"
+    needs: Needs | None = None
+    takes_line: bool = False
+    between_tokens: bool = False
+    of_proposals: bool = False
+    counts: str | None = None
 
     @property
     def computed_once(self) -> bool:
@@ -60,359 +84,475 @@ class Metric:
         return self.sampling == "once"
 
 
+OVERLAP = Metric(
+    "overlap",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one position of a target continuation",
+    False,
+    "sum_x min(p(x), q(x)) under the declared law (Leviathan et al. 2023, Sec. 3): the per-step acceptance probability",
+    sampling="position",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.OVERLAP,
+    better="higher",
+    measured_by="in_process",
+)
+
+TOP1_AGREEMENT = Metric(
+    "top1_agreement",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one position of a target continuation",
+    False,
+    "1 when argmax q equals argmax p at a position (diagnostic only; not the acceptance probability under sampling)",
+    sampling="position",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.OVERLAP,
+    better="higher",
+    measured_by="in_process",
+)
+
+ACCEPTANCE_RATE = Metric(
+    "acceptance_rate",
+    Dimension.RATIO,
+    (POOLED,),
+    "pooled counters",
+    False,
+    "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)",
+    sampling="pooled",
+    timed=False,
+    repeatable=True,
+    better="higher",
+    of_proposals=True,
+)
+
+MEAN_ACCEPTANCE_LENGTH = Metric(
+    "mean_acceptance_length",
+    Dimension.TOKENS,
+    (POOLED,),
+    "pooled counters",
+    False,
+    "num_committed_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean "
+    "acceptance length, "
+    "1 + num_accepted_tokens / num_drafts, except where an output ends inside an accepted block)",
+    sampling="pooled",
+    timed=False,
+    repeatable=True,
+    better="higher",
+    of_proposals=True,
+)
+
+SPEEDUP = Metric(
+    "speedup",
+    Dimension.RATIO,
+    (POOLED,),
+    "paired requests",
+    False,
+    "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved requests)",
+    sampling="pooled",
+    timed=True,
+    repeatable=True,
+    ratio_not_share=True,
+    better="higher",
+    ratio_to_fallback=True,
+)
+
+REQUEST_SPEEDUP = Metric(
+    "request_speedup",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one paired request",
+    False,
+    "a request's committed tokens/s over its paired fallback request's: p10 is the slowest decile, "
+    "mean of (draft < fallback) the share slower than the fallback",
+    sampling="request",
+    timed=True,
+    repeatable=False,
+    ratio_not_share=True,
+    better="higher",
+    ratio_to_fallback=True,
+)
+
+REQUEST_ACCEPTANCE_RATE = Metric(
+    "request_acceptance_rate",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one speculative request with proposals",
+    False,
+    "one request's num_accepted_tokens / num_draft_tokens: its distribution shows the low-acceptance requests",
+    sampling="request",
+    timed=False,
+    repeatable=False,
+    better="higher",
+    measured_by="in_process",
+    of_proposals=True,
+)
+
+COMMITTED_TOKENS_PER_S = Metric(
+    "committed_tokens_per_s",
+    Dimension.RATE,
+    SAMPLE_AGGREGATIONS + (POOLED,),
+    "one request",
+    True,
+    "output tokens / E2E latency per request; pooled = all output tokens / all E2E time",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="higher",
+)
+
+TTFT_MS = Metric(
+    "ttft_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one request",
+    True,
+    "time from request start to the first committed token (prefill and first sample)",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="lower",
+)
+
+ITL_MS = Metric(
+    "itl_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one committed token after the first",
+    True,
+    "inter-token latency, token by token: a step committing k tokens yields its gap and k-1 gaps of 0",
+    sampling="token",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    between_tokens=True,
+)
+
+ITL_CHUNK_MS = Metric(
+    "itl_chunk_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one verification step after the first token",
+    True,
+    "inter-token latency per streamed chunk (vLLM's bench convention): one gap per step, whatever it commits",
+    sampling="token",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    between_tokens=True,
+)
+
+TPOT_MS = Metric(
+    "tpot_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one request with 2+ output tokens",
+    True,
+    "(E2E latency - TTFT) / (output tokens - 1)",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    between_tokens=True,
+)
+
+E2EL_MS = Metric(
+    "e2el_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one request",
+    True,
+    "end-to-end latency of a request",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="lower",
+)
+
+OUTPUT_THROUGHPUT = Metric(
+    "output_throughput",
+    Dimension.RATE,
+    (POOLED,),
+    "one measured window (a runner at a load point)",
+    True,
+    "output tokens / window duration (first send to last byte), pooled over windows: tokens/s at the offered "
+    "load (vLLM bench serve's output token throughput)",
+    sampling="pooled",
+    timed=True,
+    repeatable=True,
+    better="higher",
+    measured_by="load_points",
+)
+
+REQUEST_THROUGHPUT = Metric(
+    "request_throughput",
+    Dimension.REQUEST_RATE,
+    (POOLED,),
+    "one measured window (a runner at a load point)",
+    True,
+    "completed requests / window duration (requests/s)",
+    sampling="pooled",
+    timed=True,
+    repeatable=True,
+    better="higher",
+    measured_by="load_points",
+)
+
+GOODPUT = Metric(
+    "goodput",
+    Dimension.REQUEST_RATE,
+    (POOLED,),
+    "one measured window (a runner at a load point)",
+    True,
+    "requests meeting every load.goodput SLO (TTFT, TPOT, E2EL) / window duration (vLLM's --goodput), requests/s",
+    sampling="pooled",
+    timed=True,
+    repeatable=True,
+    better="higher",
+    measured_by="load_points",
+    needs="load.goodput",
+)
+
+QUEUE_MS = Metric(
+    "queue_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one served request",
+    True,
+    "client queue time: from the request's scheduled arrival to its send (open loop capped by max_concurrency)",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    measured_by="load_points",
+)
+
+MEMORY_BILL_BYTES = Metric(
+    "memory_bill_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one bill per draft and law",
+    True,
+    "predicted resident bytes at the peak: weights, KV caches, verification slots, logits (see gate bill)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.BILL,
+    better="lower",
+)
+
+MEMORY_LINE_BYTES = Metric(
+    "memory_line_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one bill line per draft (the rule's `line`)",
+    True,
+    "one line of the bill, e.g. 'draft KV cache' or 'target logits' (see gate bill)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.BILL,
+    better="lower",
+    takes_line=True,
+)
+
+MEMORY_HEADROOM_BYTES = Metric(
+    "memory_headroom_bytes",
+    Dimension.BYTES,
+    ("min",),
+    "one budget per draft",
+    True,
+    "resources.capacity minus the bill total (needs resources.capacity)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.BILL,
+    better="higher",
+    needs="resources.capacity",
+)
+
+EXTRA_SEQUENCES = Metric(
+    "extra_sequences",
+    Dimension.RATIO,
+    ("min",),
+    "one budget per draft",
+    True,
+    "more sequences of the same context that fit in the headroom (needs resources.capacity)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    ratio_not_share=True,
+    failure_stage=FailureStage.BILL,
+    better="higher",
+    needs="resources.capacity",
+    counts="sequences",
+)
+
+KV_CACHE_BYTES = Metric(
+    "kv_cache_bytes",
+    Dimension.BYTES,
+    SAMPLE_AGGREGATIONS,
+    "one request",
+    True,
+    "measured bytes of the target and draft KV cache tensors at the end of a request",
+    sampling="request",
+    timed=False,
+    repeatable=True,
+    better="lower",
+    measured_by="in_process",
+)
+
+PROCESS_PEAK_RSS_BYTES = Metric(
+    "process_peak_rss_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one run of gate check",
+    True,
+    "peak resident set size of the gate process (CPU) as reported by the OS",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.RUN,
+    better="lower",
+)
+
+# Cross-tokenizer drafts (gate.drafts.cross_tokenizer): the mapping cost measured apart from the draft's
+# forwards.
+MAPPING_MS = Metric(
+    "mapping_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one verification step with a draft call",
+    False,
+    "time a step's proposal spent translating between the draft's and the target's tokenizers (decoding, "
+    "re-encoding, mapping q), ms; 0 for drafts that share the target's tokenizer",
+    sampling="token",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    measured_by="in_process",
+    needs="translating_draft",
+)
+
+MAPPING_SHARE = Metric(
+    "mapping_share",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one speculative request",
+    False,
+    "a request's total translation time over its E2E latency: the share of latency the tokenizer mapping costs",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    measured_by="in_process",
+    needs="translating_draft",
+)
+
+TRANSLATION_LOSS = Metric(
+    "translation_loss",
+    Dimension.RATIO,
+    (POOLED,),
+    "pooled counters",
+    False,
+    "proposals lost in translation: 1 - target tokens verified / tokens the draft proposed in its own "
+    "vocabulary, pooled over requests (negative where the target's tokenizer splits the text finer)",
+    sampling="pooled",
+    timed=False,
+    repeatable=True,
+    better="lower",
+    measured_by="in_process",
+    needs="translating_draft",
+)
+
+# The run's target against the pinned release (target.release.model), along the fallback continuations
+# (gate.loop.identity.drift_along); the same values for every draft's scope: the target drifted, not a draft.
+TARGET_DRIFT_TV = Metric(
+    "target_drift_tv",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one position of a target continuation",
+    False,
+    "1/2 sum_x |p(x) - r(x)|: total variation between the loaded target's law p and the release's r under the "
+    "declared law (needs target.release.model)",
+    sampling="position",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.DRIFT,
+    better="lower",
+    needs="target.release.model",
+)
+
+TARGET_DRIFT_KL = Metric(
+    "target_drift_kl",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one position of a target continuation",
+    False,
+    "KL(p || r) in nats, the loaded target's law p against the release's r under the declared law; +inf where "
+    "p "
+    "puts mass on a token r excludes (needs target.release.model)",
+    sampling="position",
+    timed=False,
+    repeatable=False,
+    ratio_not_share=True,
+    failure_stage=FailureStage.DRIFT,
+    better="lower",
+    needs="target.release.model",
+)
+
+TARGET_DRIFT_TOP1 = Metric(
+    "target_drift_top1",
+    Dimension.RATIO,
+    SAMPLE_AGGREGATIONS,
+    "one position of a target continuation",
+    False,
+    "1 when the loaded target's argmax equals the release's at a position (needs target.release.model)",
+    sampling="position",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.DRIFT,
+    better="higher",
+    needs="target.release.model",
+)
+
+
+# Every metric a rule can bind to, by name: the built-in ones above in this order, then those
+# added (gate.rules.samples.register_metric).
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric(
-            "overlap",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one position of a target continuation",
-            False,
-            "sum_x min(p(x), q(x)) under the declared law (Leviathan et al. 2023, Sec. 3): the per-step acceptance "
-            "probability",
-            sampling="position",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.OVERLAP,
-        ),
-        Metric(
-            "top1_agreement",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one position of a target continuation",
-            False,
-            "1 when argmax q equals argmax p at a position (diagnostic only; not the acceptance probability under "
-            "sampling)",
-            sampling="position",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.OVERLAP,
-        ),
-        Metric(
-            "acceptance_rate",
-            Dimension.RATIO,
-            (POOLED,),
-            "pooled counters",
-            False,
-            "num_accepted_tokens / num_draft_tokens, counters pooled across requests (vLLM)",
-            sampling="pooled",
-            timed=False,
-            repeatable=True,
-        ),
-        Metric(
-            "mean_acceptance_length",
-            Dimension.TOKENS,
-            (POOLED,),
-            "pooled counters",
-            False,
-            "num_committed_tokens / num_drafts: committed tokens per verification step with a proposal (vLLM's mean "
-            "acceptance length, "
-            "1 + num_accepted_tokens / num_drafts, except where an output ends inside an accepted block)",
-            sampling="pooled",
-            timed=False,
-            repeatable=True,
-        ),
-        Metric(
-            "speedup",
-            Dimension.RATIO,
-            (POOLED,),
-            "paired requests",
-            False,
-            "the draft's pooled committed tokens/s over the fallback's on the same cells (paired, interleaved "
-            "requests)",
-            sampling="pooled",
-            timed=True,
-            repeatable=True,
-            ratio_not_share=True,
-        ),
-        Metric(
-            "request_speedup",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one paired request",
-            False,
-            "a request's committed tokens/s over its paired fallback request's: p10 is the slowest decile, "
-            "mean of (draft < fallback) the share slower than the fallback",
-            sampling="request",
-            timed=True,
-            repeatable=False,
-            ratio_not_share=True,
-        ),
-        Metric(
-            "request_acceptance_rate",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one speculative request with proposals",
-            False,
-            "one request's num_accepted_tokens / num_draft_tokens: its distribution shows the low-acceptance requests",
-            sampling="request",
-            timed=False,
-            repeatable=False,
-        ),
-        Metric(
-            "committed_tokens_per_s",
-            Dimension.RATE,
-            SAMPLE_AGGREGATIONS + (POOLED,),
-            "one request",
-            True,
-            "output tokens / E2E latency per request; pooled = all output tokens / all E2E time",
-            sampling="request",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "ttft_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one request",
-            True,
-            "time from request start to the first committed token (prefill and first sample)",
-            sampling="request",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "itl_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one committed token after the first",
-            True,
-            "inter-token latency, token by token: a step committing k tokens yields its gap and k-1 gaps of 0",
-            sampling="token",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "itl_chunk_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one verification step after the first token",
-            True,
-            "inter-token latency per streamed chunk (vLLM's bench convention): one gap per step, whatever it commits",
-            sampling="token",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "tpot_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one request with 2+ output tokens",
-            True,
-            "(E2E latency - TTFT) / (output tokens - 1)",
-            sampling="request",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "e2el_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one request",
-            True,
-            "end-to-end latency of a request",
-            sampling="request",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "output_throughput",
-            Dimension.RATE,
-            (POOLED,),
-            "one measured window (a runner at a load point)",
-            True,
-            "output tokens / window duration (first send to last byte), pooled over windows: tokens/s at the offered "
-            "load (vLLM bench serve's output token throughput)",
-            sampling="pooled",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "request_throughput",
-            Dimension.REQUEST_RATE,
-            (POOLED,),
-            "one measured window (a runner at a load point)",
-            True,
-            "completed requests / window duration (requests/s)",
-            sampling="pooled",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "goodput",
-            Dimension.REQUEST_RATE,
-            (POOLED,),
-            "one measured window (a runner at a load point)",
-            True,
-            "requests meeting every load.goodput SLO (TTFT, TPOT, E2EL) / window duration (vLLM's --goodput), "
-            "requests/s",
-            sampling="pooled",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "queue_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one served request",
-            True,
-            "client queue time: from the request's scheduled arrival to its send (open loop capped by max_concurrency)",
-            sampling="request",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "memory_bill_bytes",
-            Dimension.BYTES,
-            ("max",),
-            "one bill per draft and law",
-            True,
-            "predicted resident bytes at the peak: weights, KV caches, verification slots, logits (see gate bill)",
-            sampling="once",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.BILL,
-        ),
-        Metric(
-            "memory_line_bytes",
-            Dimension.BYTES,
-            ("max",),
-            "one bill line per draft (the rule's `line`)",
-            True,
-            "one line of the bill, e.g. 'draft KV cache' or 'target logits' (see gate bill)",
-            sampling="once",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.BILL,
-        ),
-        Metric(
-            "memory_headroom_bytes",
-            Dimension.BYTES,
-            ("min",),
-            "one budget per draft",
-            True,
-            "resources.capacity minus the bill total (needs resources.capacity)",
-            sampling="once",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.BILL,
-        ),
-        Metric(
-            "extra_sequences",
-            Dimension.RATIO,
-            ("min",),
-            "one budget per draft",
-            True,
-            "more sequences of the same context that fit in the headroom (needs resources.capacity)",
-            sampling="once",
-            timed=False,
-            repeatable=False,
-            ratio_not_share=True,
-            failure_stage=FailureStage.BILL,
-        ),
-        Metric(
-            "kv_cache_bytes",
-            Dimension.BYTES,
-            SAMPLE_AGGREGATIONS,
-            "one request",
-            True,
-            "measured bytes of the target and draft KV cache tensors at the end of a request",
-            sampling="request",
-            timed=False,
-            repeatable=True,
-        ),
-        Metric(
-            "process_peak_rss_bytes",
-            Dimension.BYTES,
-            ("max",),
-            "one run of gate check",
-            True,
-            "peak resident set size of the gate process (CPU) as reported by the OS",
-            sampling="once",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.RUN,
-        ),
-        # Cross-tokenizer drafts (gate.drafts.cross_tokenizer): the mapping cost measured apart from the draft's
-        # forwards.
-        Metric(
-            "mapping_ms",
-            Dimension.TIME_MS,
-            SAMPLE_AGGREGATIONS,
-            "one verification step with a draft call",
-            False,
-            "time a step's proposal spent translating between the draft's and the target's tokenizers (decoding, "
-            "re-encoding, mapping q), ms; 0 for drafts that share the target's tokenizer",
-            sampling="token",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "mapping_share",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one speculative request",
-            False,
-            "a request's total translation time over its E2E latency: the share of latency the tokenizer mapping costs",
-            sampling="request",
-            timed=True,
-            repeatable=True,
-        ),
-        Metric(
-            "translation_loss",
-            Dimension.RATIO,
-            (POOLED,),
-            "pooled counters",
-            False,
-            "proposals lost in translation: 1 - target tokens verified / tokens the draft proposed in its own "
-            "vocabulary, pooled over requests (negative where the target's tokenizer splits the text finer)",
-            sampling="pooled",
-            timed=False,
-            repeatable=True,
-        ),
-        # The run's target against the pinned release (target.release.model), along the fallback continuations
-        # (gate.loop.identity.drift_along); the same values for every draft's scope: the target drifted, not a draft.
-        Metric(
-            "target_drift_tv",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one position of a target continuation",
-            False,
-            "1/2 sum_x |p(x) - r(x)|: total variation between the loaded target's law p and the release's r under the "
-            "declared law (needs target.release.model)",
-            sampling="position",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.DRIFT,
-        ),
-        Metric(
-            "target_drift_kl",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one position of a target continuation",
-            False,
-            "KL(p || r) in nats, the loaded target's law p against the release's r under the declared law; +inf where "
-            "p "
-            "puts mass on a token r excludes (needs target.release.model)",
-            sampling="position",
-            timed=False,
-            repeatable=False,
-            ratio_not_share=True,
-            failure_stage=FailureStage.DRIFT,
-        ),
-        Metric(
-            "target_drift_top1",
-            Dimension.RATIO,
-            SAMPLE_AGGREGATIONS,
-            "one position of a target continuation",
-            False,
-            "1 when the loaded target's argmax equals the release's at a position (needs target.release.model)",
-            sampling="position",
-            timed=False,
-            repeatable=False,
-            failure_stage=FailureStage.DRIFT,
-        ),
+        OVERLAP,
+        TOP1_AGREEMENT,
+        ACCEPTANCE_RATE,
+        MEAN_ACCEPTANCE_LENGTH,
+        SPEEDUP,
+        REQUEST_SPEEDUP,
+        REQUEST_ACCEPTANCE_RATE,
+        COMMITTED_TOKENS_PER_S,
+        TTFT_MS,
+        ITL_MS,
+        ITL_CHUNK_MS,
+        TPOT_MS,
+        E2EL_MS,
+        OUTPUT_THROUGHPUT,
+        REQUEST_THROUGHPUT,
+        GOODPUT,
+        QUEUE_MS,
+        MEMORY_BILL_BYTES,
+        MEMORY_LINE_BYTES,
+        MEMORY_HEADROOM_BYTES,
+        EXTRA_SEQUENCES,
+        KV_CACHE_BYTES,
+        PROCESS_PEAK_RSS_BYTES,
+        MAPPING_MS,
+        MAPPING_SHARE,
+        TRANSLATION_LOSS,
+        TARGET_DRIFT_TV,
+        TARGET_DRIFT_KL,
+        TARGET_DRIFT_TOP1,
     )
 }
 
@@ -466,7 +606,7 @@ RATIO_NOT_SHARE = MetricNames(lambda m: m.ratio_not_share)
 PER_REQUEST = MetricNames(lambda m: m.sampling == "request")
 PER_TOKEN = MetricNames(lambda m: m.sampling == "token")
 # Metrics that are a draft's ratio to the fallback by definition (paired requests).
-FALLBACK_RATIOS = frozenset({"speedup", "request_speedup"})
+FALLBACK_RATIOS = MetricNames(lambda m: m.ratio_to_fallback)
 
 
 def compares_with_fallback(metric: str, relative_to: str | None) -> bool:

@@ -1124,11 +1124,12 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
             )
     seen: dict[str, int] = {}
     for i, rule in enumerate(policy.rules):
-        if rule.metric in ("memory_headroom_bytes", "extra_sequences") and policy.resources.capacity is None:
+        needs = METRICS[rule.metric].needs if rule.metric in METRICS else None
+        if needs == "resources.capacity" and policy.resources.capacity is None:
             problems.append(
                 (f"rules[{i}].metric", f"{rule.metric} needs resources.capacity (the device memory the budget is for)")
             )
-        if rule.metric in DRIFT_METRICS and (policy.target.release is None or policy.target.release.model is None):
+        if needs == "target.release.model" and (policy.target.release is None or policy.target.release.model is None):
             problems.append(
                 (
                     f"rules[{i}].metric",
@@ -1141,20 +1142,21 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                     ),
                 )
             )
-        if rule.metric in MAPPING_METRICS:
+        if needs == "translating_draft":
             unmapped = [
                 d
                 for d in (rule.scope.drafts or list(policy.drafts))
-                if d in policy.drafts and policy.drafts[d].kind != TRANSLATING_KIND
+                if d in policy.drafts and not draft_kinds.get(policy.drafts[d].kind).translates_tokenizer
             ]
             if unmapped:
+                translating = ", ".join(k for k in draft_kinds.names() if draft_kinds.get(k).translates_tokenizer)
                 problems.append(
                     (
                         f"rules[{i}].scope.drafts" if rule.scope.drafts else f"rules[{i}].metric",
-                        f"{rule.metric} is the tokenizer mapping cost of {TRANSLATING_KIND} drafts; "
+                        f"{rule.metric} is the tokenizer mapping cost of {translating} drafts; "
                         f"{', '.join(unmapped)} {'translates' if len(unmapped) == 1 else 'translate'} nothing: scope "
                         "the rule "
-                        f"to the {TRANSLATING_KIND} drafts (scope: {{drafts: [...]}})",
+                        f"to the {translating} drafts (scope: {{drafts: [...]}})",
                     )
                 )
         if rule.line is not None and rule.line not in BILL_LINES:
@@ -1262,13 +1264,6 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
     return problems
 
 
-# The tokenizer mapping cost, measured only for drafts of the kind that translates between tokenizers.
-MAPPING_METRICS = ("mapping_ms", "mapping_share", "translation_loss")
-TRANSLATING_KIND = "cross_tokenizer"
-# The target's drift from its pinned release (gate.loop.identity): need target.release.model.
-DRIFT_METRICS = ("target_drift_tv", "target_drift_kl", "target_drift_top1")
-
-
 def _kinds_with(has: Any, sep: str = " or ") -> str:
     """The registered runner kinds whose Capabilities satisfy `has`, in registration order:
     'openai or llama_server'."""
@@ -1310,7 +1305,11 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
     unmeasurable = _metric_problem(rule.metric, policy.runner.kind) if rule.metric else None
     if unmeasurable:
         problems.append((f"rules[{i}].metric", unmeasurable))
-    if rule.metric == "goodput" and (load is None or load.goodput is None):
+    if (
+        rule.metric in METRICS
+        and METRICS[rule.metric].needs == "load.goodput"
+        and (load is None or load.goodput is None)
+    ):
         problems.append(
             (f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)")
         )

@@ -72,6 +72,10 @@ __all__ = [
 ]
 
 
+# A Measurements field that is a process's peak: merged shards keep the highest (gate merge).
+PEAK = {"merge": "max"}
+
+
 @dataclass
 class Measurements:
     """Everything measured in one run; the input of rule evaluation and the JSON report."""
@@ -83,9 +87,10 @@ class Measurements:
     samples: list[SampleRecord] = field(default_factory=list)  # served exactness: the short sampled requests
     sample_wall_s: dict[str, float] = field(default_factory=dict)  # "<runner>/<law>" -> wall seconds its samples took
     bills: list[BillRecord] = field(default_factory=list)
-    process_peak_rss_bytes: int | None = None
-    cuda_max_memory_allocated_bytes: int | None = None
-    cuda_max_memory_reserved_bytes: int | None = None
+    # process peaks: shards merge them as the highest (PEAK)
+    process_peak_rss_bytes: int | None = field(default=None, metadata=PEAK)
+    cuda_max_memory_allocated_bytes: int | None = field(default=None, metadata=PEAK)
+    cuda_max_memory_reserved_bytes: int | None = field(default=None, metadata=PEAK)
     failures: list[Failure] = field(default_factory=list)
     drafts: dict[str, DraftInfo] = field(default_factory=dict)  # name -> what the draft is
     workload: WorkloadInfo | None = None

@@ -228,13 +228,13 @@ class RequestRecord:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out["derived"] = {
-            "output_tokens": self.output_tokens,
-            "ttft_ms": self.ttft_ms,
-            "tpot_ms": self.tpot_ms,
-            "committed_tokens_per_s": self.committed_tokens_per_s,
-            "counters": asdict(counters) if (counters := self.counters) is not None else None,
-        }
+        out["derived"] = dict(
+            output_tokens=self.output_tokens,
+            ttft_ms=self.ttft_ms,
+            tpot_ms=self.tpot_ms,
+            committed_tokens_per_s=self.committed_tokens_per_s,
+            counters=asdict(counters) if (counters := self.counters) is not None else None,
+        )
         return out
 
 

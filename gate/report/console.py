@@ -14,6 +14,7 @@ from rich.text import Text
 from gate.analysis.schedule import schedule_lines
 from gate.core.units import Dimension, format_value
 from gate.measure.tokenizers import mapping_lines
+from gate.metrics.catalogue import ACCEPTANCE_RATE, GOODPUT, MEAN_ACCEPTANCE_LENGTH, OVERLAP, SPEEDUP
 from gate.records import DID_NOT_SPECULATE, FALLBACK
 from gate.report.document import Report
 from gate.report.identity import identity_lines
@@ -55,12 +56,12 @@ class ConsoleReport(ReportFormat):
             "draft",
             "law",
             "req",
-            "overlap",
+            OVERLAP.name,
             "top-1",
             "accept rate",
             "mean acc len",
             "tokens/s",
-            "speedup",
+            SPEEDUP.name,
             "slower",
             "TTFT p50",
             "ITL p50",
@@ -211,7 +212,7 @@ LOAD_COLUMNS = (
     "req",
     "out tok/s",
     "req/s",
-    "goodput",
+    GOODPUT.name,
     "TTFT p50",
     "TTFT p99",
     "ITL p99",
@@ -627,10 +628,10 @@ BREAKDOWN_COLUMNS = (
     "law",
     "slice",
     "req",
-    "overlap",
+    OVERLAP.name,
     "accept rate",
     "mean acc len",
-    "speedup",
+    SPEEDUP.name,
     "slower than fallback",
 )
 
@@ -653,9 +654,9 @@ def breakdown_table(report: Report, by: str) -> Table | None:
 
 
 CONSTRAINT_FIGURES = (
-    ("overlap", "overlap_mean", ".3f"),
-    ("accept rate", "acceptance_rate", ".3f"),
-    ("mean acc len", "mean_acceptance_length", ".2f"),
+    (OVERLAP.name, "overlap_mean", ".3f"),
+    ("accept rate", ACCEPTANCE_RATE.name, ".3f"),
+    ("mean acc len", MEAN_ACCEPTANCE_LENGTH.name, ".2f"),
 )
 
 

@@ -86,9 +86,11 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
                 )
             continue
         metric = METRICS[o.metric]
+        # speedup: pooled tokens/s of the draft over the fallback's, so the fallback's requests are shown too
+        pooled_ratio = metric.ratio_to_fallback and metric.sampling == "pooled"
         where = parse_scope(o.scope)
         line = policy_rule.get("line")
-        for runner in [o.draft] + ([FALLBACK] if o.relative_to == "fallback" or o.metric == "speedup" else []):
+        for runner in [o.draft] + ([FALLBACK] if o.relative_to == "fallback" or pooled_ratio else []):
             if o.metric in TIMED:
                 lines += _contended(report, where.of(runner))
             if o.aggregation == "pooled":
@@ -102,12 +104,12 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
             more = f" ... ({len(xs) - max_values} more)" if len(xs) > max_values else ""
             lines.append(f"  {runner}: {len(xs)} samples ({metric.sample}), {o.aggregation} taken: {shown}{more}")
         if o.measured is not None:
-            dim = Dimension.RATIO if o.relative_to or o.metric == "speedup" else metric.dimension
+            dim = Dimension.RATIO if o.relative_to or pooled_ratio else metric.dimension
             how = (
                 f"{o.aggregation}(draft) / {o.aggregation}({o.relative_to})"
                 if o.relative_to
                 else "pooled tokens/s of the draft / of the fallback on the same cells"
-                if o.metric == "speedup"
+                if pooled_ratio
                 else o.aggregation
             )
             lines.append(

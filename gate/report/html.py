@@ -40,6 +40,7 @@ import jinja2
 from gate.analysis.schedule import schedule_lines
 from gate.core.units import Dimension, format_value
 from gate.measure.tokenizers import mapping_lines
+from gate.metrics.catalogue import MEMORY_BILL_BYTES, SPEEDUP
 from gate.records import FALLBACK
 from gate.report.console import (
     CLIENT_COLUMNS,
@@ -374,7 +375,7 @@ class HtmlReport(ReportFormat):
         if not report.measurements.envelopes:
             return None
         return _table_section(
-            "envelope",
+            "envelope-search",
             "Envelope search",
             "Each runner's SLO load: every SLO held at the interval's "
             "lower end, something failed at its upper end (an SLO, or the throughput stopped rising: "
@@ -440,7 +441,7 @@ class HtmlReport(ReportFormat):
         import matplotlib
 
         makers: list[tuple[str, str, Callable[[Report, dict[str, Any]], Plot | str]]] = [
-            ("speedup", "Speedup against the fallback", _speedup),
+            (SPEEDUP.name, "Speedup against the fallback", _speedup),
             ("speedup-by-category", "Speedup by category", _speedup_by_category),
             ("speedup-by-context", "Speedup by context length", _speedup_by_context),
             ("speedup-by-load", "Speedup by load (served)", _speedup_by_load),
@@ -567,7 +568,7 @@ def _speedup_intervals(report: Report) -> dict[tuple[str, str, str | None], tupl
     is not a single category and is left out)."""
     out: dict[tuple[str, str, str | None], tuple[float, float | None, float | None]] = {}
     for o in report.outcomes:
-        if o.metric != "speedup" or o.measured is None or o.aggregation not in ("pooled", "mean", "median"):
+        if o.metric != SPEEDUP.name or o.measured is None or o.aggregation not in ("pooled", "mean", "median"):
             continue
         parts = o.scope.split("/", 2)
         cats = parts[2].split(",") if len(parts) > 2 else []
@@ -622,7 +623,7 @@ def _speedup(report: Report, colors: dict[str, Any]) -> Plot | str:
         f"Which draft pays: pooled speedup per draft and law; bars are the speedup rule's {level:.0%} interval "
         f"({with_ci} of {len(rows)}), hollow diamonds point values without one; right of 1.0x the draft pays."
     )
-    return Plot("", "", len(rows), _svg(fig, "speedup"), caption)
+    return Plot("", "", len(rows), _svg(fig, SPEEDUP.name), caption)
 
 
 def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str, name: str) -> tuple[Any, int] | None:
@@ -636,7 +637,7 @@ def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str
         for b in (r.by_category if by == "category" else r.by_context_length).values()
     ):
         return None
-    intervals = _speedup_intervals(report) if figure == "speedup" else {}
+    intervals = _speedup_intervals(report) if figure == SPEEDUP.name else {}
     fig, axes = _figure(len(laws), height_in=0.9 + 0.28 * len(slices))
     drafts = list(dict.fromkeys(r.runner for r in rows))
     n, seen = 0, []
@@ -670,7 +671,7 @@ def _breakdown_plot(report: Report, colors: dict[str, Any], by: str, figure: str
         ax.set_title(law, fontsize=9)
         ax.grid(axis="y", visible=False)
         ax.set_ylim(-len(slices) + 0.4, 0.6)
-    if figure == "speedup":
+    if figure == SPEEDUP.name:
         for ax in axes:
             ax.axvline(1.0, color="black", lw=0.8, ls="--")
             _around_one(ax, seen)
@@ -709,7 +710,7 @@ def _breakdown(
 
 _speedup_by_category = _breakdown(
     "category",
-    "speedup",
+    SPEEDUP.name,
     "speedup-by-category",
     "speedup (x)",
     "no category has a measured speedup",
@@ -718,7 +719,7 @@ _speedup_by_category = _breakdown(
 )
 _speedup_by_context = _breakdown(
     "context_length",
-    "speedup",
+    SPEEDUP.name,
     "speedup-by-context",
     "speedup (x)",
     _NO_SWEEP,
@@ -1026,7 +1027,7 @@ def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
         {
             o.threshold
             for o in report.outcomes
-            if o.metric == "memory_bill_bytes" and o.comparison in ("<=", "<") and o.relative_to is None
+            if o.metric == MEMORY_BILL_BYTES.name and o.comparison in ("<=", "<") and o.relative_to is None
         }
     )
     top = max([b.total_bytes for b in bills] + ([capacity] if capacity else []) + budgets)
@@ -1093,7 +1094,7 @@ def _memory_bill(report: Report, colors: dict[str, Any]) -> Plot | str:
 def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
     tests = []
     for o in report.outcomes:
-        if o.metric != "exactness":
+        if not o.tests_law:
             continue
         for d in o.details:
             p = d.get("adjusted_pvalue") if d.get("adjusted_pvalue") is not None else d.get("pvalue")

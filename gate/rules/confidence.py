@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats
 
+from gate.metrics.catalogue import COMMITTED_TOKENS_PER_S, SPEEDUP
 from gate.records import FALLBACK, Measurements
 from gate.rules.resampling import UnitSet, units
 from gate.rules.samples import window_of
@@ -123,9 +124,9 @@ def ratio(num: Estimand, den: Estimand, paired: bool) -> Estimand:
 def estimand(metric: str, aggregation: str, m: Measurements, where: Selection) -> Estimand | None:
     """One runner's value as an estimand (speedup: its pooled committed tokens/s over the
     fallback's on the same cells, paired); None for metrics that are not resampled."""
-    if metric == "speedup":
-        num = units("committed_tokens_per_s", "pooled", m, where)
-        den = units("committed_tokens_per_s", "pooled", m, where.of(FALLBACK))
+    if metric == SPEEDUP.name:
+        num = units(COMMITTED_TOKENS_PER_S.name, "pooled", m, where)
+        den = units(COMMITTED_TOKENS_PER_S.name, "pooled", m, where.of(FALLBACK))
         return ratio(single(num), single(den), paired=True) if num and den else None
     u = units(metric, aggregation, m, where)
     return single(u) if u is not None else None
@@ -180,11 +181,11 @@ def speedup_interval(
     its bootstrap interval at `level`, widened by the drift between windows (between_windows):
     (point, low, high); None for what cannot be formed (no paired request; fewer than
     MIN_UNITS units for the interval; a non-finite point)."""
-    est = estimand("speedup", "pooled", m, where)
+    est = estimand(SPEEDUP.name, "pooled", m, where)
     if est is None or not all(g[0].n for g in est.groups):
         return None, None, None
     point = est.point()
-    peers = [estimand("speedup", "pooled", m, sel) for sel in peer_selections(m, where)]
+    peers = [estimand(SPEEDUP.name, "pooled", m, sel) for sel in peer_selections(m, where)]
     interval = widened(bootstrap_interval(est, level, resamples, seed), between_windows(est, peers, level))
     return (point if math.isfinite(point) else None, *((interval.low, interval.high) if interval else (None, None)))
 

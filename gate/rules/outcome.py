@@ -11,6 +11,10 @@ from typing import Any
 from gate.rules.confidence import Exceedance, Interval
 from gate.rules.status import Status
 
+# The metric of an exactness outcome (gate.exactness.verdict): the declared law itself, which no
+# catalogue metric names.
+EXACTNESS = "exactness"
+
 
 @dataclass
 class Outcome:
@@ -37,6 +41,11 @@ class Outcome:
     inconclusive_as: str = "warn"  # what an inconclusive status does: error (exit 3), fail (exit 1) or warn
     waived_status: Status | None = None  # the status a waiver replaced
     waiver: str | None = None  # "waived by OWNER until DATE: REASON", or an expired waiver's note
+
+    @property
+    def tests_law(self) -> bool:
+        """An exactness outcome: whether speculative output follows the declared law (no metric)."""
+        return self.metric == EXACTNESS
 
     @property
     def name(self) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gate.metrics.catalogue import COMMITTED_TOKENS_PER_S, REQUEST_SPEEDUP
 from gate.records import Measurements
 from gate.rules.samples import (
     CONTINUATION_SAMPLES,
@@ -139,7 +140,7 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
             np.array([float(den_w(w)) for w in ws]),
         )
     reqs = [r for r in m.requests if sel.takes(r)]
-    if metric == "request_speedup":  # one paired request: draft tokens/s over the fallback's on the same cell
+    if metric == REQUEST_SPEEDUP.name:  # one paired request: draft tokens/s over the fallback's on the same cell
         out = UnitSet(aggregation, "request")
         for key, x in paired_speedups(m, sel):
             out.keys.append(key)
@@ -147,7 +148,7 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
         return out
     if aggregation == "pooled" and metric in POOLED:
         num, den, offset = POOLED[metric]
-        if metric != "committed_tokens_per_s":
+        if metric != COMMITTED_TOKENS_PER_S.name:
             reqs = [r for r in reqs if has_counts(metric, r)]
         reqs = [r for r in reqs if den(r) > 0]  # e.g. no proposal made: nothing to pool, and no key to pair
         return UnitSet(

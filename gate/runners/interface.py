@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,7 +53,7 @@ class Capabilities:
         about 30 s on CPU), so at load points each repetition runs one runner's windows at
         every load point back to back (one start per runner and repetition), the runners'
         order and the load points' order rotated per repetition (else every window rotates).
-    metrics: the metrics only runners with this capability measure (gate.metrics.catalogue names); the
+    metrics: the metrics only runners with this capability measure (the catalogue's Metric.measured_by); the
         policy refuses a rule on a metric that some runner kind lists and its runner does not,
         saying "<metric> <metrics_note>" ({kinds}: the kinds that measure it).
     """
@@ -68,7 +69,7 @@ class Capabilities:
     load_points: bool = False
     interleaves: bool = False
     slow_switch: bool = False
-    metrics: frozenset[str] = frozenset()
+    metrics: AbstractSet[str] = frozenset()
     metrics_note: str = "is measured by runner.kind {kinds}"
 
 

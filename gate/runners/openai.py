@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gate.core.requests import Request
 from gate.load.interface import LoadStrategy
 from gate.load.schedule import split
+from gate.metrics.catalogue import MetricNames
 from gate.records import UNKNOWN_ID, ClientWorkerRecord, ServerRecord
 from gate.runners.client.protocol import PROTOCOLS, protocol
 from gate.runners.client.stream import StreamClient
@@ -265,8 +266,9 @@ class OpenAIRunnerSpec(ServedRunnerSpec):
         return out
 
 
-# Metrics only a runner at load points measures: windows of requests in flight together.
-SERVED_METRICS = frozenset({"output_throughput", "request_throughput", "goodput", "queue_ms"})
+# Metrics only a runner at load points measures (Metric.measured_by "load_points"): windows of
+# requests in flight together.
+SERVED_METRICS = MetricNames(lambda m: m.measured_by == "load_points")
 
 
 @register("openai")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gate.records import SpecDecodeCounters
-from gate.runners.engines.interface import ServerSnapshot
+from gate.runners.engines.interface import ServerLatency, ServerSnapshot
 from gate.runners.engines.registry import detect_engine, engine, engine_names
 
 __all__ = ["ServerSnapshot", "counter_delta", "detect_engine", "latency_delta", "parse_metrics"]
@@ -51,8 +51,7 @@ def counter_delta(before: ServerSnapshot, after: ServerSnapshot) -> SpecDecodeCo
     return engine(after.engine).spec_counters(before, after)
 
 
-def latency_delta(before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+def latency_delta(before: ServerSnapshot, after: ServerSnapshot) -> ServerLatency | None:
     """The server's own mean TTFT and ITL (ms) over the requests between two scrapes, from
-    its latency histograms ({"ttft_ms", "ttft_n", "itl_ms", "itl_n"}; Engine.server_latency),
-    or None when the engine keeps none."""
+    its latency histograms (Engine.server_latency), or None when the engine keeps none."""
     return engine(after.engine).server_latency(before, after)

@@ -31,28 +31,19 @@ from gate.constraints.interface import GrammarEngine, ResponseFormat
 from gate.core.law import AnyLaw, Law, law_probs
 from gate.core.requests import Request
 from gate.core.speculative import Verdict, sample, verify
-from gate.drafts.interface import Draft
+from gate.drafts.interface import Draft, Proposal
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe
+from gate.metrics.catalogue import MetricNames
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.records import FALLBACK
 from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
 from gate.runners.registry import register
 from gate.runners.stop import StopStrings
 
-# Metrics only gate's own loop measures: they need its step counters, the caches it holds, the
-# drafts loaded here (overlap, top-1 agreement) or their tokenizer mapping (gate.metrics.catalogue names).
-IN_PROCESS_METRICS = frozenset(
-    {
-        "overlap",
-        "top1_agreement",
-        "kv_cache_bytes",
-        "request_acceptance_rate",
-        "mapping_ms",
-        "mapping_share",
-        "translation_loss",
-    }
-)
+# Metrics only gate's own loop measures (Metric.measured_by "in_process"): they need its step
+# counters, the caches it holds, the drafts loaded here or their tokenizer mapping.
+IN_PROCESS_METRICS = MetricNames(lambda m: m.measured_by == "in_process")
 
 
 class TransformersRunnerSpec(RunnerSpecBase):
@@ -209,7 +200,7 @@ class TransformersRunner(Runner):
         stop = ""
         stop_string: str | None = None
 
-        def commit(tokens: list[int], n_accepted: int, n_proposed: int, proposal: object = None) -> str:
+        def commit(tokens: list[int], n_accepted: int, n_proposed: int, proposal: Proposal | None = None) -> str:
             nonlocal stop_string
             count, reason, matched = self._cut(out, tokens, max_new_tokens)
             stop_string = matched or stop_string
@@ -219,8 +210,8 @@ class TransformersRunner(Runner):
             committed.append(count)
             proposed.append(n_proposed)
             accepted.append(min(n_accepted, count))  # the committed prefix of a block is its accepted proposals
-            mapping_ms.append(float(getattr(proposal, "mapping_ms", 0.0)))
-            drafted = getattr(proposal, "draft_tokens", None)
+            mapping_ms.append(float(proposal.mapping_ms) if proposal is not None else 0.0)
+            drafted = proposal.draft_tokens if proposal is not None else None
             draft_tokens.append(n_proposed if drafted is None else int(drafted))
             context.extend(tokens[:count])
             return reason

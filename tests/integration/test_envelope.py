@@ -55,7 +55,7 @@ def test_gate_check_finds_a_servers_known_capacity(tmp_path: Path, tiny_model_di
     md = (tmp_path / "out.md").read_text()
     assert "### Envelope search" in md and "concurrency [4, 5)" in md
     html = (tmp_path / "out.html").read_text()
-    assert '<section id="envelope">' in html and 'data-plot="throughput-vs-interactivity"' in html
+    assert '<section id="envelope-search">' in html and 'data-plot="throughput-vs-interactivity"' in html
     # every probe is a point of throughput against per-user speed (the stub's TPOT is 5 ms: ~200 tokens/s per user)
     pts = report["interactivity"]
     assert len([p for p in pts if p["where"].startswith("search")]) == sum(len(e["probes"]) for e in found.values())

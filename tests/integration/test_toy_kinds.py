@@ -151,7 +151,7 @@ class ToyReport(ReportFormat):
 
 
 TOY_METRIC = Metric("output_length", Dimension.TOKENS, SAMPLE_AGGREGATIONS, "one request", True,
-                    "tokens in a request's output", sampling="request", timed=False, repeatable=True)
+                    "tokens in a request's output", sampling="request", timed=False, repeatable=True, better="higher")
 
 
 class ToyWindows(RuleKind):
@@ -279,7 +279,7 @@ def test_a_metric_name_is_registered_once_and_a_pooled_metric_needs_its_case() -
     with pytest.raises(ValueError, match="'ttft_ms' is already in the catalogue"):
         register_metric(METRICS["ttft_ms"], lambda r: [r.ttft_ms])
     pooled = Metric("toy_pooled", Dimension.RATIO, ("pooled",), "pooled counters", False, "a toy pooled metric",
-                    sampling="pooled", timed=False, repeatable=True)
+                    sampling="pooled", timed=False, repeatable=True, better="higher")
     with pytest.raises(ValueError, match="a pooled metric needs its case"):
         register_metric(pooled, lambda r: [0.0])
     assert METRICS == before

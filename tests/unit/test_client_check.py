@@ -36,7 +36,7 @@ from dataclasses import replace  # noqa: E402
 from gate.measure.client_check import check_window, client_checks, disagreement, is_client_delayed  # noqa: E402
 from gate.records import ClientWorkerRecord, OfferedLoad, RequestRecord, RunRecord  # noqa: E402
 from gate.runners.client.workers import client_workers  # noqa: E402
-from gate.runners.engines.interface import ServerSnapshot, histogram_means  # noqa: E402
+from gate.runners.engines.interface import ServerLatency, ServerSnapshot, histogram_means  # noqa: E402
 
 
 def rec(i: int, ttft_ms: float = 40.0, lag_ms: float = 0.5, start_s: float | None = None, c: int | None = 4,
@@ -128,7 +128,7 @@ def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -
                                     "vllm:inter_token_latency_seconds_sum": 0.6, "vllm:inter_token_latency_seconds_count": 120})
     means = histogram_means(before, after, {"ttft": ("vllm:time_to_first_token_seconds",),
                                             "itl": ("vllm:inter_token_latency_seconds",)})
-    assert means == pytest.approx({"ttft_ms": 40.0, "ttft_n": 10, "itl_ms": 5.0, "itl_n": 20})
+    assert means == {"ttft": pytest.approx((40.0, 10)), "itl": pytest.approx((5.0, 20))}
     reqs = [rec(i, ttft_ms=42.0) for i in range(16)]
     c = check_window(window(reqs, server_ttft_mean_ms=40.0, server_itl_mean_ms=5.0), reqs, 10.0)
     assert c.ttft_minus_server_ms == pytest.approx(2.0) and c.itl_minus_server_ms == pytest.approx(0.0)
@@ -139,7 +139,7 @@ def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -
 
     hits = VLLM().server_latency(ServerSnapshot("vllm", {"vllm:prefix_cache_hits_total": 10.0}),
                                  ServerSnapshot("vllm", {"vllm:prefix_cache_hits_total": 74.0}))
-    assert hits == {"cached_tokens": 64.0}
+    assert hits == ServerLatency(cached_tokens=64.0)
     cached = check_window(window(reqs, server_cached_tokens=64), reqs, 10.0)
     assert any("the server took 64 prompt tokens from its prefix cache over the window" in w for w in cached.warnings)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gate.metrics.catalogue import ACCEPTANCE_RATE
 from gate.records import Measurements
 from gate.rules.kinds import metric
 from gate.rules.kinds.interface import RuleKind, Settings
@@ -60,7 +61,7 @@ class BestNumDraftTokensRules(RuleKind):
                 silent = {
                     k: why
                     for k, r in swept.items()
-                    if (why := metric.no_proposal("acceptance_rate", m, Selection(r, law, None)))
+                    if (why := metric.no_proposal(ACCEPTANCE_RATE.name, m, Selection(r, law, None)))
                 }
                 ks = {k: r for k, r in swept.items() if k not in silent}
                 if not ks:

@@ -110,7 +110,7 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
         scope=f"{draft}/{law}",
         draft=draft,
         law=law,
-        metric="envelope",
+        metric=KIND.name,  # the outcome of an envelope rule names its kind: it decides no catalogue metric
         aggregation="interval",
         comparison=rule.comparison,
         threshold=threshold,

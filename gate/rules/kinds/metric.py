@@ -28,7 +28,7 @@ from gate.metrics.catalogue import (
     TIMED,
     compares_with_fallback,
 )
-from gate.records import FALLBACK, Failure, Measurements, RequestRecord, describe_failures
+from gate.records import FALLBACK, Failure, FailureStage, Measurements, RequestRecord, describe_failures
 from gate.rules.confidence import (
     MIN_UNITS,
     QUANTILES,
@@ -89,8 +89,9 @@ class MetricRules(RuleKind):
         metric = METRICS[rule.metric]
         if rule.per and rule.metric in COMPUTED_ONCE:
             return "per", f"metric {rule.metric} is computed once per draft; it has no breakdown by {rule.per}"
-        if (rule.metric == "memory_line_bytes") != (rule.line is not None):
-            return "line", "memory_line_bytes needs a line (e.g. 'draft KV cache'), and only it takes one"
+        if metric.takes_line != (rule.line is not None):
+            lined = " and ".join(name for name, m in METRICS.items() if m.takes_line)
+            return "line", f"{lined} needs a line (e.g. 'draft KV cache'), and only it takes one"
         if rule.aggregation not in metric.aggregations:
             return "aggregation", (
                 f"metric {rule.metric} takes aggregation {' or '.join(metric.aggregations)}, not {rule.aggregation!r}"
@@ -124,15 +125,16 @@ def _threshold_problem(rule: RuleSpec, dimension: Dimension) -> tuple[str, str] 
         and (rule.relative_to or rule.metric in RATIO_NOT_SHARE)
     ):
         n = q.value * 100
+        counts = METRICS[rule.metric].counts if rule.metric in METRICS else None
         what = (
-            f"{rule.metric} is a count of sequences"
-            if rule.metric == "extra_sequences"
+            f"{rule.metric} is a count of {counts}"
+            if counts
             else f"{rule.metric}{' relative to the ' + rule.relative_to if rule.relative_to else ''} is a ratio "
             "(1.0x: equal)"
         )
         hint = (
             "write a number, e.g. 2"
-            if rule.metric == "extra_sequences"
+            if counts
             else f"write the ratio, e.g. '{1 + q.value:g}x' ({n:g}% above) or '{1 - q.value:g}x' ({n:g}% below)"
             if n < 50
             else f"write the ratio, e.g. '{q.value:g}x' ({n:g}% of it)"
@@ -246,7 +248,8 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
         level=rule.level,
     )
     dim = Dimension.RATIO if rule.relative_to else metric.dimension
-    x = "x" if rule.relative_to or rule.metric == "speedup" else ""
+    # a pooled ratio to the fallback (speedup) is written as one; a mean of per-request ratios is not
+    x = "x" if rule.relative_to or (metric.ratio_to_fallback and metric.sampling == "pooled") else ""
     bound = f"{rule.comparison} {format_value(threshold, dim)}{x}"
     what = (
         f"{rule.metric}"
@@ -282,7 +285,7 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     checked = rule.metric in TIMED and (s.max_cpu_stall is not None or s.max_client_lag_ms is not None)
     cleaned = _without_busy(m, s) if checked else (m, [])  # the run without its contended and client-delayed requests
     busy = _contention(rule, m, cleaned, where, s, other, est) if checked else None
-    if busy is not None and _only_slower_fails(rule) and not (busy.delayed and rule.metric in GAP_METRICS):
+    if busy is not None and _only_slower_fails(rule) and not (busy.delayed and METRICS[rule.metric].between_tokens):
         # Contention only slows: a latency ceiling (or throughput floor) met with the contended
         # requests in is met without them. Anything else is decided on the clean requests. A
         # client's delay is not only slower: stamps held back and then taken together shrink the
@@ -442,16 +445,12 @@ class _Busy:
         return text
 
 
-# Metrics of the gaps between a stream's bytes: a client that stamps late can make them look shorter.
-GAP_METRICS = frozenset({"itl_ms", "itl_chunk_ms", "tpot_ms"})
-
-
 def _only_slower_fails(rule: RuleSpec) -> bool:
     """An absolute rule that a slower machine can only push towards failing: a ceiling on a
-    latency or a floor on tokens/s (not a ratio: contention may slow either side of it)."""
+    time or a floor on a rate (Metric.better; not a ratio: contention may slow either side of it)."""
     if rule.relative_to or rule.metric not in TIMED or rule.metric in FALLBACK_RATIOS:
         return False
-    return rule.comparison in ((">=", ">") if rule.metric == "committed_tokens_per_s" else ("<=", "<"))
+    return rule.comparison in ((">=", ">") if METRICS[rule.metric].better == "higher" else ("<=", "<"))
 
 
 def _units(est: Estimand | None) -> int:
@@ -542,9 +541,9 @@ def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Fai
         for f in m.failures
         if f.law in (law, "*")
         and (
-            (f.draft in runners and f.stage in (stage, "run"))
-            or (f.draft == draft and f.stage == "verification" and "speedup" in rule.metric)
-            or (stage == "overlap" and f.stage == "request" and f.draft == FALLBACK)
+            (f.draft in runners and f.stage in (stage, FailureStage.RUN))
+            or (f.draft == draft and f.stage == FailureStage.VERIFICATION and METRICS[rule.metric].ratio_to_fallback)
+            or (stage == FailureStage.OVERLAP and f.stage == FailureStage.REQUEST and f.draft == FALLBACK)
         )
     ]
 
@@ -630,10 +629,6 @@ def _computed(
     )
 
 
-# Metrics whose denominator is the draft's proposals: undefined where it made none.
-_PROPOSAL_METRICS = ("acceptance_rate", "mean_acceptance_length", "request_acceptance_rate")
-
-
 def _missing(rule: RuleSpec, m: Measurements, where: Selection, failed: list[Failure]) -> str:
     """Why a rule has no value in a scope: the failed measurements, a draft that made no
     proposal (acceptance over zero proposals is undefined), or "measurement missing" with
@@ -649,7 +644,7 @@ def no_proposal(metric: str, m: Measurements, where: Selection) -> str | None:
     says how many tokens it proposed (gate's per-step counters, a server's per-response
     draft count, the server's spec-decode counter deltas over the measured windows) is 0.
     None otherwise (another metric, no request, or no count recorded: a true absence)."""
-    if metric not in _PROPOSAL_METRICS or where.runner == FALLBACK:
+    if metric not in METRICS or not METRICS[metric].of_proposals or where.runner == FALLBACK:
         return None
     reqs = [r for r in m.requests if where.takes(r) and r.output_tokens > 0]
     if not reqs:
@@ -691,8 +686,9 @@ def _points_text(reqs: list[RequestRecord]) -> str:
 def _no_sample(rule: RuleSpec, m: Measurements, draft: str) -> str:
     """Why a scope has no sample, as precisely as the records tell."""
     bills = [b for b in m.bills if b.draft == draft]
-    if rule.metric in ("memory_headroom_bytes", "extra_sequences") and bills and all(b.budget is None for b in bills):
+    metric = METRICS[rule.metric]
+    if metric.needs == "resources.capacity" and bills and all(b.budget is None for b in bills):
         return "no budget: set resources.capacity in the policy"
-    if rule.metric == "memory_line_bytes" and bills:
+    if metric.takes_line and bills:
         return f"the bill has no line {rule.line!r}; its lines: {', '.join(x.name for x in bills[0].lines)}"
     return "no sample was measured for this scope"

@@ -40,10 +40,11 @@ def _ids(value: Any) -> list[int] | None:
 def _drafts(ev: Event, timings: dict[str, Any]) -> None:
     """llama.cpp's timings (draft_n / draft_n_accepted, prompt_ms, predicted_per_token_ms,
     cache_n), where present, into `ev`."""
-    for key, name in (("prompt_ms", "prefill_ms"), ("predicted_per_token_ms", "tpot_ms")):
-        value = timings.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            setattr(ev, name, float(value))
+    prompt_ms, per_token_ms = timings.get("prompt_ms"), timings.get("predicted_per_token_ms")
+    if isinstance(prompt_ms, (int, float)) and not isinstance(prompt_ms, bool):
+        ev.prefill_ms = float(prompt_ms)
+    if isinstance(per_token_ms, (int, float)) and not isinstance(per_token_ms, bool):
+        ev.tpot_ms = float(per_token_ms)
     if isinstance(timings.get("cache_n"), int) and not isinstance(timings.get("cache_n"), bool):
         ev.cached_tokens = timings["cache_n"]
     if isinstance(timings.get("draft_n"), int):

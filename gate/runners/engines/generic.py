@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gate.records import SpecDecodeCounters
-from gate.runners.engines.interface import Engine, ServerSnapshot, openai_logit_bias
+from gate.runners.engines.interface import Engine, ServerLatency, ServerSnapshot, openai_logit_bias
 from gate.runners.engines.registry import detect_engine, engine, engines, register
 
 
@@ -77,7 +77,7 @@ class Generic(UnverifiedEngine):
         found = detect_engine(after)
         return engine(found).spec_counters(before, after) if found is not None else None
 
-    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> ServerLatency | None:
         """The detected engine's latency histograms (detect_engine on `after`)."""
         found = detect_engine(after)
         return engine(found).server_latency(before, after) if found is not None else None

@@ -18,12 +18,12 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def histogram_means(
     before: ServerSnapshot, after: ServerSnapshot, names: dict[str, tuple[str, ...]]
-) -> dict[str, float] | None:
+) -> dict[str, tuple[float, float]]:
     """Means (ms) of Prometheus histograms over the time between two scrapes: for each key
     of `names` ("ttft", "itl"), the first histogram (base name, seconds) of its candidates
-    whose _count grew: {key + "_ms": delta(_sum) / delta(_count) x 1000, key + "_n":
-    delta(_count)}; None when none grew."""
-    out: dict[str, float] = {}
+    whose _count grew: key -> (delta(_sum) / delta(_count) x 1000, delta(_count)); a key
+    whose histograms did not grow is absent."""
+    out: dict[str, tuple[float, float]] = {}
     for key, candidates in names.items():
         for base in candidates:
             n1, s1 = after.total(base + "_count"), after.total(base + "_sum")
@@ -32,9 +32,22 @@ def histogram_means(
             dn = n1 - (before.total(base + "_count") or 0.0)
             ds = s1 - (before.total(base + "_sum") or 0.0)
             if dn > 0:
-                out[key + "_ms"], out[key + "_n"] = 1e3 * ds / dn, dn
+                out[key] = (1e3 * ds / dn, dn)
                 break
-    return out or None
+    return out
+
+
+@dataclass(frozen=True)
+class ServerLatency:
+    """The server's own timing of the requests between two scrapes (Engine.server_latency):
+    mean TTFT and ITL (ms) from its latency histograms and the counts they are over, and the
+    prompt tokens it took from its prefix cache; None where it keeps no such figure."""
+
+    ttft_mean_ms: float | None = None
+    ttft_n: float | None = None
+    itl_mean_ms: float | None = None
+    itl_n: float | None = None
+    cached_tokens: float | None = None
 
 
 @dataclass
@@ -102,11 +115,10 @@ class Engine:
         went down (a restarted server)."""
         return None
 
-    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> ServerLatency | None:
         """The server's own timing of the requests between two scrapes, from its latency
-        histograms: {"ttft_ms", "ttft_n", "itl_ms", "itl_n"} (means in ms and the counts
-        they are over; a key is absent where the server keeps no such histogram), or None
-        when it keeps none."""
+        histograms (a ServerLatency; a figure is None where the server keeps no such
+        histogram), or None when it keeps none."""
         return None
 
     def sampling_fields(self, law: Any, penalty_window: int | None = None) -> dict[str, Any]:

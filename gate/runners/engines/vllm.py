@@ -22,7 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from gate.records import SpecDecodeCounters
-from gate.runners.engines.interface import Engine, ServerSnapshot, histogram_means, openai_logit_bias, value_or
+from gate.runners.engines.interface import (
+    Engine,
+    ServerLatency,
+    ServerSnapshot,
+    histogram_means,
+    openai_logit_bias,
+    value_or,
+)
 from gate.runners.engines.registry import register
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias; vLLM before 0.7 clamped to it
@@ -70,26 +77,25 @@ class VLLM(Engine):
     def spec_counters(self, before: ServerSnapshot, after: ServerSnapshot) -> SpecDecodeCounters | None:
         return spec_decode_counters(before, after, "vllm:")
 
-    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> dict[str, float] | None:
+    def server_latency(self, before: ServerSnapshot, after: ServerSnapshot) -> ServerLatency | None:
         """vLLM's request histograms (docs/design/metrics.md): vllm:time_to_first_token_seconds
         (arrival to first token, the server's queue included) and vllm:inter_token_latency_seconds
         (vllm:time_per_output_token_seconds before v0.11); and `cached_tokens`, the prompt
         tokens it took from its prefix cache (vllm:prefix_cache_hits, a counter of tokens, v1)."""
-        out = (
-            histogram_means(
-                before,
-                after,
-                {
-                    "ttft": ("vllm:time_to_first_token_seconds",),
-                    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-                },
-            )
-            or {}
+        means = histogram_means(
+            before,
+            after,
+            {
+                "ttft": ("vllm:time_to_first_token_seconds",),
+                "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+            },
         )
         hits = after.total("vllm:prefix_cache_hits_total")
-        if hits is not None:
-            out["cached_tokens"] = hits - (before.total("vllm:prefix_cache_hits_total") or 0.0)
-        return out or None
+        cached = hits - (before.total("vllm:prefix_cache_hits_total") or 0.0) if hits is not None else None
+        if not means and cached is None:
+            return None
+        ttft, itl = means.get("ttft", (None, None)), means.get("itl", (None, None))
+        return ServerLatency(ttft[0], ttft[1], itl[0], itl[1], cached)
 
     def sampling_fields(self, law: Any, penalty_window: int | None = None) -> dict[str, Any]:
         """Every field explicit (greedy: temperature 0, top_k 1); logit_bias only when set.
