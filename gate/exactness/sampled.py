@@ -23,7 +23,6 @@ likeliest first token) reaches the rule's detect_tv at its power (planned_sample
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,21 +30,17 @@ from typing import Any
 
 import torch
 
-from gate.core.errors import describe_error
 from gate.core.requests import PlannedPrompt, Request, request_seed
 from gate.exactness.collect import contexts, sparse_counts
 from gate.load.closed import ClosedLoop
 from gate.load.interface import LoadStrategy
-from gate.load.points import describe_point, point_of
+from gate.load.points import describe_point
 from gate.loop import interrupt
 from gate.records import (
     FALLBACK,
-    UNKNOWN_ID,
     ExactnessRecord,
-    Failure,
-    FailureStage,
     Measurements,
-    SampleRecord,
+    SpecDecodeCounters,
     TwoSampleCounts,
 )
 
@@ -220,114 +215,36 @@ def _samples_for(nxt: torch.Tensor, share: float, tv: float, power: float, alpha
     return min(MAX_PLANNED_SAMPLES, _smallest_n(enough, limit=MAX_PLANNED_SAMPLES))
 
 
-def draw_samples(runner: Any, plans: list[SamplePlan], m: Measurements, seed: int, progress: Progress) -> None:
-    """Every sample request of `plans` through `runner` (a served gate.runners.interface.Runner,
-    already open), runner by runner (a managed runner switches servers once per runner) and
-    load point by load point, each with its own seed (request_seed over the runner, prompt,
-    law and sample index). A request that returned token ids is a SampleRecord; one that
-    failed or came back without ids is counted, and each (runner, law, point) with any gets
-    one Failure (stage exactness) naming how many and the first error: never a sample. The
-    cost (requests, tokens, wall seconds) goes to m.notes. Raises interrupt.OutOfTime or
-    KeyboardInterrupt between load points as they come."""
-    total = sum(p.requests_per_runner * len(p.runners) for p in plans)
-    done = 0
-    runners = list(dict.fromkeys(name for plan in plans for name in plan.runners))
-    # runner-major: a slow-switching runner (vLLM) starts each server once for every law
-    for name, plan in ((name, plan) for name in runners for plan in plans if name in plan.runners):
-        started = time.perf_counter()
-        before = _scrape(runner, name)
-        for k, point in enumerate(plan.points):
-            interrupt.check_budget()
-            reqs = []
-            for prompt in plan.prompts:
-                n = plan.samples[prompt.id]
-                share = range(k * n // len(plan.points), (k + 1) * n // len(plan.points))
-                reqs += [
-                    Request(
-                        name,
-                        plan.law,
-                        prompt,
-                        plan.tokens,
-                        i,
-                        request_seed(seed, f"{prompt.id}|{name}|sample", plan.law.name, plan.tokens, i),
-                    )
-                    for i in share
-                ]
-            c, r = point_of(point)
-            errors: list[str] = []
-
-            def done_one(
-                i: int, result: Any, reqs: list[Request] = reqs, errors: list[str] = errors, c: int | None = c
-            ) -> None:
-                req = reqs[i]
-                if isinstance(result, BaseException):
-                    errors.append(describe_error(result))
-                elif not result.output_ids or UNKNOWN_ID in result.output_ids:
-                    errors.append("the response carried no token ids (a sample needs them)")
-                else:
-                    m.samples.append(  # called by runner.run below, inside this iteration
-                        SampleRecord(name, plan.law.name, req.prompt.id, req.seed, list(result.output_ids), c, r)  # noqa: B023
-                    )
-
-            try:
-                runner.run(reqs, point, done_one)
-            except Exception as e:  # noqa: BLE001 - e.g. the server did not start: every sample of this point failed
-                errors += [describe_error(e)] * max(1, len(reqs) - _drawn(m, name, plan.law.name, c))
-            if errors:
-                m.failures.append(
-                    Failure(
-                        FailureStage.EXACTNESS,
-                        name,
-                        plan.law.name,
-                        f"{len(errors)} of {len(reqs)} sample requests at {describe_point(point)}",
-                        errors[0],
-                        c,
-                        r,
-                    )
-                )
-            done += len(reqs)
-            progress("exactness samples", done, total)
-        wall = time.perf_counter() - started
-        drawn = [s for s in m.samples if s.runner == name and s.law == plan.law.name]
-        spec = _speculated(before, _scrape(runner, name)) if name != FALLBACK else ""
-        m.notes.append(
-            f"served exactness samples of {name} under {plan.law.name}: {len(drawn)} requests, "
-            f"{sum(len(s.output_ids) for s in drawn)} output tokens, {wall:.1f} s wall{spec}"
-        )
-        m.sample_wall_s[f"{name}/{plan.law.name}"] = round(wall, 3)
+def sample_requests(plan: SamplePlan, name: str, point: int, seed: int) -> list[Request]:
+    """Runner `name`'s sample requests of `plan` at its `point`-th load point: each prompt's
+    samples split evenly over the points, each with its own seed (request_seed over the runner,
+    prompt, law and sample index), so a verdict can be replayed. Drawn by the loop
+    (gate.loop.run), as every timed request is."""
+    reqs = []
+    for prompt in plan.prompts:
+        n = plan.samples[prompt.id]
+        share = range(point * n // len(plan.points), (point + 1) * n // len(plan.points))
+        reqs += [
+            Request(
+                name,
+                plan.law,
+                prompt,
+                plan.tokens,
+                i,
+                request_seed(seed, f"{prompt.id}|{name}|sample", plan.law.name, plan.tokens, i),
+            )
+            for i in share
+        ]
+    return reqs
 
 
-def _scrape(runner: Any, name: str) -> Any:
-    """The runner's counters for `name` (None: none, or the scrape failed: the note then says nothing)."""
-    if not runner.capabilities.server_counters:
-        return None
-    try:
-        return runner.counters(name)
-    except Exception:  # noqa: BLE001 - the samples do not depend on it
-        return None
-
-
-def _speculated(before: Any, after: Any) -> str:
-    """How much speculation the samples exercised, from the server's counters: the tests see
-    the accept path only where proposals were accepted."""
-    if before is None or after is None:
-        return ""
-    from gate.runners.server_metrics import counter_delta
-
-    try:
-        d = counter_delta(before, after)
-    except ValueError:
-        return ""
-    if d is None:
-        return ""
+def speculated_note(d: SpecDecodeCounters) -> str:
+    """How much speculation the samples exercised, from the server's counter deltas over them:
+    the tests see the accept path only where proposals were accepted."""
     return (
         f" (the server's counters: {d.num_draft_tokens} tokens proposed, {d.num_accepted_tokens} accepted: the "
         "tests reach the accept path only through accepted proposals)"
     )
-
-
-def _drawn(m: Measurements, runner: str, law: str, c: int | None) -> int:
-    return sum(1 for s in m.samples if s.runner == runner and s.law == law and s.concurrency == c)
 
 
 @torch.inference_mode()

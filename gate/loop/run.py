@@ -27,6 +27,7 @@ and keeps what was measured; runners are always closed (managed servers stopped)
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -58,6 +59,7 @@ from gate.models.loading import dtype_name, weight_bytes
 from gate.plan.matrix import Block, ExactnessPlan, plan_blocks, window_requests
 from gate.records import (
     FALLBACK,
+    UNKNOWN_ID,
     EnvelopeRecord,
     ExactnessRecord,
     Failure,
@@ -67,6 +69,7 @@ from gate.records import (
     ProbeRecord,
     RequestRecord,
     RunRecord,
+    SampleRecord,
     SpecDecodeCounters,
     busy_seconds,
 )
@@ -401,7 +404,7 @@ class Loop:
             self.m.notes.append("served exactness plan, " + plan.describe())
         if predicted is not None:
             self.m.notes.append(f"served exactness samples: predicted {predicted:.0f} s wall from the timed requests")
-        sampled_exactness.draw_samples(self.runner, plans, self.m, self.s.seed, self.progress)
+        self._draw(plans)
 
     def _search(self, names: list[str], laws: list[Law]) -> None:
         """The envelope search (gate.load.search) of each runner and law, after the load points:
@@ -602,17 +605,13 @@ class Loop:
             kept.append(best)
 
     def _attempt(self, unit: list[Request], load: LoadStrategy, at: str, into: _Attempt, tally: bool = True) -> None:
-        """One attempt at `unit` through the runner: a counter scrape of each of its runners,
-        the requests, a second scrape. A request's record (or Failure, stage "request") is
-        kept in `into` as its result is read (Done), so an interrupt keeps them. Raises interrupt.OutOfTime
+        """One attempt at `unit` through the runner (_send: between two counter scrapes of each
+        of its runners). A request's record (or Failure, stage "request") is kept in `into` as
+        its result is read (Done), so an interrupt keeps them. Raises interrupt.OutOfTime
         between requests once measurement.max_wall_s has run out. `tally`: count the requests
         that end in `ended` (the load points' progress; not the envelope search's probes)."""
         c, r = self._labels(load)
-        names = list(dict.fromkeys(q.draft for q in unit))
         where = f" at {at}" if self.labelled else ""
-        before = {name: self._scrape(name, into) for name in names}
-        into.scraped.update(name for name, b in before.items() if b is not None)
-
         count = 0
 
         def ended(i: int) -> None:
@@ -644,12 +643,8 @@ class Loop:
                 into.starts[id(rec)] = result.started_s
                 into.records.append(rec)
 
-        interrupt.check_budget()
-        probe = Probe()
-        started = probe.start()
-        try:
-            self.runner.run(unit, load, done, ended)
-        except Exception as e:  # noqa: BLE001 - nothing was sent (a server that cannot start): every request failed
+        e = self._send(unit, load, into, done, ended)
+        if e is not None:  # nothing was sent (a server that cannot start), or not all: every request left failed
             kept = len(into.records) + len(into.failures)
             left = unit[kept:]
             for req in left if tally else []:
@@ -666,6 +661,31 @@ class Loop:
                         r,
                     )
                 )
+
+    def _send(
+        self,
+        unit: list[Request],
+        load: LoadStrategy,
+        into: _Attempt,
+        done: Callable[[int, RequestResult], None],
+        ended: Callable[[int], None] | None = None,
+    ) -> Exception | None:
+        """The one way requests reach the runner: `unit` at `load` (runner.run, with `done` and
+        `ended`), between two counter scrapes of each of its runners (their deltas, the
+        server's own latency and the scrape errors kept in `into`), with the CPU pressure and
+        the client's workers over it. Returns what runner.run raised (None: it returned);
+        raises interrupt.OutOfTime and KeyboardInterrupt as they come."""
+        names = list(dict.fromkeys(q.draft for q in unit))
+        before = {name: self._scrape(name, into) for name in names}
+        into.scraped.update(name for name, b in before.items() if b is not None)
+        interrupt.check_budget()
+        probe = Probe()
+        started = probe.start()
+        try:
+            self.runner.run(unit, load, done, ended)
+            return None
+        except Exception as e:  # noqa: BLE001 - the caller records it as the failure of what was not measured
+            return e
         finally:
             self.m.notes += self.runner.notes()  # what the runner saw beside the results (listen-queue overflows)
             into.client_workers = self.runner.client_stats()
@@ -676,6 +696,84 @@ class Loop:
                 after = self._scrape(name, into)
                 into.counters[name] = _delta(before[name], after)
                 into.latency[name] = _latency(before[name], after)
+
+    def _draw(self, plans: list[Any]) -> None:
+        """The served exactness plans' sample requests (gate.exactness.sampled.SamplePlan)
+        through the runner (_send, as every timed window), runner by runner (a managed runner
+        switches servers once per runner) and load point by load point, each with its own seed
+        (request_seed over the runner, prompt, law and sample index). A request that returned
+        token ids is a SampleRecord; one that failed or came back without ids is counted, and
+        each (runner, law, point) with any gets one Failure (stage exactness) naming how many
+        and the first error: never a sample. The cost (requests, tokens, wall seconds, what the
+        server's counters say was proposed) goes to m.notes. Raises interrupt.OutOfTime or
+        KeyboardInterrupt between requests as they come."""
+        from gate.exactness.sampled import sample_requests, speculated_note
+
+        total = sum(p.requests_per_runner * len(p.runners) for p in plans)
+        done_so_far = 0
+        runners = list(dict.fromkeys(name for plan in plans for name in plan.runners))
+        # runner-major: a slow-switching runner (vLLM) starts each server once for every law
+        for name, plan in ((name, plan) for name in runners for plan in plans if name in plan.runners):
+            started = time.perf_counter()
+            proposed = SpecDecodeCounters()
+            counted = name != FALLBACK
+            for k, point in enumerate(plan.points):
+                reqs = sample_requests(plan, name, k, self.s.seed)
+                c, r = point_of(point)
+                errors: list[str] = []
+                drawn = 0
+
+                def done(
+                    i: int,
+                    result: RequestResult,
+                    reqs: list[Request] = reqs,
+                    errors: list[str] = errors,
+                    c: int | None = c,
+                    r: float | None = r,
+                ) -> None:
+                    nonlocal drawn
+                    req = reqs[i]
+                    if isinstance(result, BaseException):
+                        errors.append(describe_error(result))
+                    elif not result.output_ids or UNKNOWN_ID in result.output_ids:
+                        errors.append("the response carried no token ids (a sample needs them)")
+                    else:
+                        drawn += 1
+                        self.m.samples.append(
+                            SampleRecord(name, plan.law.name, req.prompt.id, req.seed, list(result.output_ids), c, r)  # noqa: B023
+                        )
+
+                into = _Attempt()
+                e = self._send(reqs, point, into, done)
+                if e is not None:  # e.g. the server did not start: every sample of this point not drawn failed
+                    errors += [describe_error(e)] * max(1, len(reqs) - drawn - len(errors))
+                delta = into.counters.get(name)
+                if delta is None:
+                    counted = False
+                else:
+                    proposed = proposed + delta
+                if errors:
+                    self.m.failures.append(
+                        Failure(
+                            FailureStage.EXACTNESS,
+                            name,
+                            plan.law.name,
+                            f"{len(errors)} of {len(reqs)} sample requests at {describe_point(point)}",
+                            errors[0],
+                            c,
+                            r,
+                        )
+                    )
+                done_so_far += len(reqs)
+                self.progress("exactness samples", done_so_far, total)
+            wall = time.perf_counter() - started
+            mine = [s for s in self.m.samples if s.runner == name and s.law == plan.law.name]
+            self.m.notes.append(
+                f"served exactness samples of {name} under {plan.law.name}: {len(mine)} requests, "
+                f"{sum(len(s.output_ids) for s in mine)} output tokens, {wall:.1f} s wall"
+                + (speculated_note(proposed) if counted else "")
+            )
+            self.m.sample_wall_s[f"{name}/{plan.law.name}"] = round(wall, 3)
 
     def _scrape(self, name: str, into: _Attempt) -> Any:
         """The runner's counters for `name` now (None: it has none, or the scrape failed: the

@@ -31,7 +31,7 @@ from scipy import stats
 from gate.metrics.catalogue import COMMITTED_TOKENS_PER_S, SPEEDUP
 from gate.records import FALLBACK, Measurements
 from gate.rules.resampling import UnitSet, units
-from gate.rules.samples import window_of
+from gate.rules.samples import Key, window_of
 from gate.rules.selection import Selection
 from gate.rules.status import Status
 
@@ -111,7 +111,7 @@ def ratio(num: Estimand, den: Estimand, paired: bool) -> Estimand:
 
     def combine(s: list[np.ndarray]) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return num.combine(s[:k]) / den.combine(s[k:])
+            return np.asarray(num.combine(s[:k]) / den.combine(s[k:]))
 
     if paired and len(num.groups) == len(den.groups) == 1:
         theirs = set(den.groups[0][0].keys)
@@ -235,18 +235,19 @@ def peer_selections(m: Measurements, where: Selection) -> list[Selection]:
     return [replace(where, runner=r, concurrency=None, request_rate=None) for r in compared_runners(m)]
 
 
-def _log_by_window(est: Estimand | None) -> dict[tuple, dict[int, tuple[float, int]]]:
+def _log_by_window(est: Estimand | None) -> dict[Key, dict[int, tuple[float, int]]]:
     """{load point: {repetition: (log value, units)}}: a paired estimand on each window pair's
     units alone; empty when its units were not timed in windows (or it is not paired)."""
     if est is None or len(est.groups) != 1 or not est.groups[0][0].n:
         return {}
-    where = [window_of(k) for k in est.groups[0][0].keys]
-    if any(w is None for w in where):
+    keys = est.groups[0][0].keys
+    where = [w for k in keys if (w := window_of(k)) is not None]
+    if len(where) < len(keys):
         return {}
-    at: dict[tuple, list[int]] = {}
+    at: dict[tuple[Key, int], list[int]] = {}
     for i, w in enumerate(where):
         at.setdefault(w, []).append(i)
-    out: dict[tuple, dict[int, tuple[float, int]]] = {}
+    out: dict[Key, dict[int, tuple[float, int]]] = {}
     for (load, rep), idx in at.items():
         with np.errstate(divide="ignore", invalid="ignore"):
             v = float(est.value(np.array(idx)))

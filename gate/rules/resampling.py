@@ -12,7 +12,9 @@ totals over the units and divide (never averaging per-request ratios).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from gate.rules.samples import (
     POOLED,
     REQUEST_SAMPLES,
     WINDOW_POOLED,
+    Key,
     Selection,
     aggregate,
     drift_records,
@@ -45,7 +48,7 @@ class UnitSet:
 
     aggregation: str
     unit: str  # "request", "continuation" or "window"
-    keys: list[tuple] = field(default_factory=list)
+    keys: list[Key] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)
     num: np.ndarray = field(default_factory=lambda: np.zeros(0))
     den: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -60,7 +63,7 @@ class UnitSet:
         """Samples behind the statistic: requests for pooled values, else every sample."""
         return self.n if self.aggregation == "pooled" else sum(len(v) for v in self.values)
 
-    def subset(self, keys: list[tuple]) -> UnitSet:
+    def subset(self, keys: list[Key]) -> UnitSet:
         """The units with these keys, in this order (keys must be present)."""
         at = {k: i for i, k in enumerate(self.keys)}
         idx = [at[k] for k in keys]
@@ -80,10 +83,11 @@ class UnitSet:
         if self.aggregation == "pooled":
             den = self.den[idx].sum(axis=-1)
             with np.errstate(divide="ignore", invalid="ignore"):
-                return self.offset + np.where(den > 0, self.num[idx].sum(axis=-1) / np.where(den > 0, den, 1), np.nan)
+                ratio = np.where(den > 0, self.num[idx].sum(axis=-1) / np.where(den > 0, den, 1), np.nan)
+                return np.asarray(self.offset + ratio)
         if self.aggregation == "mean":  # the mean of the concatenation: summed sums over summed counts
             sums = np.array([v.sum() for v in self.values])[idx].sum(axis=-1)
-            return sums / np.array([len(v) for v in self.values], dtype=float)[idx].sum(axis=-1)
+            return np.asarray(sums / np.array([len(v) for v in self.values], dtype=float)[idx].sum(axis=-1))
         if all(len(v) == 1 for v in self.values):  # one sample per unit: vectorised
             flat = np.array([v[0] for v in self.values], dtype=float)[idx]
             return _aggregate_last(flat, self.aggregation)
@@ -99,8 +103,9 @@ class UnitSet:
 
 def _aggregate_last(x: np.ndarray, aggregation: str) -> np.ndarray:
     if aggregation in ("p10", "p90", "p95", "p99"):
-        return np.percentile(x, float(aggregation[1:]), axis=-1)
-    return {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}[aggregation](x, axis=-1)
+        return np.asarray(np.percentile(x, float(aggregation[1:]), axis=-1))
+    reduce: dict[str, Callable[..., Any]] = {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}
+    return np.asarray(reduce[aggregation](x, axis=-1))
 
 
 def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> UnitSet | None:

@@ -16,7 +16,8 @@ reads (made before gate.policy is imported, it is a value of the policy's rules[
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gate.metrics.catalogue import METRICS, Metric, add
 from gate.records import (
@@ -32,6 +33,15 @@ from gate.rules.selection import Selection, aggregate
 
 # A metric's raw samples for one selection: (measurements, selection, bill line) -> values (NaNs allowed).
 Extractor = Callable[[Measurements, Selection, "str | None"], list[float]]
+# A cell's or a window's pairing key across runners (request_key, window_key): a tuple of its coordinates.
+Key = tuple[Any, ...]
+
+
+def _counts(r: RequestRecord | RunRecord) -> SpecDecodeCounters:
+    """A record's spec-decode counters; zero where it has none (the callers keep only records
+    with counts, so a zero here is never pooled)."""
+    return r.counters if r.counters is not None else SpecDecodeCounters()
+
 
 # metric -> one request's samples (ms, tokens/s, bytes, ratio; NaNs are dropped by the callers)
 REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
@@ -57,7 +67,7 @@ REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
 POOLED: dict[str, tuple[Callable[[RequestRecord], float], Callable[[RequestRecord], float], float]] = {
     "committed_tokens_per_s": (lambda r: r.output_tokens, lambda r: r.e2el_ms / 1e3, 0.0),
     "acceptance_rate": (lambda r: _accepted(r), lambda r: _drafted(r), 0.0),
-    "mean_acceptance_length": (lambda r: r.counters.num_committed_tokens, lambda r: r.counters.num_drafts, 0.0),
+    "mean_acceptance_length": (lambda r: _counts(r).num_committed_tokens, lambda r: _counts(r).num_drafts, 0.0),
     # 1 - verified / drafted, as offset + sum(-verified) / sum(drafted)
     "translation_loss": (lambda r: -float(sum(r.step_proposed or [])), lambda r: float(r.draft_tokens or 0), 1.0),
 }
@@ -105,8 +115,8 @@ WINDOW_POOLED: dict[str, tuple[Callable[[RunRecord], float], Callable[[RunRecord
     "output_throughput": (lambda w: w.committed_tokens, lambda w: w.duration_s),
     "request_throughput": (lambda w: w.requests, lambda w: w.duration_s),
     "goodput": (lambda w: float("nan") if w.good_requests is None else w.good_requests, lambda w: w.duration_s),
-    "acceptance_rate": (lambda w: w.counters.num_accepted_tokens, lambda w: w.counters.num_draft_tokens),
-    "mean_acceptance_length": (lambda w: w.counters.num_committed_tokens, lambda w: w.counters.num_drafts),
+    "acceptance_rate": (lambda w: _counts(w).num_accepted_tokens, lambda w: _counts(w).num_draft_tokens),
+    "mean_acceptance_length": (lambda w: _counts(w).num_committed_tokens, lambda w: _counts(w).num_drafts),
 }
 WINDOW_ONLY = frozenset({"output_throughput", "request_throughput", "goodput"})
 
@@ -121,7 +131,7 @@ def windows(m: Measurements, sel: Selection, metric: str) -> list[RunRecord]:
     return [w for w in out if w.counters is not None] if metric not in WINDOW_ONLY else out
 
 
-def window_key(w: RunRecord) -> tuple:
+def window_key(w: RunRecord) -> Key:
     """A window's pairing key across runners: its load point and repetition."""
     return (w.load.kind, w.load.concurrency, w.load.request_rate, w.repetition)
 
@@ -138,7 +148,7 @@ def uses_windows(metric: str, m: Measurements, sel: Selection) -> bool:
 
 
 # metric -> one overlap record's per-position samples (None: a position not measured)
-CONTINUATION_SAMPLES: dict[str, Callable[[OverlapRecord], list[float | None]]] = {
+CONTINUATION_SAMPLES: dict[str, Callable[[OverlapRecord], Sequence[float | bool | None]]] = {
     "overlap": lambda o: o.overlap,
     "top1_agreement": lambda o: o.top1,
 }
@@ -146,7 +156,7 @@ CONTINUATION_SAMPLES: dict[str, Callable[[OverlapRecord], list[float | None]]] =
 
 # metric -> one drift record's per-position samples: the run's target against the pinned release
 # (gate.records.DriftRecord); an infinite KL (stored as None: JSON has no infinity) is +inf here, so a ceiling fails.
-DRIFT_SAMPLES: dict[str, Callable[[DriftRecord], list[float | None]]] = {
+DRIFT_SAMPLES: dict[str, Callable[[DriftRecord], Sequence[float | bool | None]]] = {
     "target_drift_tv": lambda d: d.tv,
     "target_drift_kl": lambda d: [math.inf if v is None else v for v in d.kl],
     "target_drift_top1": lambda d: d.top1,
@@ -163,16 +173,16 @@ def _requests(m: Measurements, sel: Selection) -> list[RequestRecord]:
     return [r for r in m.requests if sel.takes(r)]
 
 
-def request_key(r: RequestRecord) -> tuple:
+def request_key(r: RequestRecord) -> Key:
     """The cell a request belongs to: the fallback and every draft share it (served: at
     the same load point)."""
-    key = (r.prompt_id, r.max_new_tokens, r.repetition)
+    key: Key = (r.prompt_id, r.max_new_tokens, r.repetition)
     if r.concurrency is not None or r.request_rate is not None:
         key += (r.concurrency, r.request_rate)
     return key
 
 
-def window_of(key: tuple) -> tuple[tuple, int] | None:
+def window_of(key: Key) -> tuple[Key, int] | None:
     """((concurrency, request_rate), repetition): the window a request_key (5 fields at a load
     point) or window_key (4 fields) was timed in. None for a request of gate's own loop (no
     load point: the runners ran cell by cell, back to back) and for a continuation."""
@@ -183,7 +193,7 @@ def window_of(key: tuple) -> tuple[tuple, int] | None:
     return None
 
 
-def paired_speedups(m: Measurements, sel: Selection) -> list[tuple[tuple, float]]:
+def paired_speedups(m: Measurements, sel: Selection) -> list[tuple[Key, float]]:
     """(cell key, the request's committed tokens/s over its paired fallback request's) for every
     request of the selection whose fallback request on the same cell was measured (> 0 tokens/s)."""
     fallback = {request_key(r): r for r in m.requests if sel.of(FALLBACK).takes(r)}
@@ -199,11 +209,11 @@ def _per_request(get: Callable[[RequestRecord], list[float]]) -> Extractor:
     return lambda m, sel, line: [v for r in _requests(m, sel) for v in get(r)]
 
 
-def _per_position(get: Callable[[OverlapRecord], list[float | None]]) -> Extractor:
+def _per_position(get: Callable[[OverlapRecord], Sequence[float | bool | None]]) -> Extractor:
     return lambda m, sel, line: [float(v) for o in m.overlaps if sel.takes(o) for v in get(o) if v is not None]
 
 
-def _budgets(m: Measurements, sel: Selection) -> list:
+def _budgets(m: Measurements, sel: Selection) -> list[Any]:
     return [b.budget for b in m.bills if b.draft == sel.runner and b.budget is not None]
 
 
@@ -252,7 +262,7 @@ def _check_registry() -> None:
 _check_registry()
 
 
-def register_metric(metric: Metric, extract: Callable) -> Metric:
+def register_metric(metric: Metric, extract: Callable[..., Any]) -> Metric:
     """Add `metric` to the catalogue (gate.metrics.catalogue.METRICS) with how its samples are taken,
     by its sampling: "request" or "token": `extract(RequestRecord) -> list[float]`, one
     request's samples (NaNs are dropped), resampled by request; "position":
@@ -297,9 +307,9 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
     request has none (a runner without step counters)."""
     if uses_windows(metric, m, sel):
         ws = windows(m, sel, metric)
-        num, den = WINDOW_POOLED[metric]
-        total = sum(den(w) for w in ws)
-        return (sum(num(w) for w in ws) / total if total > 0 else float("nan")), sum(w.requests for w in ws)
+        w_num, w_den = WINDOW_POOLED[metric]
+        w_total = sum(w_den(w) for w in ws)
+        return (sum(w_num(w) for w in ws) / w_total if w_total > 0 else float("nan")), sum(w.requests for w in ws)
     reqs = _requests(m, sel)
     if metric == "committed_tokens_per_s":
         mine = [w for w in getattr(m, "runs", []) if sel.takes_window(w)]
@@ -316,8 +326,8 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
             return float("nan"), len(reqs)
         drafted = sum(_drafted(r) for r in reqs)
         return (sum(_accepted(r) for r in reqs) / drafted if drafted > 0 else float("nan")), len(reqs)
-    counts = [r.counters for r in reqs]
-    if any(c is None for c in counts):
+    counts = [r.counters for r in reqs if r.counters is not None]
+    if len(counts) < len(reqs):
         return float("nan"), len(reqs)
     counters = sum(counts, SpecDecodeCounters())
     if metric == "acceptance_rate":

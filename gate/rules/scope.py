@@ -112,8 +112,10 @@ def parse_scope(scope: str) -> Selection:
             where = replace(where, categories=tuple(part.split(",")))
         elif name == "category":
             where = replace(where, categories=(v,))
-        elif name in ("context_length", "max_new_tokens"):
-            where = replace(where, **{name: int(v)})
+        elif name == "context_length":
+            where = replace(where, context_length=int(v))
+        elif name == "max_new_tokens":
+            where = replace(where, max_new_tokens=int(v))
         elif name == "constraint":
             where = replace(where, constraints=tuple(v.split(",")))
         elif name == "concurrency":

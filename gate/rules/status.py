@@ -10,8 +10,11 @@ from enum import Enum
 class _StrEnum(str, Enum):
     """A str enum whose str() and f-string form is its value ("pass", not "Status.PASS")."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
 
 
 class Status(_StrEnum):

@@ -113,3 +113,24 @@ def test_validate_names_an_unset_api_key_variable(tmp_path, tiny_model_dir, prom
     path = write_policy(tmp_path, text)
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == 2 and "runner.api_key_env" in result.output and "GATE_TEST_KEY is not set" in result.output
+
+
+def test_sample_requests_that_fail_are_a_failure_of_the_exactness_rule_never_a_sample(tmp_path, tiny_model_dir,
+                                                                                      prompts_file):
+    """Served exactness samples go through the loop as every timed request does (gate.loop.run
+    _draw, between the same counter scrapes): a sample request that failed is counted in one
+    Failure (stage exactness) per runner, law and load point, never kept as a sample, and the
+    exactness rule of that runner errs; the fallback's samples are drawn all the same."""
+    rules = "  - {id: exact, kind: exactness, next_token_samples: 60}\n"
+    with Stub() as good, Stub(draft_n=8, draft_n_accepted=4) as bad:
+        bad.fault_all = "http500"
+        text = stub_policy(tiny_model_dir, prompts_file, good.url, bad.url, rules=rules, load="{concurrency: [1]}")
+        code, report, out = check(tmp_path, text.replace("law: {temperature: 0}", "law: {temperature: 0.8}"))
+    m = report["measurements"]
+    assert code == 3, out
+    assert {s["runner"] for s in m["samples"]} == {"fallback"} and len(m["samples"]) == 60
+    (failed,) = [f for f in m["failures"] if f["stage"] == "exactness" and f["draft"] == "fast"]
+    assert failed["what"] == "60 of 60 sample requests at concurrency 1" and "500" in failed["message"], failed
+    (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
+    assert exact["status"] == "error", exact["message"]
+    assert any(n.startswith("served exactness samples of fallback under ") and "60 requests" in n for n in m["notes"])

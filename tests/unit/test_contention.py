@@ -259,3 +259,20 @@ def test_rerun_budget_field() -> None:
     assert "1.5x" in MeasurementSpec.model_fields["contention_rerun_budget"].description
     with pytest.raises(ValueError):
         MeasurementSpec(contention_rerun_budget=-0.1)
+
+
+def test_what_contention_can_only_push_towards_failing_follows_the_metrics_direction() -> None:
+    """A slower machine lowers rates and raises times: a floor on a rate and a ceiling on a time
+    met while contended stand (Metric.better). A ceiling on a rate, a floor on a time and any
+    ratio to the fallback (both arms slowed) are decided on the clean requests. The throughput
+    metrics of a served run read `metric == "committed_tokens_per_s"` here once, which took a
+    ceiling on output_throughput for the side contention can only push towards failing."""
+    from gate.rules.kinds.metric import _only_slower_fails
+
+    def spec(metric: str, comparison: str) -> RuleSpec:
+        return RuleSpec.model_construct(id="r", metric=metric, comparison=comparison, relative_to=None)
+
+    assert all(_only_slower_fails(spec(m, ">=")) for m in ("committed_tokens_per_s", "output_throughput", "goodput"))
+    assert not any(_only_slower_fails(spec(m, "<=")) for m in ("committed_tokens_per_s", "output_throughput"))
+    assert _only_slower_fails(spec("ttft_ms", "<=")) and not _only_slower_fails(spec("ttft_ms", ">="))
+    assert not _only_slower_fails(spec("request_speedup", ">="))

@@ -186,7 +186,10 @@ def _one(rule: Any, mine: EnvelopeRecord | None, fallback: EnvelopeRecord | None
                 "(lower load.search.start, or SLOs the fallback meets)",
             )
         least, greatest = (least / f_greatest, greatest / f_least if f_least > 0 else math.inf)
-    meets = (lambda v: v >= threshold) if rule.comparison == ">=" else (lambda v: v > threshold)
+
+    def meets(v: float) -> bool:
+        return bool(v >= threshold) if rule.comparison == ">=" else bool(v > threshold)
+
     if meets(least):
         status = Status.PASS
     elif not meets(greatest):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gate.core.units import Dimension, format_value, parse_quantity
 from gate.measure.client_check import describe_delayed, is_client_delayed
@@ -59,9 +59,6 @@ from gate.rules.scope import (
 )
 from gate.rules.status import Status
 
-if TYPE_CHECKING:
-    from gate.policy.model import RuleSpec
-
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
@@ -72,6 +69,61 @@ _EXAMPLE = {
     "requests/s": "2 requests/s",
     "tokens": "3 tokens",
 }
+
+
+@dataclass(frozen=True)
+class MetricRule:
+    """A metric rule as evaluation reads it (a gate.policy.model.RuleSpec whose metric,
+    comparison and threshold are present: MetricRules.spec_problem checked them). threshold:
+    as written (for messages); threshold_value: in the metric's base units (a ratio when
+    relative_to is set); the scope's categories, load points and constraints as tuples
+    (None: all)."""
+
+    id: str
+    metric: str
+    aggregation: str
+    comparison: str
+    threshold: str | float
+    threshold_value: float
+    relative_to: str | None
+    line: str | None
+    per: str | None
+    level: str
+    confidence: float | None
+    categories: tuple[str, ...] | None
+    concurrency: tuple[int, ...] | None
+    request_rate: tuple[float, ...] | None
+    constraints: tuple[str, ...] | None
+
+    @classmethod
+    def of(cls, rule: Any) -> MetricRule:
+        """The view of a policy rule (rule: a gate.policy.model.RuleSpec). Raises ValueError when
+        its metric, comparison or threshold is missing."""
+        if rule.metric is None or rule.comparison is None or rule.threshold is None:
+            raise ValueError(f"rule {rule.id!r}: a metric rule needs metric, comparison and threshold")
+        scope = rule.scope
+
+        def listed(key: str) -> tuple[Any, ...] | None:
+            values = getattr(scope, key, None)
+            return tuple(values) if values else None
+
+        return cls(
+            rule.id,
+            rule.metric,
+            rule.aggregation,
+            rule.comparison,
+            rule.threshold,
+            rule.threshold_value,
+            rule.relative_to,
+            rule.line,
+            rule.per,
+            rule.level,
+            rule.confidence,
+            listed("categories"),
+            listed("concurrency"),
+            listed("request_rate"),
+            listed("constraints"),
+        )
 
 
 class MetricRules(RuleKind):
@@ -98,23 +150,24 @@ class MetricRules(RuleKind):
             )
         if rule.relative_to == "fallback" and not metric.fallback_has_it:
             return "relative_to", f"metric {rule.metric} has no fallback value; relative_to: fallback does not apply"
-        return _threshold_problem(rule, metric.dimension)
+        return _threshold_problem(MetricRule.of(rule), metric.dimension)
 
     def evaluate(
         self, rule: Any, m: Measurements, drafts: list[str], laws: list[str], settings: Settings
     ) -> list[Outcome]:
         out: list[Outcome] = []
+        view = MetricRule.of(rule)
         for draft in drafts:
             for law in laws:
-                out += [_one(rule, m, where, settings) for where in _cells(rule, m, draft, law, settings.load_points)]
-                out += [_not_applicable(rule, where) for where in _gaps(rule, draft, law, settings.load_points)]
+                out += [_one(view, m, where, settings) for where in _cells(view, m, draft, law, settings.load_points)]
+                out += [_not_applicable(view, where) for where in _gaps(view, draft, law, settings.load_points)]
         return out
 
 
 KIND = MetricRules()
 
 
-def _threshold_problem(rule: RuleSpec, dimension: Dimension) -> tuple[str, str] | None:
+def _threshold_problem(rule: MetricRule, dimension: Dimension) -> tuple[str, str] | None:
     """A threshold in the wrong dimension: a percentage where a ratio is meant, no unit, or another unit."""
     q = parse_quantity(rule.threshold)
     expected = Dimension.RATIO if rule.relative_to else dimension
@@ -153,54 +206,63 @@ def _threshold_problem(rule: RuleSpec, dimension: Dimension) -> tuple[str, str] 
 
 
 def _cells(
-    rule: RuleSpec, m: Measurements, draft: str, law: str, declared: dict[str, tuple[float, ...]] | None = None
+    rule: MetricRule, m: Measurements, draft: str, law: str, declared: dict[str, tuple[float, ...]] | None = None
 ) -> list[Selection]:
     """The selections a rule is decided on for one draft and law: one, or one per value of `rule.per`."""
-    cats = tuple(rule.scope.categories) if rule.scope.categories else None
-    conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
-    rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
-    cons = tuple(rule.scope.constraints) if getattr(rule.scope, "constraints", None) else None
-    base = Selection(draft, law, cats, concurrency=conc, request_rate=rates, constraints=cons)
+    base = Selection(
+        draft,
+        law,
+        rule.categories,
+        concurrency=rule.concurrency,
+        request_rate=rule.request_rate,
+        constraints=rule.constraints,
+    )
     if not rule.per:
         return [base]
     if rule.per in LOAD_AXES and declared and any(declared.values()):
         other = other_axis(rule.per)
         # only the points of the rule's own axis: those of the other axis get a "does not apply" outcome (_gaps)
         return [
-            replace(base, **{rule.per: (v,), other: None})
+            replace(base, **_axis(rule.per, (v,), other))
             for v in scoped_points(base.concurrency, base.request_rate, declared, rule.per)
         ]
     records = [r for r in m.requests if base.takes(r)] + [o for o in m.overlaps if base.takes(o)]
-    values = sorted({getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v))
+    values: list[Any] = sorted(
+        {getattr(r, rule.per, None) for r in records} - {None}, key=lambda v: (isinstance(v, str), v)
+    )
     if not values:
         return [base]  # nothing measured: one outcome says so
     if rule.per == "category":
         return [replace(base, categories=(v,)) for v in values]
     if rule.per == "constraint":  # in the workload's order ('none' before the constraints, as declared)
-        declared = list(getattr(m.workload, "constraints", None) or []) if m.workload is not None else []
-        values = sorted(values, key=lambda v: (declared.index(v) if v in declared else len(declared), v))
+        order = list(getattr(m.workload, "constraints", None) or []) if m.workload is not None else []
+        values = sorted(values, key=lambda v: (order.index(v) if v in order else len(order), v))
         return [replace(base, constraints=(v,)) for v in values]
     if rule.per in ("concurrency", "request_rate"):  # one load point each (an open loop's points have no concurrency)
-        return [replace(base, **{rule.per: (v,), other_axis(rule.per): None}) for v in values]
-    return [replace(base, **{rule.per: v}) for v in values]
+        return [replace(base, **_axis(rule.per, (v,), other_axis(rule.per))) for v in values]
+    return [replace(base, **_axis(rule.per, v)) for v in values]
 
 
-def _gaps(rule: RuleSpec, draft: str, law: str, declared: dict[str, tuple[float, ...]]) -> list[Selection]:
+def _axis(key: str, value: Any, cleared: str | None = None) -> dict[str, Any]:
+    """Selection fields to replace: `key` set to `value` (a `per:` axis), `cleared` set to None."""
+    return {key: value, **({cleared: None} if cleared else {})}
+
+
+def _gaps(rule: MetricRule, draft: str, law: str, declared: dict[str, tuple[float, ...]]) -> list[Selection]:
     """The load points in the rule's scope that its `per:` gives no verdict at (one selection each)."""
     if not declared:
         return []
-    conc = tuple(rule.scope.concurrency) if getattr(rule.scope, "concurrency", None) else None
-    rates = tuple(rule.scope.request_rate) if getattr(rule.scope, "request_rate", None) else None
-    gap = inapplicable_points(rule.per, conc, rates, declared)
+    gap = inapplicable_points(rule.per, rule.concurrency, rule.request_rate, declared)
     if gap is None:
         return []
     axis, points = gap
-    cats = tuple(rule.scope.categories) if rule.scope.categories else None
-    cons = tuple(rule.scope.constraints) if getattr(rule.scope, "constraints", None) else None
-    return [replace(Selection(draft, law, cats, constraints=cons), **{axis: (v,)}) for v in points]
+    return [
+        replace(Selection(draft, law, rule.categories, constraints=rule.constraints), **_axis(axis, (v,)))
+        for v in points
+    ]
 
 
-def _not_applicable(rule: RuleSpec, where: Selection) -> Outcome:
+def _not_applicable(rule: MetricRule, where: Selection) -> Outcome:
     """The outcome of a rule at a load point its `per:` cannot apply to: skipped, saying why."""
     axis = "concurrency" if where.concurrency is not None else "request_rate"
     (value,) = getattr(where, axis)
@@ -230,12 +292,12 @@ def _not_applicable(rule: RuleSpec, where: Selection) -> Outcome:
     )
 
 
-def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outcome:
+def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Outcome:
     metric = METRICS[rule.metric]
     draft, law = where.runner, where.law
     scope = scope_key(where, rule.per)
     threshold = rule.threshold_value
-    base = dict(
+    base: dict[str, Any] = dict(
         rule_id=rule.id,
         scope=scope,
         draft=draft,
@@ -297,7 +359,7 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
     if busy is not None and not busy.whole:  # decided on the clean requests only
         est, reference = busy.est, busy.reference
     n = est.units if est is not None and all(g for g in est.groups) else 0
-    point = est.point() if n else float("nan")
+    point = est.point() if est is not None and n else float("nan")
     if busy is not None and busy.too_many and not failed:
         return Outcome(
             **base,
@@ -314,7 +376,7 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
             )
             + f") vs threshold {bound}: inconclusive",
         )
-    if failed or n == 0 or math.isnan(point):
+    if est is None or failed or n == 0 or math.isnan(point):
         return Outcome(
             **base,
             status=Status.ERROR,
@@ -399,14 +461,14 @@ def _one(rule: RuleSpec, m: Measurements, where: Selection, s: Settings) -> Outc
 
 
 def _estimands(
-    rule: RuleSpec, m: Measurements, baseline: Measurements | None, where: Selection, other: str
+    rule: MetricRule, m: Measurements, baseline: Measurements | None, where: Selection, other: str
 ) -> tuple[Estimand | None, Estimand | None]:
     """The rule's value as an estimand (divided by its reference when relative) and the reference."""
     est = estimand(rule.metric, rule.aggregation, m, where)
     reference = None
     if rule.relative_to == "fallback":
         reference = estimand(rule.metric, rule.aggregation, m, where.of(FALLBACK))
-    elif rule.relative_to == "baseline":
+    elif rule.relative_to == "baseline" and baseline is not None:
         reference = estimand(rule.metric, rule.aggregation, baseline, where.of(other))
     if est is not None and reference is not None:
         est = ratio(est, reference, paired=rule.relative_to == "fallback" or _same_cells(est, reference))
@@ -445,7 +507,7 @@ class _Busy:
         return text
 
 
-def _only_slower_fails(rule: RuleSpec) -> bool:
+def _only_slower_fails(rule: MetricRule) -> bool:
     """An absolute rule that a slower machine can only push towards failing: a ceiling on a
     time or a floor on a rate (Metric.better; not a ratio: contention may slow either side of it)."""
     if rule.relative_to or rule.metric not in TIMED or rule.metric in FALLBACK_RATIOS:
@@ -457,10 +519,8 @@ def _units(est: Estimand | None) -> int:
     return est.units if est is not None and all(g for g in est.groups) else 0
 
 
-def _without_busy(x: Measurements | None, s: Settings) -> tuple[Measurements | None, list[RequestRecord]]:
+def _without_busy(x: Measurements, s: Settings) -> tuple[Measurements, list[RequestRecord]]:
     """`x` without its contended and client-delayed requests (x itself when there are none), and those requests."""
-    if x is None:
-        return None, []
     cpus = x.environment.cpu_count
 
     def out(r: RequestRecord) -> bool:
@@ -471,9 +531,9 @@ def _without_busy(x: Measurements | None, s: Settings) -> tuple[Measurements | N
 
 
 def _contention(
-    rule: RuleSpec,
+    rule: MetricRule,
     m: Measurements,
-    cleaned: tuple[Measurements | None, list[RequestRecord]],
+    cleaned: tuple[Measurements, list[RequestRecord]],
     where: Selection,
     s: Settings,
     other: str,
@@ -482,7 +542,9 @@ def _contention(
     """The rule decided without contended or client-delayed requests (a paired unit goes when
     either side of it is); None when none of its requests was. `cleaned`: _without_busy(m, s)."""
     here, busy = cleaned
-    base, busy_base = _without_busy(s.baseline if rule.relative_to == "baseline" else None, s)
+    base, busy_base = (
+        _without_busy(s.baseline, s) if rule.relative_to == "baseline" and s.baseline is not None else (None, [])
+    )
     runners = {where.runner} | ({FALLBACK} if compares_with_fallback(rule.metric, rule.relative_to) else set())
     mine = [r for r in busy if any(where.of(x).takes(r) for x in runners)]
     mine += [r for r in busy_base if where.of(other).takes(r)]
@@ -531,7 +593,7 @@ def _contention(
     )
 
 
-def _failures(rule: RuleSpec, m: Measurements, draft: str, law: str) -> list[Failure]:
+def _failures(rule: MetricRule, m: Measurements, draft: str, law: str) -> list[Failure]:
     runners = {draft, "*"} | ({FALLBACK} if compares_with_fallback(rule.metric, rule.relative_to) else set())
     stage = METRICS[rule.metric].failure_stage
     # Overlap is measured along the fallback's continuations: a failed fallback request
@@ -566,7 +628,7 @@ def _improved(interval: Interval, comparison: str, threshold: float) -> bool:
     return interval.low > threshold * 1.1 if comparison in (">=", ">") else interval.high < threshold / 1.1
 
 
-def _unit_word(est: Estimand, rule: RuleSpec) -> str:
+def _unit_word(est: Estimand, rule: MetricRule) -> str:
     u: UnitSet = est.groups[0][0]
     if compares_with_fallback(rule.metric, rule.relative_to):
         return f"paired {u.unit}s"
@@ -576,7 +638,7 @@ def _unit_word(est: Estimand, rule: RuleSpec) -> str:
 
 
 def _computed(
-    rule: RuleSpec,
+    rule: MetricRule,
     m: Measurements,
     where: Selection,
     s: Settings,
@@ -593,9 +655,12 @@ def _computed(
     reference = None
     if rule.relative_to and not math.isnan(measured):
         ref_m, ref_runner = (m, FALLBACK) if rule.relative_to == "fallback" else (s.baseline, other)
-        reference, ref_n = value(rule.metric, rule.aggregation, ref_m, where.of(ref_runner), rule.line)
-        measured = measured / reference if reference and not math.isnan(reference) else float("nan")
-        n = min(n, ref_n)
+        if ref_m is None:  # relative_to baseline without a baseline: decided before (no baseline report)
+            measured = float("nan")
+        else:
+            reference, ref_n = value(rule.metric, rule.aggregation, ref_m, where.of(ref_runner), rule.line)
+            measured = measured / reference if reference and not math.isnan(reference) else float("nan")
+            n = min(n, ref_n)
     if failed or n == 0 or math.isnan(measured):
         return Outcome(
             **base,
@@ -606,7 +671,7 @@ def _computed(
             message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}",
         )
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
-    if rule.relative_to:
+    if rule.relative_to and reference is not None:
         reference_shown = format_value(reference, metric.dimension)
         shown += f" ({format_value(measured * reference, metric.dimension)} vs {rule.relative_to} {reference_shown})"
     status = (
@@ -629,7 +694,7 @@ def _computed(
     )
 
 
-def _missing(rule: RuleSpec, m: Measurements, where: Selection, failed: list[Failure]) -> str:
+def _missing(rule: MetricRule, m: Measurements, where: Selection, failed: list[Failure]) -> str:
     """Why a rule has no value in a scope: the failed measurements, a draft that made no
     proposal (acceptance over zero proposals is undefined), or "measurement missing" with
     what the records tell about the absence."""
@@ -683,7 +748,7 @@ def _points_text(reqs: list[RequestRecord]) -> str:
     return " and ".join(parts)
 
 
-def _no_sample(rule: RuleSpec, m: Measurements, draft: str) -> str:
+def _no_sample(rule: MetricRule, m: Measurements, draft: str) -> str:
     """Why a scope has no sample, as precisely as the records tell."""
     bills = [b for b in m.bills if b.draft == draft]
     metric = METRICS[rule.metric]
