@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from gate.commands.check import CheckResult, Options, finish
-from gate.constraints import bind, grammar_engine
+from gate.constraints import grammar_engine
 from gate.constraints.interface import parse_response_format
 from gate.core.errors import InputError, PolicyValueError, Problem
 from gate.core.law import Law, law_logits, law_probs
@@ -197,8 +197,9 @@ def check_samples(
     lines = read_samples(Path(samples_path), target.oracle.vocab_size)
     formats = [None if line.response_format is None else parse_response_format(line.response_format) for line in lines]
     engine = _grammar_engine(loaded, target, formats, str(samples_path))
+    target.oracle.grammars = engine  # every law below is bound through the oracle (TargetOracle.bind)
     if served_reference is not None:
-        return _served_samples(loaded, target, lines, formats, engine, served_reference, str(samples_path), seed)
+        return _served_samples(loaded, target, lines, formats, served_reference, str(samples_path), seed)
     m = Measurements(environment=environment(target.device, seed))
     m.environment.models = [target.info]
     laws: dict[str, Law] = {}
@@ -241,7 +242,7 @@ def check_samples(
             ids = line.prompt_ids + line.output_ids
             logits = target.oracle.target_logits(ids, len(line.prompt_ids)).float()
             # penalties count the line's own prompt and output; its grammar masks every position
-            bound = bind(law, len(line.prompt_ids), formats[i], engine)
+            bound = target.oracle.bind(law, len(line.prompt_ids), formats[i])
             if law.greedy:
                 rec.compared += 1
                 rec.divergences += greedy_divergences(
@@ -281,7 +282,6 @@ def _served_samples(
     target: Any,
     lines: list[SampleLine],
     formats: list[Any],
-    engine: Any,
     reference: str,
     samples_path: str,
     seed: int,
@@ -320,10 +320,8 @@ def _served_samples(
 
         def target_law(pid: str, prefix: tuple[int, ...], law: Law = law) -> torch.Tensor:
             ids, fmt = list(by_id[pid][0]), by_id[pid][1]
-            probs: torch.Tensor = target.oracle.target_probs(
-                ids + list(prefix) + [0], len(ids), bind(law, len(ids), fmt, engine)
-            )
-            return probs[-1].cpu()
+            probs: torch.Tensor = target.oracle.next_token_law(ids, prefix, law, fmt)
+            return probs.cpu()
 
         ref = dict(outputs.get((reference, law_name), {}))
         name = FALLBACK if source == reference else source

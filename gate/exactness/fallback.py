@@ -66,7 +66,6 @@ def _greedy_exactness(
     prompts = {p.id: p for p in plan.workload.prompts}
     laws = {law.name: law for law in plan.laws}
     greedy = {law.name for law in plan.laws if law.greedy}
-    grammars = _Grammars(plan, oracle)
     compared: list[tuple[str, list[str], dict[Any, Any], dict[Any, Any], dict[Any, Any], dict[Any, Any]]] = []
     for law in sorted({law for _, law in pairs} & greedy):
         drafts = sorted(d for d, x in pairs if x == law)
@@ -103,7 +102,7 @@ def _greedy_exactness(
         outside = 0
         try:
             if law in passes:
-                control, outside = _gaps(oracle, prompts, fallback, found, laws[law], grammars, step)
+                control, outside = _gaps(oracle, prompts, fallback, found, laws[law], step)
             elif oracle is not None:  # nothing compared token for token: the local target's pass is not needed
                 control = None
             else:  # no local target: every divergence is a fault
@@ -147,39 +146,12 @@ def _teacher_forceable(
     return [(key, f) for key, f in fallback.items() if f.output_ids and UNKNOWN_ID not in f.output_ids]
 
 
-class _Grammars:
-    """Grammar matchers for the oracle side of served exactness, one per constraint, from gate's
-    grammar engine over the target's tokenizer and the oracle's vocabulary, made on first use
-    (an unconstrained run builds none)."""
-
-    def __init__(self, plan: Plan, oracle: Any):
-        self.plan = plan
-        self.oracle = oracle
-        self.engine: Any = None
-        self.matchers: dict[Any, Any] = {}
-
-    def matcher(self, fmt: Any) -> Any:
-        """The Matcher of constraint `fmt` (None: None). Raises ValueError when it does not compile."""
-        if fmt is None:
-            return None
-        if fmt not in self.matchers:
-            if self.engine is None:
-                from gate.constraints import grammar_engine
-                from gate.models.loading import eos_token_ids
-
-                tokenizer = self.plan.tokenizer
-                self.engine = grammar_engine(tokenizer, int(self.oracle.vocab_size), eos_token_ids(tokenizer))
-            self.matchers[fmt] = self.engine.matcher(fmt)
-        return self.matchers[fmt]
-
-
 def _gaps(
     oracle: Any,
     prompts: dict[str, PlannedPrompt],
     fallback: dict[tuple[Any, ...], RequestRecord],
     found: dict[tuple[Any, ...], list[tuple[Any, ...]]],
     law: Any = None,
-    grammars: _Grammars | None = None,
     step: Callable[[int], None] | None = None,
 ) -> tuple[float | None, int]:
     """One teacher-forced pass of the local target along each fallback output (batched:
@@ -209,8 +181,7 @@ def _gaps(
         full = seqs[j][0]
         fmt = prompt.response_format
         if law is not None and (processed or fmt is not None):
-            grammar = grammars.matcher(fmt) if grammars is not None else None
-            logits = law_logits(logits, law.bind(len(ids), grammar), full, len(ids))
+            logits = law_logits(logits, oracle.bind(law, len(ids), fmt), full, len(ids))
         top = logits.max(dim=-1).values
         chosen = logits.gather(-1, torch.tensor(f.output_ids)[:, None]).squeeze(-1)
         allowed = torch.isfinite(chosen)

@@ -171,17 +171,14 @@ def planned_samples(session: Any, law: Any, prompt: PlannedPrompt, tv: float, po
     rare categories added), at most MAX_PLANNED_SAMPLES. Sized for the one-sample reference:
     where the verdict must rest on the two-sample one (a fallback runner that fails the
     one-sample test) about twice as many are needed, and the verdict says so."""
-    from gate.exactness.fallback import _Grammars
-
-    ids = list(prompt.token_ids)
-    grammars = _Grammars(session.plan, session.oracle) if prompt.response_format is not None else None
-    first = session.oracle.target_probs(ids + [0], len(ids), _bind(session, law, prompt, grammars))[-1].float()
+    ids, fmt = list(prompt.token_ids), prompt.response_format
+    first = session.oracle.next_token_law(ids, [], law, fmt).float()
     best = MAX_PLANNED_SAMPLES
     for x in torch.topk(first, min(PLANNED_FIRST_TOKENS, first.numel())).indices.tolist():
         share = float(first[x])
         if share <= 0:
             continue
-        nxt = session.oracle.target_probs(ids + [x, 0], len(ids), _bind(session, law, prompt, grammars))[-1].float()
+        nxt = session.oracle.next_token_law(ids, [x], law, fmt).float()
         best = min(best, _samples_for(nxt, share, tv, power, alpha))
     return best
 
@@ -253,12 +250,9 @@ def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: P
     a sampled pair, the fallback too (the reference check), one ExactnessRecord
     (runner_record) with the local target's law at each context where it is loaded. Raises
     what the local target's forward raises (the pass is a Phase: a failure)."""
-    from gate.exactness.fallback import _Grammars
-
     progress = progress or (lambda *_: None)
     prompts = {p.id: p for p in session.prompts}
     laws = {law.name: law for law in session.laws}
-    grammars = _Grammars(session.plan, session.oracle) if session.oracle is not None else None
     sampled = sorted({law for _, law in exactness.pairs if law in laws and not laws[law].greedy})
     jobs = [(law, d) for law in sampled for d in [FALLBACK, *sorted(d for d, x in exactness.pairs if x == law)]]
     for i, (law_name, name) in enumerate(jobs):
@@ -268,10 +262,8 @@ def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: P
         def target_law(prompt_id: str, prefix: tuple[int, ...], law: Any = law) -> torch.Tensor:
             interrupt.check_budget()
             prompt = prompts[prompt_id]
-            ids = list(prompt.token_ids)
-            bound = _bind(session, law, prompt, grammars)
-            probs: torch.Tensor = session.oracle.target_probs(ids + list(prefix) + [0], len(ids), bound)
-            return probs[-1].cpu()
+            probs: torch.Tensor = session.oracle.next_token_law(prompt.token_ids, prefix, law, prompt.response_format)
+            return probs.cpu()
 
         outputs = _outputs(m, name, law_name)
         if not outputs:
@@ -349,17 +341,6 @@ def two_sample_counts(prompt_id: str, outputs: list[list[int]], reference: list[
             )
         )
     return out
-
-
-def _bind(session: Any, law: Any, prompt: PlannedPrompt, grammars: Any = None) -> Any:
-    """`law` bound to one sample request of `prompt`: its prompt length and its constraint's
-    grammar (a fresh matcher state). Raises ValueError when the format does not compile."""
-    if prompt.response_format is None:
-        return law.bind(len(prompt.token_ids))
-    from gate.exactness.fallback import _Grammars
-
-    grammars = grammars or _Grammars(session.plan, session.oracle)
-    return law.bind(len(prompt.token_ids), grammars.matcher(prompt.response_format))
 
 
 def predicted_wall_s(plans: list[SamplePlan], m: Measurements) -> float | None:

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from gate.constraints import bind
 from gate.core.errors import describe_error
 from gate.core.law import Law, RequestLaw, law_logits, law_probs
 from gate.core.requests import PlannedPrompt, Request, request_seed
@@ -1034,7 +1033,7 @@ def _bound(session: Session, law: Law, prompt: PlannedPrompt) -> RequestLaw:
     """`law` for one request on `prompt`: its prompt length (penalties) and a fresh matcher of
     its response format, if it has one (grammar). Raises ValueError when the format does not
     compile."""
-    return bind(law, len(prompt.token_ids), prompt.response_format, session.grammars)
+    return _oracle(session).bind(law, len(prompt.token_ids), prompt.response_format)
 
 
 @torch.inference_mode()
@@ -1134,9 +1133,8 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                         ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt
                     )
                     # the first position (a claim test) and prefixes many steps share (evidence)
-                    bound = _bound(session, law, prompt)
                     for prefix, tokens in contexts(steps):
-                        p = _oracle(session).target_probs(ids + list(prefix) + [0], len(ids), bound)[-1]
+                        p = _oracle(session).next_token_law(ids, prefix, law, fmt)
                         rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu(), prefix=prefix))
         except Exception as e:  # noqa: BLE001
             m.failures.append(Failure(FailureStage.EXACTNESS, name, law_name, "exactness", describe_error(e)))

@@ -94,8 +94,8 @@ def open_target(loaded: LoadedPolicy, tokenizer: bool | Any = True) -> Target:
     info = models.model_info("target", str(source), "target", policy.target.dtype, target)
     stop = StopStrings(tok, policy.workload.stop) if policy.workload.stop and tok is not None else None
     oracle = TargetOracle(target, device)
-    grammars = grammar_engine(tok, oracle.vocab_size, eos) if tok is not None else None
-    return Target(device, target, tok, oracle, info, eos, stop, grammars)
+    oracle.grammars = grammar_engine(tok, oracle.vocab_size, eos) if tok is not None else None
+    return Target(device, target, tok, oracle, info, eos, stop, oracle.grammars)
 
 
 def open_session(plan: Plan, step: Any = None) -> Session:

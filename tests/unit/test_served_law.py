@@ -219,20 +219,21 @@ def test_gaps_under_a_grammar_leave_the_fallbacks_forbidden_tokens_out_of_the_co
     from gate.exactness.fallback import _gaps
 
     logits = torch.tensor([[1.0, 3.0, 0.0, 0.0], [0.5, 2.0, 0.0, 0.0]])
-    oracle = SimpleNamespace(target_logits=lambda ids, start: logits[:len(ids) - start])
+    # the oracle binds the law as TargetOracle.bind does: the toy grammar for a constrained prompt
+    oracle = SimpleNamespace(target_logits=lambda ids, start: logits[:len(ids) - start],
+                             bind=lambda law, n, fmt: law.bind(n, _OnlyAfter(4, 0) if fmt is not None else None))
     prompts = {"p": PlannedPrompt("p", "c", (3,), response_format=FORMATS["choice"])}
     fallback = {("p",): SimpleNamespace(prompt_id="p", output_ids=[0, 1])}  # token 1 is outside the toy grammar
-    grammars = SimpleNamespace(matcher=lambda fmt: _OnlyAfter(4, 0))
     rec = object()
     found = {("p",): [(rec, 0, 2)]}  # a draft runner diverged to token 2, which the grammar forbids
-    control, outside = _gaps(oracle, prompts, fallback, found, GREEDY, grammars)
+    control, outside = _gaps(oracle, prompts, fallback, found, GREEDY)
     # row 0: only token 0 allowed, the fallback's 0 is the masked argmax (gap 0); row 1: its 1 is forbidden
     assert control == 0.0 and outside == 1
     assert found[("p",)] == [(rec, 0, 2, float("inf"))]
     # without a constraint the raw logits decide: the fallback's 0 lies 2.0 below the top at row 0
     prompts["p"] = PlannedPrompt("p", "c", (3,))
     found = {("p",): [(rec, 0, 2)]}
-    control, outside = _gaps(oracle, prompts, fallback, found, GREEDY, grammars)
+    control, outside = _gaps(oracle, prompts, fallback, found, GREEDY)
     assert control == 2.0 and outside == 0 and found[("p",)] == [(rec, 0, 2, 3.0)]
 
 
