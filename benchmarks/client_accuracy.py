@@ -114,7 +114,7 @@ def gate_run(url: str, a: argparse.Namespace, concurrency: int | None, rate: flo
     reqs = [Request("fallback", law, PlannedPrompt(f"r{i}", "c", (base + i, 1, 2)), a.tokens, 0, i) for i in range(n)]
     load = ClosedLoop(concurrency=concurrency) if rate is None else OpenLoop(request_rate=rate, seed=1)
     out = runner.run(reqs, load)
-    stats = runner.client_stats()
+    stats = runner.observed().client_workers
     ok = [r for r in out if isinstance(r, StreamResult) and len(r.token_times_ms) == a.tokens]
     if len(ok) < n:
         bad = [r for r in out if not isinstance(r, StreamResult)]

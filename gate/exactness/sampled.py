@@ -139,9 +139,7 @@ def planned_cost(plan: Any) -> list[str]:
     policy sets next_token_samples, else the most gate may choose (MAX_PLANNED_SAMPLES per
     prompt); [] for an in-process runner or no sampled exactness pair. Wall time is predicted
     at check, from the timed requests (a note in the report)."""
-    from gate.runners.registry import runner_class
-
-    if runner_class(plan.loaded.policy.runner.kind).capabilities.in_process:
+    if plan.loaded.policy.runner.runs_models_here:
         return []
     ex = plan.exactness
     out = []

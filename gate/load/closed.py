@@ -5,9 +5,10 @@ concurrency N, no rate."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from gate.load.interface import LoadStrategy
+from gate.load.registry import LoadKind
 
 
 @dataclass(frozen=True)
@@ -25,3 +26,11 @@ class ClosedLoop(LoadStrategy):
             raise ValueError(f"closed-loop load needs a concurrency >= 1, got {self.concurrency!r}")
         if self.request_rate is not None:
             raise ValueError("closed-loop load has no request rate (use gate.load.open.OpenLoop)")
+
+
+def _points(policy: Any) -> list[LoadStrategy]:
+    """load.concurrency: one closed loop per concurrency, in the order given."""
+    return [ClosedLoop(concurrency=c) for c in policy.load.concurrency or []]
+
+
+KIND = LoadKind("concurrency", _points, default=lambda: ClosedLoop(concurrency=1))

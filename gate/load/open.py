@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from gate.load.interface import LoadStrategy
+from gate.load.registry import LoadKind
 from gate.records import OfferedLoad
 
 
@@ -57,3 +58,18 @@ class OpenLoop(LoadStrategy):
     def offered(self) -> OfferedLoad:
         """The strategy as the run record states it (with its burstiness)."""
         return OfferedLoad(self.kind, self.concurrency, self.request_rate, self.burstiness)
+
+
+def _points(policy: Any) -> list[LoadStrategy]:
+    """load.request_rate: one open loop per rate, in the order given, with load.burstiness,
+    arrivals seeded by workload.seed, capped by load.max_concurrency."""
+    load = policy.load
+    return [
+        OpenLoop(
+            request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed, concurrency=load.max_concurrency
+        )
+        for r in load.request_rate or []
+    ]
+
+
+KIND = LoadKind("request_rate", _points)

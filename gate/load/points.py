@@ -9,22 +9,16 @@ from gate.load.interface import LoadStrategy
 
 
 def load_points(policy: Any) -> list[LoadStrategy]:
-    """The policy's load points in run order: closed-loop concurrencies, then open-loop
-    rates (default: concurrency 1). Open-loop arrivals are seeded by workload.seed."""
-    from gate.load.closed import ClosedLoop
-    from gate.load.open import OpenLoop
+    """The policy's load points in run order, each registered strategy's in turn
+    (gate.load.registry: closed-loop concurrencies, then open-loop rates); a policy that
+    declares none runs the default strategy's one point (concurrency 1)."""
+    from gate.load.registry import kinds
 
-    load = policy.load
-    if load is None or (not load.concurrency and not load.request_rate):
-        return [ClosedLoop(concurrency=1)]
-    points: list[LoadStrategy] = [ClosedLoop(concurrency=c) for c in load.concurrency or []]
-    points += [
-        OpenLoop(
-            request_rate=r, burstiness=load.burstiness, seed=policy.workload.seed, concurrency=load.max_concurrency
-        )
-        for r in load.request_rate or []
-    ]
-    return points
+    points = [p for kind in kinds() for p in kind.points(policy)] if policy.load is not None else []
+    if points:
+        return points
+    (default,) = [kind.default for kind in kinds() if kind.default is not None]
+    return [default()]
 
 
 def point_of(load: LoadStrategy) -> tuple[int | None, float | None]:

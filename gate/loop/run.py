@@ -117,7 +117,6 @@ def measure(
     measurement that failed: it is a Failure. interrupt.stopped_in() names the phase a
     signal or the budget stopped."""
     progress = progress or (lambda *_: None)
-    runner = session.runner
     m = Measurements(environment=environment(session.device, settings.seed), laws=[law.name for law in session.laws])
     m.environment.models = session.models
     m.drafts = dict(session.draft_infos)
@@ -146,7 +145,7 @@ def measure(
         # reference, never resident at serve time) moves none of the peaks
         Phase("the bookkeeping", FailureStage.RUN, peaks, after_stop=True, bookkeeping=True),
     ]
-    if runner.capabilities.in_process and first:  # the target the runner serves is the one loaded here
+    if session.local and first:  # the target the runner serves is the one loaded here
         phases.append(
             Phase(
                 "the target identity check",
@@ -361,12 +360,7 @@ class Loop:
                     self.progress("requests", done[0], total)
                     self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
-                if (
-                    not self.runner.capabilities.in_process
-                    and names[0] == FALLBACK
-                    and len(names) > 1
-                    and self.s.first_shard
-                ):
+                if not self.session.local and names[0] == FALLBACK and len(names) > 1 and self.s.first_shard:
                     self._samples()
                 if self.s.search is not None and self.labelled:
                     self._search(names, laws)
@@ -686,8 +680,9 @@ class Loop:
         except Exception as e:  # noqa: BLE001 - the caller records it as the failure of what was not measured
             return e
         finally:
-            self.m.notes += self.runner.notes()  # what the runner saw beside the results (listen-queue overflows)
-            into.client_workers = self.runner.client_stats()
+            seen = self.runner.observed()  # beside the results: listen-queue overflows, the client's workers
+            self.m.notes += seen.notes
+            into.client_workers = seen.client_workers
             reading = probe.stop(started)
             if reading.cpu_stall_ms is not None and reading.wall_ms > 0:
                 into.stall_share = min(1.0, reading.cpu_stall_ms / reading.wall_ms)
@@ -969,12 +964,12 @@ def _exactness_phases(
     session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress
 ) -> list[Phase]:
     """The exactness pass of the plan's (draft, law) pairs. A runner of the local target
-    (Capabilities.in_process): each output against the target's own law (greedy argmax,
+    (session.local): each output against the target's own law (greedy argmax,
     PIT, next-token laws; _exactness). A served runner: greedy token equality with the
     fallback runner, divergences weighed by the local target's logit gap where it is loaded
     (gate.exactness.fallback.greedy_exactness), and for sampling laws the one- and
     two-sample counts of the samples the requests phase drew (gate.exactness.sampled)."""
-    if session.runner.capabilities.in_process:
+    if session.local:
         if not plan.pairs:
             return []
         return [
@@ -1004,7 +999,7 @@ def _exactness_phases(
 def _bill(session: Session, m: Measurements, settings: Settings) -> None:
     """The bill of every runner: from the weights loaded here (the in-process runner), else
     from the models' configs without loading weights (as `gate bill`)."""
-    if session.target is not None and session.runner.capabilities.in_process:
+    if session.local:
         _bills(session, m, max(settings.max_new_tokens), settings.resources)
     else:
         _config_bills(session.plan, m)

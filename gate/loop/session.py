@@ -56,6 +56,12 @@ class Session:
     )  # drafts with their own tokenizer, compared with the target's
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def local(self) -> bool:
+        """Whether the runner runs the target and drafts loaded here (open_session loaded them
+        for it): its outputs are the local target's own, and its drafts are here to score."""
+        return self.target is not None
+
 
 @dataclass
 class Target:
@@ -112,7 +118,7 @@ def open_session(plan: Plan, step: Any = None) -> Session:
     loaded = plan.loaded
     policy = loaded.policy
     cls = runner_class(policy.runner.kind)
-    if not cls.capabilities.in_process:
+    if not policy.runner.runs_models_here:
         return _served_session(plan, cls, step)
     step("loading models", 0, 1)
     t = open_target(loaded, plan.tokenizer if plan.tokenizer is not None else True)

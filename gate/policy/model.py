@@ -1253,7 +1253,7 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
         if name not in policy.drafts:
             problems.append((f"baseline.drafts.{name}", f"unknown draft {name!r}; known: {', '.join(policy.drafts)}"))
     problems.extend(_runner_problems(policy))
-    if policy.target.release is not None and not runner_kinds.runner_class(policy.runner.kind).capabilities.in_process:
+    if policy.target.release is not None and not policy.runner.runs_models_here:
         problems.append(
             (
                 "target.release",

@@ -12,8 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -21,6 +21,11 @@ from gate.core.law import Law
 from gate.core.requests import Request
 from gate.load.interface import LoadStrategy
 from gate.runners.result import StreamResult
+
+if TYPE_CHECKING:  # annotations only
+    from gate.constraints.interface import ResponseFormat
+    from gate.records import ClientWorkerRecord, ServerRecord
+    from gate.runners.engines.interface import ServerSnapshot
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,13 @@ class RunnerSpecBase(BaseModel):
         """Whether the runner serves requests at the policy's load points (Capabilities.load_points)."""
         return bool(self.runner is not None and self.runner.capabilities.load_points)
 
+    @property
+    def runs_models_here(self) -> bool:
+        """Whether the runner runs the target and the drafts in this process (the one read of
+        Capabilities.in_process): gate then loads them for it (gate.loop.session), and what
+        depends on that reads the session (its loaded target and drafts) or this."""
+        return bool(self.runner is not None and self.runner.capabilities.in_process)
+
     def policy_problems(self, policy: Any) -> list[tuple[str, str]]:
         """(YAML path, message) for what the rest of `policy` (a gate.policy.model.Policy)
         asks that this runner kind cannot do, told from the policy alone (e.g. a runner name
@@ -98,6 +110,18 @@ class RunnerSpecBase(BaseModel):
         """(YAML path, warning) for what `policy` lets this runner run but gate cannot check
         (e.g. a draft endpoint whose proposals cannot be counted). Default: none."""
         return []
+
+
+@dataclass
+class Observed:
+    """What a runner saw over its run() calls beside the requests' results (Runner.observed):
+    `notes` a report should carry (e.g. the kernel's listen-queue overflows while a served
+    runner ran), in the order seen, and `client_workers`, what a served client's worker
+    processes measured of themselves over the last run() call (one ClientWorkerRecord per
+    worker: CPU time, event-loop lag; empty where gate's own process runs the requests)."""
+
+    notes: list[str] = field(default_factory=list)
+    client_workers: list[ClientWorkerRecord] = field(default_factory=list)
 
 
 RequestResult = StreamResult | Exception
@@ -168,33 +192,27 @@ class Runner(ABC):
         KeyboardInterrupt or the budget keeps what ended before. Raises ValueError for a
         load beyond the capabilities (check_load)."""
 
-    def notes(self) -> list[str]:
-        """What the runner saw beside the requests' results that a report should say (e.g.
-        the kernel's listen-queue overflows while a served runner ran), in the order seen,
-        since the last call: returned once, then cleared. Default: none."""
-        return []
+    def observed(self) -> Observed:
+        """What the runner saw since the last call beside the requests' results (Observed),
+        returned once, then cleared; the loop takes it after each run() call. Default:
+        nothing."""
+        return Observed()
 
-    def client_stats(self) -> list[Any]:
-        """What a served client's worker processes measured of themselves over the last
-        run() call (gate.records.ClientWorkerRecord per worker), then cleared. Default: none
-        (gate's own process runs the requests)."""
-        return []
-
-    def counters(self, runner: str) -> Any:
+    def counters(self, runner: str) -> ServerSnapshot | None:
         """The server's counters for `runner` now (a gate.runners.server_metrics.ServerSnapshot),
         scraped before and after each measured window (their difference is the window's
         acceptance); None when the runner has no counters (default). Raises what the scrape
         raises (an unreachable metrics URL): the caller records it."""
         return None
 
-    def law_refusals(self, runner: str, law: Law, fmt: Any = None) -> list[tuple[str, str]]:
+    def law_refusals(self, runner: str, law: Law, fmt: ResponseFormat | None = None) -> list[tuple[str, str]]:
         """What `runner` cannot apply as gate applies `law` to a request constrained by `fmt`
         (a gate.constraints.interface.ResponseFormat, None: unconstrained): (field, why)
         pairs, field a Law attribute name or "constraint". Default: none (gate's own loop
         applies the whole law). Raises KeyError for a runner name it does not serve."""
         return []
 
-    def describe(self, runner: str) -> Any:
+    def describe(self, runner: str) -> ServerRecord | None:
         """What gate saw of `runner`'s engine, for the report: a gate.records.ServerRecord
         (endpoint, command line, version, peak RSS), or None where there is no server
         (default). Never raises: what cannot be told is None."""
@@ -206,7 +224,13 @@ class Runner(ABC):
         return None
 
     def first_steps(
-        self, prompt_ids: list[int], draft: str, law: Law, n: int, seed: int, response_format: Any = None
+        self,
+        prompt_ids: list[int],
+        draft: str,
+        law: Law,
+        n: int,
+        seed: int,
+        response_format: ResponseFormat | None = None,
     ) -> list[list[int]]:
         """`n` independent speculative first steps of draft `draft` after `prompt_ids`
         under `law` and the request's `response_format` (gate.constraints.interface; None:

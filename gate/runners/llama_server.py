@@ -226,7 +226,7 @@ def smoke_test(binary: str, model: str, n_tokens: int = 8, threads: int = 2, tim
             )
             body = reply.json() if reply.status_code == 200 else {}
         except (httpx.HTTPError, ValueError) as e:
-            code = runner._server.proc.poll() if runner._server is not None else None
+            code = runner._server.exit_code() if runner._server is not None else None
             how = f"; the server {'died: ' + describe_exit(code, binary, False) if code is not None else 'is alive'}"
             raise ServedError("smoke", url, f"the completion request failed: {type(e).__name__}: {e}{how}") from None
         generate_s = time.perf_counter() - began

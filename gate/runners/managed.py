@@ -7,11 +7,9 @@ and starts the runner's own, on 127.0.0.1 at a free port. It is ready when its h
 answers 200 while the process lives and the server names the model gate started
 (`_is_ours`: a stranger on a reused port is never measured).
 
-The process is in its own session (start_new_session): a Ctrl-C to gate does not reach it;
-close() stops it (SIGTERM to its process group, SIGKILL after STOP_GRACE_S), and so does an
-interpreter exit (atexit). A gate killed by a signal runs no atexit handler, but on Linux the
-kernel sends the server SIGTERM when the thread that started it (the main thread) ends
-(PR_SET_PDEATHSIG). Its output goes to a log file (log_dir, or a temporary folder removed at
+The process itself is a component the runner holds (gate.runners.process.ServerProcess:
+spawn, health, peak RSS, stop), in its own session; close() stops it, and so does an
+interpreter exit. Its output goes to a log file (log_dir, or a temporary folder removed at
 close); failures quote its last LOG_TAIL_LINES lines.
 
 A kind subclasses ManagedServerRunner and says: its program's name, the command line of a
@@ -21,20 +19,12 @@ own, and how its log says a port was taken.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,131 +35,19 @@ from gate.load.interface import LoadStrategy
 from gate.runners.client.transport import ServedError
 from gate.runners.interface import Done, Ended, RequestResult
 from gate.runners.openai import Endpoint, OpenAIRunner
+from gate.runners.process import (  # noqa: F401 - HOST, free_port and the RSS readers are this module's API too
+    HOST,
+    LOG_TAIL_LINES,
+    STOP_GRACE_S,
+    Exited,
+    NotOurs,
+    ServerProcess,
+    free_port,
+    process_tree,
+    tree_peak_rss_bytes,
+    vm_hwm_bytes,
+)
 from gate.runners.server_metrics import ServerSnapshot
-
-STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL
-LOG_TAIL_LINES = 20
-HEALTH_POLL_S = 0.05
-HOST = "127.0.0.1"
-
-_LIVE: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
-
-
-def _stop_all_at_exit() -> None:
-    with _LIVE_LOCK:
-        procs = list(_LIVE)
-    for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + 5.0
-    for proc in procs:
-        _wait_group(proc, deadline)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group `pgid` is left (a zombie counts until reaped)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _wait_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
-    """Wait for `proc` and every other process of its group (its own: start_new_session) until
-    `deadline` (time.monotonic()), then SIGKILL the group and reap `proc`. A server that runs
-    children (vLLM's engine core) is gone only when the whole group is."""
-    try:
-        proc.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if proc.poll() is None or _group_alive(proc.pid):
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-
-
-atexit.register(_stop_all_at_exit)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Send `sig` to the process group of `proc` (its own: start_new_session)."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on at `host` now (the kernel's pick; another process may
-    still take it before the server binds: the runner retries once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def vm_hwm_bytes(pid: int) -> int | None:
-    """Peak resident set size of process `pid` so far (VmHWM in /proc/<pid>/status), bytes;
-    None where /proc is missing (not Linux) or the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    m = re.search(r"^VmHWM:\s+(\d+)\s+kB", text, re.MULTILINE)
-    return int(m.group(1)) * 1024 if m else None
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every descendant of it alive now (Linux /proc/<pid>/task/*/children), parents
-    first; [pid] where /proc is missing."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                todo.extend(int(c) for c in task.read_text().split())
-            except (OSError, ValueError):
-                pass
-    return out
-
-
-def tree_peak_rss_bytes(pid: int) -> int | None:
-    """The sum over `pid` and its live descendants of each process's peak resident set
-    (VmHWM), bytes: an upper bound on the tree's resident peak (each process peaks at its own
-    moment; pages shared between them count once per process). None when `pid` is gone."""
-    own = vm_hwm_bytes(pid)
-    if own is None:
-        return None
-    return own + sum(v for p in process_tree(pid)[1:] if (v := vm_hwm_bytes(p)) is not None)
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
-class _Server:
-    """A started server: its runner name, process, port, command and log."""
-
-    runner: str
-    proc: subprocess.Popen[bytes]
-    port: int
-    command: list[str]
-    log_path: Path
-    started_s: float  # time.perf_counter() at spawn
-    ready_s: float | None = None  # seconds from spawn to /health 200
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
 
 
 class ManagedServerRunner(OpenAIRunner):
@@ -219,7 +97,8 @@ class ManagedServerRunner(OpenAIRunner):
         self.startup_timeout_s = startup_timeout_s
         self.log_dir = log_dir
         self.capabilities = replace(type(self).capabilities, max_concurrency=parallel)
-        self._server: _Server | None = None
+        self._server: ServerProcess | None = None  # the server up now
+        self._up: str | None = None  # the runner it serves
         self._commands: dict[str, list[str]] = {}
         self._peak_rss: dict[str, int] = {}
         self._startup_s: dict[str, float] = {}
@@ -307,8 +186,8 @@ class ManagedServerRunner(OpenAIRunner):
         """Peak resident set size of `runner`'s server, bytes: the largest tree_peak_rss_bytes
         (VmHWM summed over its process tree) over all its lifetimes so far (read at ready,
         after each run and before each stop). None before it ran or where /proc is missing."""
-        if self._server is not None and self._server.runner == runner:
-            self._sample_rss(self._server)
+        if self._server is not None and self._up == runner:
+            self._sample_rss(runner, self._server)
         return self._peak_rss.get(runner)
 
     def startup_s(self, runner: str) -> float | None:
@@ -317,11 +196,11 @@ class ManagedServerRunner(OpenAIRunner):
 
     def log_path(self, runner: str) -> Path | None:
         """The log file of `runner`'s current server (None when it is not up)."""
-        return self._server.log_path if self._server is not None and self._server.runner == runner else None
+        return self._server.log_path if self._server is not None and self._up == runner else None
 
     def pid(self, runner: str) -> int | None:
         """The process id of `runner`'s server when it is up, else None."""
-        return self._server.proc.pid if self._server is not None and self._server.runner == runner else None
+        return self._server.pid if self._server is not None and self._up == runner else None
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -336,7 +215,7 @@ class ManagedServerRunner(OpenAIRunner):
         if runner not in self.servers:
             raise KeyError(f"{self.program} has no server named {runner!r} (known: {', '.join(sorted(self.servers))})")
         current = self._server
-        if current is not None and current.runner == runner and current.proc.poll() is None:
+        if current is not None and self._up == runner and current.exit_code() is None:
             return
         failed = self._start_failed.get(runner)
         if failed is not None:
@@ -356,9 +235,9 @@ class ManagedServerRunner(OpenAIRunner):
         for attempt in (1, 2):
             server = self._spawn(runner)
             try:
-                self._wait_ready(server)
+                self._wait_ready(runner, server)
             except _PortInUse:
-                self._reap(server)
+                self._reap(runner, server)
                 if attempt == 2:
                     raise ServedError(
                         runner,
@@ -368,9 +247,9 @@ class ManagedServerRunner(OpenAIRunner):
                     ) from None
                 continue
             except BaseException:
-                self._reap(server)
+                self._reap(runner, server)
                 raise
-            self._server = server
+            self._server, self._up = server, runner
             self.endpoints[runner] = self.endpoint_of(runner, server.base_url)
             return
 
@@ -409,19 +288,15 @@ class ManagedServerRunner(OpenAIRunner):
         server = self._server
         assert server is not None
         results = super().run(requests, load, done, ended)
-        code = server.proc.poll()
+        code = server.exit_code()
         if code is None and any(isinstance(r, Exception) for r in results):
-            # a killed server closes its sockets a moment before it can be reaped
-            try:
-                code = server.proc.wait(1.0)
-            except subprocess.TimeoutExpired:
-                code = None
+            code = server.exit_code(wait_s=1.0)  # a killed server closes its sockets a moment before it can be reaped
         if code is None:
-            self._sample_rss(server)
+            self._sample_rss(runner, server)
             return results
-        died = self._died(server, code)
-        self._reap(server)
-        self._server = None
+        died = self._died(runner, server, code)
+        self._reap(runner, server)
+        self._server, self._up = None, None
         return [died if isinstance(r, Exception) else r for r in results]
 
     def counters(self, runner: str) -> ServerSnapshot | None:
@@ -459,117 +334,79 @@ class ManagedServerRunner(OpenAIRunner):
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", runner)
         return folder / f"{self.program}-{safe}-{self._spawns}.log"
 
-    def _spawn(self, runner: str) -> _Server:
+    def _spawn(self, runner: str) -> ServerProcess:
         port = free_port()
         cmd = self.command_line(runner, port=port)
-        log_path = self._log_file(runner)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=self.server_env(),
-                preexec_fn=_die_with_parent(),
-            )
-        with _LIVE_LOCK:
-            _LIVE.add(proc)
+        server = ServerProcess(cmd, self.server_env(), self._log_file(runner), port)
         self._commands[runner] = cmd
-        return _Server(runner, proc, port, cmd, log_path, time.perf_counter())
+        return server
 
-    def _wait_ready(self, server: _Server) -> None:
-        """Poll health_path until 200 with the process alive, then ask is_ours. Raises
-        _PortInUse, or ServedError (exited, timeout)."""
-        deadline = server.started_s + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = server.proc.poll()
-                if code is not None:
-                    if self.bind_failed(_tail(server.log_path, 200)):
-                        raise _PortInUse()
-                    raise ServedError(
-                        server.runner,
-                        server.base_url,
-                        f"server exited: {self.program} exited before it was ready, with "
-                        f"{self.describe_exit(code, True)} "
-                        f"(command: {' '.join(server.command)}); last lines of {server.log_path}:\n"
-                        f"{_tail(server.log_path)}",
-                    )
-                if time.perf_counter() > deadline:
-                    raise ServedError(
-                        server.runner,
-                        server.base_url,
-                        f"startup timeout: {self.program} not ready after {self.startup_timeout_s:g} s; "
-                        f"last lines of {server.log_path}:\n{_tail(server.log_path)}",
-                    )
-                try:
-                    if client.get(server.base_url + self.health_path).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(HEALTH_POLL_S)
-            ready = time.perf_counter()
-            ours = self.is_ours(server.runner, server.base_url, client)
-            if ours:
-                self.on_ready(server.runner, server.base_url, server.log_path, client)
-        if server.proc.poll() is not None or not ours:
-            # another process answered on the port we picked: ours could not bind it
-            raise _PortInUse()
-        server.ready_s = ready - server.started_s
-        self._startup_s[server.runner] = server.ready_s
-        self._sample_rss(server)
+    def _wait_ready(self, runner: str, server: ServerProcess) -> None:
+        """Wait until `runner`'s server is ready and its own (ServerProcess.wait_ready, is_ours),
+        then read what it says of itself (on_ready). Raises _PortInUse, or ServedError (exited,
+        timeout)."""
+        try:
+            server.wait_ready(
+                self.health_path, self.startup_timeout_s, lambda client: self._ours(runner, server, client)
+            )
+        except Exited as e:
+            if self.bind_failed(server.tail(200)):
+                raise _PortInUse() from None
+            raise ServedError(
+                runner,
+                server.base_url,
+                f"server exited: {self.program} exited before it was ready, with "
+                f"{self.describe_exit(e.code, True)} "
+                f"(command: {' '.join(server.command)}); last lines of {server.log_path}:\n"
+                f"{server.tail()}",
+            ) from None
+        except TimeoutError:
+            raise ServedError(
+                runner,
+                server.base_url,
+                f"startup timeout: {self.program} not ready after {self.startup_timeout_s:g} s; "
+                f"last lines of {server.log_path}:\n{server.tail()}",
+            ) from None
+        except NotOurs:
+            raise _PortInUse() from None  # another process answered on the port we picked: ours could not bind it
+        assert server.ready_s is not None
+        self._startup_s[runner] = server.ready_s
+        self._sample_rss(runner, server)
 
-    def _sample_rss(self, server: _Server) -> None:
-        rss = tree_peak_rss_bytes(server.proc.pid)
+    def _ours(self, runner: str, server: ServerProcess, client: httpx.Client) -> bool:
+        """is_ours, then on_ready when it is."""
+        mine = self.is_ours(runner, server.base_url, client)
+        if mine:
+            self.on_ready(runner, server.base_url, server.log_path, client)
+        return mine
+
+    def _sample_rss(self, runner: str, server: ServerProcess) -> None:
+        rss = server.sample_rss()
         if rss is not None:
-            self._peak_rss[server.runner] = max(rss, self._peak_rss.get(server.runner, 0))
+            self._peak_rss[runner] = max(rss, self._peak_rss.get(runner, 0))
 
     def _stop_current(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
+        server, runner = self._server, self._up
+        self._server, self._up = None, None
+        if server is None or runner is None:
             return
-        self._sample_rss(server)
-        self._reap(server)
+        self._sample_rss(runner, server)
+        self._reap(runner, server)
 
-    def _reap(self, server: _Server) -> None:
-        """SIGTERM the server's process group, SIGKILL after STOP_GRACE_S, wait for all of it."""
-        proc = server.proc
-        # the group, even when its first process has exited: its children (vLLM's engine core) may live on
-        _signal_group(proc, signal.SIGTERM)
-        _wait_group(proc, time.monotonic() + STOP_GRACE_S)
-        with _LIVE_LOCK:
-            _LIVE.discard(proc)
-        self.endpoints.pop(server.runner, None)
+    def _reap(self, runner: str, server: ServerProcess) -> None:
+        """Stop the server (its whole process group) and forget its endpoint."""
+        server.stop()
+        self.endpoints.pop(runner, None)
 
-    def _died(self, server: _Server, code: int) -> ServedError:
+    def _died(self, runner: str, server: ServerProcess, code: int) -> ServedError:
         how = self.describe_exit(code, before_ready=False)
         return ServedError(
-            server.runner,
+            runner,
             server.base_url,
-            f"server died: {self.program} (pid {server.proc.pid}) died during the run ({how}); last lines of "
-            f"{server.log_path}:\n{_tail(server.log_path)}",
+            f"server died: {self.program} (pid {server.pid}) died during the run ({how}); last lines of "
+            f"{server.log_path}:\n{server.tail()}",
         )
 
 
 class _PortInUse(Exception):
     """The server could not bind the port picked for it (taken meanwhile)."""
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """On Linux, from the main thread: a preexec_fn asking the kernel to SIGTERM the server
-    when gate ends without running atexit (killed by SIGTERM or SIGKILL). The kernel ties
-    it to the thread that forks, so only the main thread (it lives as long as gate) asks.
-    None elsewhere."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1  # <linux/prctl.h>
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return preexec

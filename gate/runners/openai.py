@@ -16,7 +16,7 @@ of refused at connect, reset before the response, reset mid-stream, timed out be
 first byte, timed out mid-stream it was, with the errno and what had arrived
 (gate.runners.client.transport.classify_transport); after max_consecutive_failures of them
 in a row the load point's requests not yet sent fail at once. The kernel's listen-queue
-overflows during a run() call become a note (notes(), gate.runners.netstat).
+overflows during a run() call become a note (observed(), gate.runners.netstat).
 
 The declared law travels whole in every request, each field explicit where the engine is
 verified (a server's defaults, e.g. vLLM's generation_config.json or llama.cpp's top_k 40 /
@@ -52,7 +52,7 @@ from gate.runners.client.worker import NOT_SENT, Job
 from gate.runners.client.workers import DISPATCH_BYTES_PER_S, START_LEAD_S, PoolError, client_workers, shared_pool
 from gate.runners.engines.interface import Engine
 from gate.runners.engines.registry import engine, engine_names
-from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase
+from gate.runners.interface import Capabilities, Done, Ended, Observed, RequestResult, Runner, RunnerSpecBase
 from gate.runners.netstat import listen_counters, listen_note
 from gate.runners.registry import register
 from gate.runners.server_metrics import ServerSnapshot, parse_metrics
@@ -286,7 +286,7 @@ class OpenAIRunner(Runner):
     not an HTTP error status or a malformed stream), every request not yet sent is a
     ServedError at once ("not sent: ..."), while those in flight finish or time out.
 
-    Raises ValueError for request_timeout_s <= 0 or max_consecutive_failures < 1. notes()
+    Raises ValueError for request_timeout_s <= 0 or max_consecutive_failures < 1. observed()
     says when the kernel counted listen-queue overflows during a run() call
     (gate.runners.netstat).
     """
@@ -516,12 +516,15 @@ class OpenAIRunner(Runner):
             if note:
                 self._notes.append(note)
 
-    def notes(self) -> list[str]:
-        """Notes since the last call, then cleared: one per run() call during which the
-        kernel's TcpExt ListenOverflows or ListenDrops rose (gate.runners.netstat.listen_note:
+    def observed(self) -> Observed:
+        """Since the last call, then cleared: a note per run() call during which the kernel's
+        TcpExt ListenOverflows or ListenDrops rose (gate.runners.netstat.listen_note:
         connections dropped because a server's accept backlog was full), naming the runner
-        and load point. [] where /proc/net/netstat cannot be read."""
-        out, self._notes = self._notes, []
+        and load point (none where /proc/net/netstat cannot be read); and what the client's
+        workers measured of themselves over the last run() call (one ClientWorkerRecord per
+        worker: CPU time, event-loop lag)."""
+        out = Observed(self._notes, self._workers)
+        self._notes, self._workers = [], []
         return out
 
     def _refuse(self, runner: str, url: str, requests: Sequence[Request]) -> None:
@@ -666,12 +669,6 @@ class OpenAIRunner(Runner):
                 except BaseException as e:  # noqa: BLE001 - raised by the caller, once every result is read
                     raised.append(e)
         return results
-
-    def client_stats(self) -> list[ClientWorkerRecord]:
-        """What the client's workers measured of themselves over the last run() call (one
-        ClientWorkerRecord per worker: CPU time, event-loop lag), then cleared."""
-        out, self._workers = self._workers, []
-        return out
 
     def body(self, ep: Endpoint, req: Request) -> dict[str, Any]:
         """The JSON body of `req` for `ep`: the whole declared law and the prompt's constraint

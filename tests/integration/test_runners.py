@@ -100,7 +100,7 @@ class StreamOnly(Runner):
 
 
 def test_a_runner_without_step_counters_gives_records_and_windows_that_serialise() -> None:
-    session = SimpleNamespace(runner=StreamOnly(), prompts=[PROMPT])
+    session = SimpleNamespace(runner=StreamOnly(), prompts=[PROMPT], local=False)  # a served session (Session.local)
     m = Measurements(environment=Environment("3", "t", "tf", "g", "linux", "cpu", "cpu", 0), drafts={"d": DraftInfo("model", 3)})
     loop = gate_run.Loop(session, m, gate_run.Settings([4], 2, 0, warmup=0), lambda *_: None)  # type: ignore[arg-type]
     loop.requests([FALLBACK, "d"], [GREEDY], range(2))

@@ -251,8 +251,8 @@ def test_a_full_listen_backlog_times_out_and_the_kernel_counts_it() -> None:
     assert all(e.kind == "timeout_before_first_byte" for e in out), [e.what for e in out]
     phases = sorted(re.search(r"; ([a-z ,]+), no response byte\)$", e.what).group(1) for e in out)
     assert "connecting" in phases, phases  # SYN dropped: the handshake never completed
-    notes = r.notes()
-    assert r.notes() == []  # returned once, then cleared
+    notes = r.observed().notes
+    assert r.observed().notes == []  # returned once, then cleared
     if before is None or after is None or not (after.overflows or 0) > (before.overflows or 0):
         pytest.skip("this machine's /proc/net/netstat shows no ListenOverflows (unreadable, or another namespace)")
     (note,) = notes

@@ -192,7 +192,8 @@ def run_cells(busy, cells: int = 20, reruns: int = 2, budget: float = 0.5) -> tu
 
     law = SimpleNamespace(name="greedy")
     runner = FakeRunner(busy)
-    session = SimpleNamespace(runner=runner, prompts=[PlannedPrompt(f"p{i}", "qa", (1, 2, 3)) for i in range(cells)])
+    session = SimpleNamespace(runner=runner, prompts=[PlannedPrompt(f"p{i}", "qa", (1, 2, 3)) for i in range(cells)],
+                              local=False)  # a served session (Session.local)
     m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("prompt_lookup", 3)})
     settings = Settings([3], warmup=0, contention=Handling(0.1, reruns, 2, budget))
     Loop(session, m, settings, lambda *_: None).requests(["fallback", "d"], [law], range(1))

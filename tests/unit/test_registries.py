@@ -261,3 +261,23 @@ def test_a_builtin_module_goes_through_the_same_checks(monkeypatch):
         registry("toy_builtin_c").names()
     with pytest.raises(KeyError, match=r"unknown toy kind 'y'; known: x"):
         registry("toy_builtin_a").get("y")
+
+
+def test_the_load_points_come_from_the_load_registry_in_run_order():
+    from types import SimpleNamespace
+
+    from gate.load.closed import ClosedLoop
+    from gate.load.open import OpenLoop
+    from gate.load.points import load_points
+    from gate.load.registry import kinds
+
+    assert [k.key for k in kinds()] == ["concurrency", "request_rate"]
+    assert all(k.key == s.kind for k, s in zip(kinds(), (ClosedLoop, OpenLoop)))  # a strategy is named by its key
+    load = SimpleNamespace(concurrency=[4, 1], request_rate=[2.0], burstiness=0.5, max_concurrency=8)
+    policy = SimpleNamespace(load=load, workload=SimpleNamespace(seed=3))
+    assert load_points(policy) == [ClosedLoop(concurrency=4), ClosedLoop(concurrency=1),
+                                   OpenLoop(request_rate=2.0, burstiness=0.5, seed=3, concurrency=8)]
+    # no load point declared: the default strategy's one point
+    assert load_points(SimpleNamespace(load=None, workload=policy.workload)) == [ClosedLoop(concurrency=1)]
+    load.concurrency, load.request_rate = None, []
+    assert load_points(policy) == [ClosedLoop(concurrency=1)]
