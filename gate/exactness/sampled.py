@@ -36,6 +36,7 @@ from gate.load.closed import ClosedLoop
 from gate.load.interface import LoadStrategy
 from gate.load.points import describe_point
 from gate.loop import interrupt
+from gate.plan.matrix import samples_asked
 from gate.records import (
     FALLBACK,
     ExactnessRecord,
@@ -101,8 +102,9 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
     """The SamplePlan of every sampling law an exactness pair of `exactness` (gate.plan.matrix.
     ExactnessPlan) names, for the served `session` (gate.loop.session.Session): the fallback and
     the drafts of that law's pairs, the first next_token_prompts prompts, the policy's
-    next_token_samples per prompt or, when 0, planned_samples from the local target's law
-    (DEFAULT_SAMPLES without a local target). Raises what the local target's forward raises."""
+    next_token_samples per prompt or, when auto, planned_samples from the local target's law
+    (DEFAULT_SAMPLES without a local target); none for a law whose rules ask 0. Raises what
+    the local target's forward raises."""
     laws = {law.name: law for law in session.laws}
     out = []
     for name in sorted({law for _, law in exactness.pairs}):
@@ -113,10 +115,12 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
         if not drafts:
             continue
         prompts = list(session.prompts[: exactness.next_token_prompts])
-        asked = max(exactness.next_token_samples.get((d, name), 0) for d in drafts)
+        asked = samples_asked(exactness.next_token_samples.get((d, name), 0) for d in drafts)
+        if asked == 0:
+            continue  # no next-token test asked (gate validate refuses it for a served run)
         tv, power, alpha = min(exactness.demands.get((d, name), (0.1, 0.9, 0.01)) for d in drafts)
         level = alpha / max(1, TESTS_PER_PROMPT * len(prompts) * len(drafts))
-        if asked:
+        if asked is not None:
             samples, why = {p.id: asked for p in prompts}, f"next_token_samples {asked} per prompt (the policy)"
         elif session.oracle is None:
             samples = {p.id: DEFAULT_SAMPLES for p in prompts}
@@ -134,27 +138,35 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
 
 
 def planned_cost(plan: Any) -> list[str]:
-    """What a validated served plan (gate.plan.matrix.Plan) will draw for sampled exactness, one line
-    per sampling law, before any model is loaded: requests and output tokens, exact where the
-    policy sets next_token_samples, else the most gate may choose (MAX_PLANNED_SAMPLES per
-    prompt); [] for an in-process runner or no sampled exactness pair. Wall time is predicted
-    at check, from the timed requests (a note in the report)."""
-    if plan.loaded.policy.runner.runs_models_here:
-        return []
+    """What a validated plan (gate.plan.matrix.Plan) will draw for the next-token tests of
+    sampled exactness, one line per sampling law, before any model is loaded: served, the
+    sample requests and their output tokens; in process, the speculative first steps; exact
+    where the policy sets next_token_samples, else the most gate may choose
+    (MAX_PLANNED_SAMPLES per prompt); [] without a sampled exactness pair that asks any.
+    Served wall time is predicted at check, from the timed requests (a note in the report)."""
+    local = plan.loaded.policy.runner.runs_models_here
     ex = plan.exactness
     out = []
     for law in plan.laws:
         drafts = sorted(d for d, x in ex.pairs if x == law.name)
-        if law.greedy or not drafts:
+        asked = samples_asked(ex.next_token_samples.get((d, law.name), 0) for d in drafts)
+        if law.greedy or not drafts or asked == 0:
             continue
         prompts = len(plan.workload.prompts[: ex.next_token_prompts])
-        asked = max(ex.next_token_samples.get((d, law.name), 0) for d in drafts)
-        per = asked or MAX_PLANNED_SAMPLES
+        per = MAX_PLANNED_SAMPLES if asked is None else asked
+        most, chosen = ("at most ", "; gate sizes it from the target at check") if asked is None else ("", "")
+        if local:
+            n = per * prompts * len(drafts)
+            out.append(
+                f"in-process next-token samples under {law.name}: {most}{n} speculative first steps ({per} per "
+                f"prompt x {prompts} prompts x {len(drafts)} drafts{chosen})"
+            )
+            continue
         n = per * prompts * (len(drafts) + 1)
         out.append(
-            f"served exactness samples under {law.name}: {'' if asked else 'at most '}{n} requests of "
+            f"served exactness samples under {law.name}: {most}{n} requests of "
             f"{SAMPLE_TOKENS} tokens ({n * SAMPLE_TOKENS} tokens: {per} per prompt x {prompts} prompts x "
-            f"{len(drafts) + 1} runners{'' if asked else '; gate sizes it from the target at check'})"
+            f"{len(drafts) + 1} runners{chosen})"
         )
     return out
 

@@ -1118,12 +1118,13 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                         law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator
                     )
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
-            n = plan.next_token_samples.get((name, law_name), 0) if session.runner.capabilities.first_steps else 0
-            if n and not law.greedy:
+            asked = plan.next_token_samples.get((name, law_name), 0) if session.runner.capabilities.first_steps else 0
+            if asked != 0 and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     interrupt.check_budget()
                     ids = list(prompt.token_ids)
                     fmt = prompt.response_format
+                    n = asked if asked is not None else _planned_first_steps(session, plan, name, law, prompt, m)
                     steps = session.runner.first_steps(
                         ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt
                     )
@@ -1136,6 +1137,27 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
             continue
         m.exactness.append(rec)
     progress("exactness", len(pairs), len(pairs))
+
+
+def _planned_first_steps(
+    session: Session, plan: ExactnessPlan, name: str, law: Law, prompt: PlannedPrompt, m: Measurements
+) -> int:
+    """The speculative first steps of draft `name` on `prompt` that gate chooses
+    (next_token_samples auto): as many as the claim test needs to detect the most demanding
+    rule's detect_tv at its power (gate.exactness.sampled.planned_samples, at the level a
+    served plan uses), said in m.notes."""
+    from gate.exactness.sampled import MAX_PLANNED_SAMPLES, TESTS_PER_PROMPT, planned_samples
+
+    tv, power, alpha = plan.demands.get((name, law.name), (0.1, 0.9, 0.01))
+    drafts = sum(1 for _, x in plan.pairs if x == law.name)
+    level = alpha / max(1, TESTS_PER_PROMPT * plan.next_token_prompts * drafts)
+    n = planned_samples(session, law, prompt, tv, power, level)
+    m.notes.append(
+        f"in-process next-token samples of {name} under {law.name} on {prompt.id}: {n} first steps, chosen by gate "
+        f"(next_token_samples auto) so the claim test detects TV {tv:g} at power {power:g} at level {level:.3g} "
+        f"(at most {MAX_PLANNED_SAMPLES})"
+    )
+    return n
 
 
 def _bills(session: Session, m: Measurements, max_new_tokens: int, resources: Any) -> None:

@@ -153,20 +153,36 @@ def cells(requests: list[Request]) -> list[list[Request]]:
 
 @dataclass
 class ExactnessPlan:
-    """Which (draft, law) pairs exactness rules need, and how many speculative first tokens
-    to draw per prompt for the next-token test (0: PIT or greedy equality only)."""
+    """Which (draft, law) pairs exactness rules need, and the samples per prompt of the
+    next-token tests (speculative first steps in process, sample requests when served): a
+    number, 0 (no next-token test: PIT or greedy equality only) or AUTO (gate chooses, sized
+    from the target's law for the rule's detect_tv at its power; see samples_asked)."""
 
     pairs: set[tuple[str, str]] = field(default_factory=set)
-    next_token_samples: dict[tuple[str, str], int] = field(default_factory=dict)
+    next_token_samples: dict[tuple[str, str], int | None] = field(default_factory=dict)
     next_token_prompts: int = 1
-    # (draft, law) -> (detect_tv, power, significance) of the most demanding rule: what a served
-    # sampling plan chosen by gate (next_token_samples 0) is sized for
+    # (draft, law) -> (detect_tv, power, significance) of the most demanding rule: what a
+    # sampling plan chosen by gate (next_token_samples auto) is sized for
     demands: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
 
     def has_greedy(self, laws: Iterable[Law]) -> bool:
         """Whether a pair names a greedy law of `laws` (greedy exactness is measured)."""
         names = {law for _, law in self.pairs}
         return any(law.greedy for law in laws if law.name in names)
+
+
+AUTO = None  # next_token_samples "auto": gate chooses the number (ExactnessPlan.next_token_samples)
+
+
+def samples_asked(asked: Iterable[int | None]) -> int | None:
+    """What several rules (or drafts of one law) ask of the next-token samples, merged: the
+    largest number asked; AUTO where one asks gate to choose and no other asks a number above
+    0 (a rule that needs a decisive test outweighs one that needs none)."""
+    values = list(asked)
+    numbers = [n for n in values if n is not None]
+    if AUTO in values and max(numbers, default=0) == 0:
+        return AUTO
+    return max(numbers, default=0)
 
 
 def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> ExactnessPlan:
@@ -180,8 +196,10 @@ def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> 
         for d in rule.scope.drafts or drafts:
             for law in rule.scope.laws or laws:
                 plan.pairs.add((d, law))
-                n = plan.next_token_samples.get((d, law), 0)
-                plan.next_token_samples[(d, law)] = max(n, rule.next_token_samples)
+                asked = AUTO if rule.next_token_samples == "auto" else int(rule.next_token_samples)
+                plan.next_token_samples[(d, law)] = samples_asked(
+                    [plan.next_token_samples[(d, law)], asked] if (d, law) in plan.next_token_samples else [asked]
+                )
                 tv, power, alpha = plan.demands.get((d, law), (1.0, 0.0, 1.0))
                 plan.demands[(d, law)] = (
                     min(tv, rule.detect_tv),

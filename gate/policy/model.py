@@ -726,14 +726,13 @@ class RuleSpec(_Strict):
         description="exactness, greedy: a divergence where the target's top-1 minus "
         "top-2 logit gap is at most this is a numerical near-tie, not a fault (logits).",
     )
-    next_token_samples: int = Field(
-        0,
-        ge=0,
-        le=1_000_000,
-        description="exactness, sampling: in process, speculative first "
-        "tokens drawn per prompt for the next-token goodness-of-fit test (0: PIT only); served, "
-        "short sample requests per prompt and runner (0: gate chooses from the target's law, "
-        "enough for detect_tv at the rule's power, at most 4096).",
+    next_token_samples: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["auto"] = Field(
+        "auto",
+        description="exactness, sampling: the samples per prompt of the next-token goodness-of-fit "
+        "tests (in process: speculative first steps; served: short sample requests per runner). "
+        "auto: gate chooses from the target's law, enough for detect_tv at the rule's power (at most "
+        "4096); a number: that many; 0: no next-token test (in process the PIT over every token, "
+        "evidence only, still runs; a served run has no other sampled test, so 0 is refused there).",
     )
     next_token_prompts: int = Field(1, ge=1, description="exactness: prompts used for the next-token test.")
     reference_tolerance: float = Field(
@@ -1312,6 +1311,22 @@ def _served_rule_problems(policy: Policy, i: int, rule: RuleSpec) -> list[tuple[
     ):
         problems.append(
             (f"rules[{i}].metric", "goodput needs load.goodput (the SLOs a request must meet, e.g. ttft: 500 ms)")
+        )
+    sampled = [
+        law.label for law in policy.laws if not law.greedy and (not rule.scope.laws or law.label in rule.scope.laws)
+    ]
+    if (
+        rule_kinds.needs_exactness(rule)
+        and rule.next_token_samples == 0
+        and sampled
+        and not policy.runner.runs_models_here
+    ):
+        problems.append(
+            (
+                f"rules[{i}].next_token_samples",
+                f"0 asks for no next-token test, and a served run tests sampled exactness ({', '.join(sampled)}) by "
+                "next-token tests only: nothing would be tested; use auto (gate chooses) or a number",
+            )
         )
     return problems
 

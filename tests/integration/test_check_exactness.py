@@ -16,11 +16,11 @@ LAWS = "  - temperature: 0\n  - {temperature: 1.0, top_k: 8}\n"
 SAMPLING = "other/t1-k8"
 
 
-def run(tmp_path, pair, prompts, laws=LAWS):
+def run(tmp_path, pair, prompts, laws=LAWS, rule=RULE):
     model_dir, draft_dir = pair
     drafts = (f"  other:\n    kind: model\n    model: {draft_dir}\n    num_draft_tokens: 3\n"
               "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n")
-    text = tiny_policy(model_dir, prompts, RULE, drafts=drafts, laws=laws, max_new_tokens=64)
+    text = tiny_policy(model_dir, prompts, rule, drafts=drafts, laws=laws, max_new_tokens=64)
     text = text.replace("  chat_template: true\n", "  chat_template: true\nmeasurement:\n  repetitions: 6\n")  # 5 prompts x 6 = 30 cells
     policy = write_policy(tmp_path, text)
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml"),
@@ -61,3 +61,25 @@ def test_a_faulty_verifier_is_caught(tmp_path, sharp_pair, prompts_file, monkeyp
     result, out = run(tmp_path, sharp_pair, prompts_file, laws="  - {temperature: 1.0, top_k: 8}\n")
     assert out[SAMPLING]["status"] == "fail", out[SAMPLING]["message"]
     assert result.exit_code == 1
+
+
+def test_next_token_samples_auto_lets_gate_choose_the_first_steps_in_process_as_served(tmp_path, sharp_pair, prompts_file):
+    """`auto` (the default) means the same in process as served: gate sizes the next-token
+    samples from the target's law for detect_tv at the rule's power (planned_samples), says so,
+    and the claim test reaches that power; 0 asks for no next-token test (the PIT still runs)."""
+    sampling_only = "  - {temperature: 1.0, top_k: 8}\n"
+    auto = RULE.replace("next_token_samples: 1500", "next_token_samples: auto")
+    (tmp_path / "auto").mkdir()
+    result, out = run(tmp_path / "auto", sharp_pair, prompts_file, laws=sampling_only, rule=auto)
+    report = json.loads((tmp_path / "auto" / "r.json").read_text())
+    notes = [n for n in report["measurements"]["notes"] if n.startswith("in-process next-token samples of other")]
+    assert notes and "chosen by gate (next_token_samples auto)" in notes[0], report["measurements"]["notes"]
+    chosen = int(notes[0].split(": ")[1].split(" first steps")[0])
+    claims = [d for d in out[SAMPLING]["details"] if d["role"] == "claim"]
+    assert claims and claims[0]["n"] == chosen and all(d["detectable"] <= 0.1 for d in claims), claims
+    assert out[SAMPLING]["status"] == "pass", out[SAMPLING]["message"]
+    (tmp_path / "none").mkdir()
+    none = RULE.replace("next_token_samples: 1500", "next_token_samples: 0")
+    result, out = run(tmp_path / "none", sharp_pair, prompts_file, laws=sampling_only, rule=none)
+    assert not [d for d in out[SAMPLING]["details"] if d["role"] == "claim"]
+    assert any(d["kind"] == "ks" for d in out[SAMPLING]["details"])  # the PIT, evidence only

@@ -134,3 +134,19 @@ def test_sample_requests_that_fail_are_a_failure_of_the_exactness_rule_never_a_s
     (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
     assert exact["status"] == "error", exact["message"]
     assert any(n.startswith("served exactness samples of fallback under ") and "60 requests" in n for n in m["notes"])
+
+
+def test_a_served_sampled_exactness_rule_asking_no_next_token_test_is_refused(tmp_path, tiny_model_dir, prompts_file):
+    """A served run tests sampled exactness by next-token tests only: next_token_samples 0 would
+    test nothing, so gate validate refuses it at the rule's YAML path (auto or a number pass)."""
+    rules = "  - {id: exact, kind: exactness, next_token_samples: 0}\n"
+    text = stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", rules=rules)
+    sampled = write_policy(tmp_path, text.replace("law: {temperature: 0}", "law: {temperature: 0.8}"))
+    result = CliRunner().invoke(cli, ["validate", str(sampled)])
+    assert result.exit_code == 2 and "rules[0].next_token_samples" in result.output, result.output
+    assert "use auto (gate chooses) or a number" in result.output and "Traceback" not in result.output
+    for folder, edited in (("greedy", text),  # greedy: nothing sampled to test
+                           ("auto", text.replace("next_token_samples: 0", "next_token_samples: auto")
+                            .replace("law: {temperature: 0}", "law: {temperature: 0.8}"))):
+        (tmp_path / folder).mkdir()
+        assert CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path / folder, edited))]).exit_code == 0
