@@ -73,7 +73,7 @@ from gate.records import (
     busy_seconds,
 )
 from gate.runners.engines.interface import ServerLatency
-from gate.runners.interface import RequestResult, Runner, StreamResult
+from gate.runners.interface import FitsThreads, RequestResult, Runner, StreamResult
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -580,6 +580,8 @@ class Loop:
             if h.max_cpu_stall is not None:
                 while not best.failures and reruns < h.reruns and self._contended(best) and budget.allows(last_ms):
                     reruns += 1
+                    if isinstance(self.runner, FitsThreads):  # the CPUs left free may have changed: every arm alike
+                        self.runner.fit_threads("before a contended cell's rerun")
                     again = _Attempt()
                     self._attempt(unit, load, at, again)
                     last_ms = again.wall_ms(load.concurrency == 1)

@@ -21,6 +21,7 @@ Pure functions of records and texts, plus `Probe`, which reads the clocks and fi
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -68,6 +69,41 @@ def load_average() -> float | None:
         return float(os.getloadavg()[0])
     except (OSError, AttributeError):
         return None
+
+
+PROC_STAT = Path("/proc/stat")
+
+
+def runnable_elsewhere(samples: int = 20, interval_s: float = 0.01, stat: Path = PROC_STAT) -> float | None:
+    """How many other tasks want a CPU now: the median over `samples` reads, `interval_s` apart,
+    of /proc/stat's procs_running (the runnable tasks, the reading thread among them) less the
+    reader itself. Call it while this process computes nothing else. None where /proc/stat
+    cannot be read (not Linux)."""
+    seen: list[int] = []
+    for i in range(samples):
+        try:
+            text = stat.read_text()
+        except OSError:
+            return None
+        found = re.search(r"^procs_running\s+(\d+)", text, re.MULTILINE)
+        if found is None:
+            return None
+        seen.append(int(found.group(1)) - 1)
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    seen.sort()
+    return float(max(0, seen[len(seen) // 2]))
+
+
+def fitted_threads(cpus: int, elsewhere: float | None, most: int) -> int:
+    """Compute threads for the CPUs this process can get: its `cpus` less the ones `elsewhere`
+    other runnable tasks keep busy (rounded), at least 1 and at most `most` (the threads it was
+    given). Two threads on the one core a steady neighbour leaves run about 10x slower than
+    one there (issue 42: a SmolLM2-width matmul loop at 14.3 against 87.3 iterations/s).
+    `elsewhere` None (unknown): `most`."""
+    if elsewhere is None:
+        return max(1, most)
+    return max(1, min(most, cpus - round(elsewhere)))
 
 
 def load_stall_share(load: float | None, cpus: int | None) -> float | None:

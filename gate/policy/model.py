@@ -921,6 +921,14 @@ class MeasurementSpec(_Strict):
         "and "
         "names the contention, never a pass or a fail.",
     )
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="Compute threads of the in-process runner (torch), the same for the fallback and every "
+        "draft. auto: fitted to the CPUs other tasks leave free (the process's CPUs less the tasks runnable "
+        "elsewhere, never more than the threads the process was given), at the start and again before a "
+        "contended cell is rerun; every request records the threads it ran on. A number: that many, never "
+        "changed. Served runners compute in their servers: this does not apply to them.",
+    )
     max_wall_s: str | float | None = Field(
         None,
         description="Wall-time budget of gate check, counted from its start: a time with a unit ('20 min', "

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -122,6 +122,15 @@ class Observed:
 
     notes: list[str] = field(default_factory=list)
     client_workers: list[ClientWorkerRecord] = field(default_factory=list)
+
+
+@runtime_checkable
+class FitsThreads(Protocol):
+    """An optional ability: a runner that computes in this process and can fit its compute
+    threads to the CPUs other tasks leave free (measurement.threads auto). The loop asks it
+    again before a contended cell is rerun (`when` says so, for the note)."""
+
+    def fit_threads(self, when: str) -> None: ...
 
 
 RequestResult = StreamResult | Exception

@@ -33,11 +33,21 @@ from gate.core.requests import Request
 from gate.core.speculative import Verdict, sample, verify
 from gate.drafts.interface import Draft, Proposal
 from gate.load.interface import LoadStrategy
-from gate.measure.contention import Probe
+from gate.measure.contention import Probe, fitted_threads, runnable_elsewhere
+from gate.measure.environment import cpu_count
 from gate.metrics.catalogue import MetricNames
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
 from gate.records import FALLBACK
-from gate.runners.interface import Capabilities, Done, Ended, RequestResult, Runner, RunnerSpecBase, StreamResult
+from gate.runners.interface import (
+    Capabilities,
+    Done,
+    Ended,
+    Observed,
+    RequestResult,
+    Runner,
+    RunnerSpecBase,
+    StreamResult,
+)
 from gate.runners.registry import register
 from gate.runners.stop import StopStrings
 
@@ -87,6 +97,7 @@ class TransformersRunner(Runner):
         stop: StopStrings | None = None,
         drafts: dict[str, Draft] | None = None,
         grammars: GrammarEngine | None = None,
+        threads: int | Literal["auto"] | None = None,
     ):
         self.model = model
         self.grammars = grammars  # compiles a request's response format (None: constrained requests fail)
@@ -95,6 +106,14 @@ class TransformersRunner(Runner):
         self.stop = stop
         self.drafts: dict[str, Draft] = dict(drafts or {})
         self._probe: Probe | None = None
+        self._notes: list[str] = []
+        # compute threads (measurement.threads): a number, "auto" (fit_threads), or None (torch's, untouched)
+        self.threads = threads
+        self._most = torch.get_num_threads()  # what the process was given: auto never goes above it
+        if isinstance(threads, int):
+            torch.set_num_threads(threads)
+        elif threads == "auto":
+            self.fit_threads("at the start")
 
     @classmethod
     def from_plan(cls, plan: Any, local: Any = None) -> TransformersRunner:
@@ -103,7 +122,32 @@ class TransformersRunner(Runner):
         if local is None:
             raise ValueError("the transformers runner runs the models loaded in this process: open them first")
         t = local.target
-        return cls(t.model, t.eos_token_ids, t.device, t.stop, local.drafts, t.grammars)
+        threads = plan.policy.measurement.threads
+        return cls(t.model, t.eos_token_ids, t.device, t.stop, local.drafts, t.grammars, threads)
+
+    def fit_threads(self, when: str) -> None:
+        """With measurement.threads auto: set torch's compute threads to the CPUs other tasks
+        leave free now (gate.measure.contention.fitted_threads over runnable_elsewhere), at
+        most the threads the process was given; a note says when it changed and why (`when`:
+        "at the start", "before a contended cell's rerun"). Every runner of this process
+        computes on the same threads. Nothing for a fixed count."""
+        if self.threads != "auto" or self._most == 1:  # a fixed count, or one thread: nothing to fit
+            return
+        cpus = cpu_count() or 1
+        elsewhere = runnable_elsewhere()
+        now, fitted = torch.get_num_threads(), fitted_threads(cpus, elsewhere, self._most)
+        if fitted != now:
+            torch.set_num_threads(fitted)
+            self._notes.append(
+                f"compute threads {now} -> {fitted} {when}: {elsewhere:g} other runnable task(s) on {cpus} CPU(s) "
+                f"(measurement.threads auto; at most the {self._most} the process was given)"
+            )
+
+    def observed(self) -> Observed:
+        """The notes since the last call (compute threads fitted), then cleared."""
+        out = Observed(self._notes)
+        self._notes = []
+        return out
 
     def open(self) -> None:
         """Set up the CPU accounting probe (reads whether /proc/pressure/cpu exists)."""

@@ -124,3 +124,28 @@ def test_a_runner_without_step_counters_gives_records_and_windows_that_serialise
     assert TypeAdapter(Measurements).validate_python(data).runs == []
 
 
+
+
+def test_the_in_process_runner_fits_its_threads_to_the_cpus_left_free(runner, monkeypatch) -> None:
+    """measurement.threads auto: at most the threads the process was given, less the CPUs other
+    runnable tasks keep busy, said in a note; a fixed count is set and never changed."""
+    import gate.runners.transformers as tr
+
+    given = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(tr, "cpu_count", lambda: 2)
+        monkeypatch.setattr(tr, "runnable_elsewhere", lambda: 1.0)  # one steady neighbour
+        fitted = TransformersRunner(runner.model, set(), CPU, threads="auto")
+        assert torch.get_num_threads() == 1
+        (note,) = fitted.observed().notes
+        assert note.startswith("compute threads 2 -> 1 at the start: 1 other runnable task(s) on 2 CPU(s)")
+        monkeypatch.setattr(tr, "runnable_elsewhere", lambda: 0.0)  # the neighbour left
+        fitted.fit_threads("before a contended cell's rerun")
+        assert torch.get_num_threads() == 2
+        assert fitted.observed().notes[0].startswith("compute threads 1 -> 2 before a contended cell's rerun: 0 other")
+        fixed = TransformersRunner(runner.model, set(), CPU, threads=1)
+        fixed.fit_threads("before a contended cell's rerun")
+        assert torch.get_num_threads() == 1 and fixed.observed().notes == []
+    finally:
+        torch.set_num_threads(given)

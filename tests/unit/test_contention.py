@@ -277,3 +277,48 @@ def test_what_contention_can_only_push_towards_failing_follows_the_metrics_direc
     assert not any(_only_slower_fails(spec(m, "<=")) for m in ("committed_tokens_per_s", "output_throughput"))
     assert _only_slower_fails(spec("ttft_ms", "<=")) and not _only_slower_fails(spec("ttft_ms", ">="))
     assert not _only_slower_fails(spec("request_speedup", ">="))
+
+
+def test_compute_threads_fit_the_cpus_other_tasks_leave_free(tmp_path) -> None:
+    """measurement.threads auto (issue 42): two threads on the one core a steady neighbour
+    leaves ran 10x slower than one; the fit is the process's CPUs less the tasks runnable
+    elsewhere, at least 1, never above what the process was given."""
+    from gate.measure.contention import fitted_threads, runnable_elsewhere
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nprocs_running 2\nprocs_blocked 0\n")  # the reader and one neighbour
+    assert runnable_elsewhere(samples=3, interval_s=0.0, stat=stat) == 1.0
+    assert runnable_elsewhere(stat=tmp_path / "missing") is None
+    assert fitted_threads(2, 1.0, 2) == 1 and fitted_threads(2, 0.0, 2) == 2
+    assert fitted_threads(2, 5.0, 2) == 1  # a crowded machine: still one thread
+    assert fitted_threads(16, 0.0, 4) == 4  # never more than the process was given
+    assert fitted_threads(2, None, 2) == 2  # unknown: as given
+
+
+class FittingRunner(FakeRunner):
+    """A FakeRunner with the optional ability to fit its threads (gate.runners.interface.FitsThreads)."""
+
+    def __init__(self, busy) -> None:
+        super().__init__(busy)
+        self.fits: list[str] = []
+
+    def fit_threads(self, when: str) -> None:
+        self.fits.append(when)
+
+
+def test_a_runner_that_fits_its_threads_is_asked_again_before_a_contended_cells_rerun() -> None:
+    from types import SimpleNamespace
+
+    from gate.core.requests import PlannedPrompt
+    from gate.loop.run import Loop, Settings
+    from gate.measure.contention import Handling
+    from gate.runners.interface import FitsThreads
+
+    runner = FittingRunner(lambda rerun: not rerun)  # every first attempt contended, every rerun clean
+    assert isinstance(runner, FitsThreads) and not isinstance(FakeRunner(lambda rerun: False), FitsThreads)
+    session = SimpleNamespace(runner=runner, prompts=[PlannedPrompt(f"p{i}", "qa", (1, 2, 3)) for i in range(4)],
+                              local=False)
+    m = Measurements(environment=env(), laws=["greedy"], drafts={"d": DraftInfo("prompt_lookup", 3)})
+    settings = Settings([3], warmup=0, contention=Handling(0.1, 1, 2, 1.0))
+    Loop(session, m, settings, lambda *_: None).requests(["fallback", "d"], [SimpleNamespace(name="greedy")], range(1))
+    assert runner.reruns == 4 and runner.fits == ["before a contended cell's rerun"] * 4
