@@ -119,6 +119,8 @@ def measure(
     progress = progress or (lambda *_: None)
     m = Measurements(environment=environment(session.device, settings.seed), laws=[law.name for law in session.laws])
     m.environment.models = session.models
+    if isinstance(session.runner, FitsThreads):
+        m.environment.threads_given = session.runner.threads_given
     m.drafts = dict(session.draft_infos)
     m.tokenizers = list(session.tokenizer_comparisons)
     m.workload = session.workload

@@ -60,6 +60,9 @@ class Environment:
     # The machine's load over the timed requests (gate.measure.contention).
     cpu_count: int | None = None  # CPUs this process may run on
     threads: int | None = None  # compute threads (torch.get_num_threads())
+    # the compute threads the process was given, where the runner fits its threads to a busy machine
+    # (measurement.threads auto): a request on fewer (RequestRecord.threads) ran slower than the machine allows
+    threads_given: int | None = None
     cpu_pressure_source: str | None = None  # "/proc/pressure/cpu", "load average", or None: not measured
     cpu_stall_share: float | None = None  # share of the timed requests' wall time some runnable task waited for a CPU
     load_avg_1m_max: float | None = None  # highest 1-minute load average seen at a request's end

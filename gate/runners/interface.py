@@ -128,7 +128,13 @@ class Observed:
 class FitsThreads(Protocol):
     """An optional ability: a runner that computes in this process and can fit its compute
     threads to the CPUs other tasks leave free (measurement.threads auto). The loop asks it
-    again before a contended cell is rerun (`when` says so, for the note)."""
+    again before a contended cell is rerun (`when` says so, for the note); `threads_given`:
+    the threads the process was given where they are fitted (None: not fitted), which a
+    request on fewer did not have (recorded in the environment: absolute timing verdicts
+    weigh it)."""
+
+    @property
+    def threads_given(self) -> int | None: ...
 
     def fit_threads(self, when: str) -> None: ...
 

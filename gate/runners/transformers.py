@@ -125,6 +125,12 @@ class TransformersRunner(Runner):
         threads = plan.policy.measurement.threads
         return cls(t.model, t.eos_token_ids, t.device, t.stop, local.drafts, t.grammars, threads)
 
+    @property
+    def threads_given(self) -> int | None:
+        """The compute threads the process was given, with measurement.threads auto (a request
+        on fewer ran slower than the machine allows); None for a fixed count or torch's own."""
+        return self._most if self.threads == "auto" else None
+
     def fit_threads(self, when: str) -> None:
         """With measurement.threads auto: set torch's compute threads to the CPUs other tasks
         leave free now (gate.measure.contention.fitted_threads over runnable_elsewhere), at

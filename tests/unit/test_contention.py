@@ -298,6 +298,8 @@ def test_compute_threads_fit_the_cpus_other_tasks_leave_free(tmp_path) -> None:
 class FittingRunner(FakeRunner):
     """A FakeRunner with the optional ability to fit its threads (gate.runners.interface.FitsThreads)."""
 
+    threads_given = 2
+
     def __init__(self, busy) -> None:
         super().__init__(busy)
         self.fits: list[str] = []
@@ -322,3 +324,26 @@ def test_a_runner_that_fits_its_threads_is_asked_again_before_a_contended_cells_
     settings = Settings([3], warmup=0, contention=Handling(0.1, 1, 2, 1.0))
     Loop(session, m, settings, lambda *_: None).requests(["fallback", "d"], [SimpleNamespace(name="greedy")], range(1))
     assert runner.reruns == 4 and runner.fits == ["before a contended cell's rerun"] * 4
+
+
+def test_an_absolute_timing_verdict_on_fewer_threads_than_given_stands_only_where_slower_cannot_change_it() -> None:
+    """Requests on fewer compute threads than the process was given (measurement.threads auto
+    on a busy machine) ran slower than the machine allows: a latency ceiling met on them stands,
+    a miss is inconclusive, and a paired ratio (both arms on the same threads) is untouched."""
+    from dataclasses import replace as with_
+
+    m = measurements(24, set())
+    m.requests = [with_(r, threads=1) for r in m.requests]
+    m.environment.threads_given = 2
+    loose = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", comparison="<=", threshold="10 s")
+    (o,) = evaluate([loose], m, Settings(resamples=500))
+    assert o.status == "pass" and "24 of its requests ran on 1 of the 2 compute threads" in o.message
+    assert "passed nonetheless" in o.message
+    tight = RuleSpec(id="ttft", metric="ttft_ms", aggregation="mean", comparison="<=", threshold="40 ms")  # ~55 ms
+    (o,) = evaluate([tight], m, Settings(resamples=500))
+    assert o.status == "inconclusive" and "a slower configuration than the machine's" in o.message
+    (o,) = evaluate([SPEEDUP], m, Settings(resamples=500))
+    assert o.status == "pass" and "compute threads" not in o.message
+    m.environment.threads_given = None  # a fixed measurement.threads: the count the policy chose
+    (o,) = evaluate([tight], m, Settings(resamples=500))
+    assert o.status == "fail"

@@ -446,6 +446,17 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         )
     elif busy is not None:
         note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
+    fewer = _fewer_threads(rule, m, where)
+    if fewer is not None and status in (Status.PASS, Status.FAIL):
+        said = (
+            f"{fewer[0]} of its requests ran on {fewer[1]} of the {fewer[2]} compute threads the process was given "
+            "(measurement.threads auto fitted them to a busy machine)"
+        )
+        if status == Status.PASS and _only_slower_fails(rule):
+            note += f"; {said}: slowed, and passed nonetheless"
+        else:
+            status = Status.INCONCLUSIVE
+            note += f"; {said}: a slower configuration than the machine's, so not this draft's verdict"
     if status == Status.FAIL and rule.level == "warn":
         status = Status.WARN
     return Outcome(
@@ -505,6 +516,18 @@ class _Busy:
                 f"{self.max_client_lag_ms:g} ms)"
             )
         return text
+
+
+def _fewer_threads(rule: MetricRule, m: Measurements, where: Selection) -> tuple[int, int, int] | None:
+    """(requests, their fewest compute threads, the threads given) for an absolute timing rule
+    whose requests in `where` ran on fewer compute threads than the process was given (the
+    in-process runner fitted them to a busy machine: Environment.threads_given); None where
+    none did, or the rule is a ratio (both arms of a cell ran on the same threads)."""
+    given = m.environment.threads_given
+    if not given or rule.relative_to or rule.metric not in TIMED or rule.metric in FALLBACK_RATIOS:
+        return None
+    fewer = [r.threads for r in m.requests if where.takes(r) and r.threads is not None and r.threads < given]
+    return (len(fewer), min(fewer), given) if fewer else None
 
 
 def _only_slower_fails(rule: MetricRule) -> bool:
