@@ -447,11 +447,15 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
     elif busy is not None:
         note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
     fewer = _fewer_threads(rule, m, where)
-    if fewer is not None and status in (Status.PASS, Status.FAIL):
-        said = (
-            f"{fewer[0]} of its requests ran on {fewer[1]} of the {fewer[2]} compute threads the process was given "
-            "(measurement.threads auto fitted them to a busy machine)"
-        )
+    said = (
+        f"{fewer[0]} of its requests ran on {fewer[1]} of the {fewer[2]} compute threads the process was given "
+        "(measurement.threads auto fitted them to a busy machine)"
+        if fewer is not None
+        else ""
+    )
+    if fewer is not None and compares_with_fallback(rule.metric, rule.relative_to):
+        note += f"; {said}, the fallback's and the draft's of each cell alike"  # a ratio at those threads
+    elif fewer is not None and status in (Status.PASS, Status.FAIL):
         if status == Status.PASS and _only_slower_fails(rule):
             note += f"; {said}: slowed, and passed nonetheless"
         else:
@@ -519,12 +523,11 @@ class _Busy:
 
 
 def _fewer_threads(rule: MetricRule, m: Measurements, where: Selection) -> tuple[int, int, int] | None:
-    """(requests, their fewest compute threads, the threads given) for an absolute timing rule
-    whose requests in `where` ran on fewer compute threads than the process was given (the
-    in-process runner fitted them to a busy machine: Environment.threads_given); None where
-    none did, or the rule is a ratio (both arms of a cell ran on the same threads)."""
+    """(requests, their fewest compute threads, the threads given) for a timing rule whose
+    requests in `where` ran on fewer compute threads than the process was given (the in-process
+    runner fitted them to a busy machine: Environment.threads_given); None where none did."""
     given = m.environment.threads_given
-    if not given or rule.relative_to or rule.metric not in TIMED or rule.metric in FALLBACK_RATIOS:
+    if not given or rule.metric not in TIMED:
         return None
     fewer = [r.threads for r in m.requests if where.takes(r) and r.threads is not None and r.threads < given]
     return (len(fewer), min(fewer), given) if fewer else None
