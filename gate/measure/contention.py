@@ -95,6 +95,22 @@ def runnable_elsewhere(samples: int = 20, interval_s: float = 0.01, stat: Path =
     return float(max(0, seen[len(seen) // 2]))
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cpu_quota(path: Path = CGROUP_CPU_MAX) -> int | None:
+    """The CPUs this process's cgroup (v2) may use, rounded up: its cpu.max quota over its
+    period (a container limited to "150000 100000" gets 2); None without a quota ("max"), or
+    where the file is missing or unreadable."""
+    try:
+        quota, _, period = path.read_text().strip().partition(" ")
+    except OSError:
+        return None
+    if quota == "max" or not quota.isdigit() or not period.strip().isdigit() or int(period) <= 0:
+        return None
+    return max(1, -(-int(quota) // int(period)))
+
+
 def fitted_threads(cpus: int, elsewhere: float | None, most: int) -> int:
     """Compute threads for the CPUs this process can get: its `cpus` less the ones `elsewhere`
     other runnable tasks keep busy (rounded), at least 1 and at most `most` (the threads it was

@@ -33,7 +33,7 @@ from gate.core.requests import Request
 from gate.core.speculative import Verdict, sample, verify
 from gate.drafts.interface import Draft, Proposal
 from gate.load.interface import LoadStrategy
-from gate.measure.contention import Probe, fitted_threads, runnable_elsewhere
+from gate.measure.contention import Probe, cpu_quota, fitted_threads, runnable_elsewhere
 from gate.measure.environment import cpu_count
 from gate.metrics.catalogue import MetricNames
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
@@ -139,7 +139,7 @@ class TransformersRunner(Runner):
         computes on the same threads. Nothing for a fixed count."""
         if self.threads != "auto" or self._most == 1:  # a fixed count, or one thread: nothing to fit
             return
-        cpus = cpu_count() or 1
+        cpus = min(cpu_count() or 1, cpu_quota() or 1024)  # a container's CPU quota bounds it too
         elsewhere = runnable_elsewhere()
         now, fitted = torch.get_num_threads(), fitted_threads(cpus, elsewhere, self._most)
         if fitted != now:

@@ -293,6 +293,13 @@ def test_compute_threads_fit_the_cpus_other_tasks_leave_free(tmp_path) -> None:
     assert fitted_threads(2, 5.0, 2) == 1  # a crowded machine: still one thread
     assert fitted_threads(16, 0.0, 4) == 4  # never more than the process was given
     assert fitted_threads(2, None, 2) == 2  # unknown: as given
+    from gate.measure.contention import cpu_quota
+
+    quota = tmp_path / "cpu.max"
+    for text, cpus in (("150000 100000\n", 2), ("100000 100000", 1), ("max 100000", None), ("junk", None)):
+        quota.write_text(text)
+        assert cpu_quota(quota) == cpus, text
+    assert cpu_quota(tmp_path / "none") is None
 
 
 class FittingRunner(FakeRunner):
