@@ -26,6 +26,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from gate.load.closed import ClosedLoop
 from gate.load.interface import LoadStrategy
 from gate.load.points import describe_point
 from gate.loop import interrupt
-from gate.plan.matrix import samples_asked
+from gate.plan.matrix import Asked, samples_asked
 from gate.records import (
     FALLBACK,
     ExactnessRecord,
@@ -115,23 +116,24 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
         if not drafts:
             continue
         prompts = list(session.prompts[: exactness.next_token_prompts])
-        asked = samples_asked(exactness.next_token_samples.get((d, name), 0) for d in drafts)
-        if asked == 0:
+        asked = samples_asked(exactness.next_token_samples.get((d, name), Asked()) for d in drafts)
+        if asked.none:
             continue  # no next-token test asked (gate validate refuses it for a served run)
         tv, power, alpha = min(exactness.demands.get((d, name), (0.1, 0.9, 0.01)) for d in drafts)
         level = alpha / max(1, TESTS_PER_PROMPT * len(prompts) * len(drafts))
-        if asked is not None:
-            samples, why = {p.id: asked for p in prompts}, f"next_token_samples {asked} per prompt (the policy)"
+        at_least = f", at least the {asked.fixed} a rule asks" if asked.fixed else ""
+        if not asked.auto:
+            samples = {p.id: asked.fixed for p in prompts}
+            why = f"next_token_samples {asked.fixed} per prompt (the policy)"
         elif session.oracle is None:
-            samples = {p.id: DEFAULT_SAMPLES for p in prompts}
-            why = f"{DEFAULT_SAMPLES} per prompt (gate's default: no local target to size the plan from)"
+            samples = {p.id: max(asked.fixed, DEFAULT_SAMPLES) for p in prompts}
+            why = f"{DEFAULT_SAMPLES} per prompt{at_least} (gate's default: no local target to size the plan from)"
         else:
-            samples = {p.id: planned_samples(session, law, p, tv, power, level) for p in prompts}
+            samples = {p.id: asked.draw(partial(planned_samples, session, law, p, tv, power, level)) for p in prompts}
             why = (
                 f"chosen by gate from the local target's law: the claim test after one of each prompt's "
                 f"{PLANNED_FIRST_TOKENS} likeliest first tokens detects TV {tv:g} at power {power:g} at level "
-                f"{level:.3g} (at most {MAX_PLANNED_SAMPLES} "
-                "per prompt)"
+                f"{level:.3g} (at most {MAX_PLANNED_SAMPLES} per prompt{at_least})"
             )
         out.append(SamplePlan(law, [FALLBACK, *drafts], prompts, samples, sample_points(points), why=why))
     return out
@@ -149,12 +151,12 @@ def planned_cost(plan: Any) -> list[str]:
     out = []
     for law in plan.laws:
         drafts = sorted(d for d, x in ex.pairs if x == law.name)
-        asked = samples_asked(ex.next_token_samples.get((d, law.name), 0) for d in drafts)
-        if law.greedy or not drafts or asked == 0:
+        asked = samples_asked(ex.next_token_samples.get((d, law.name), Asked()) for d in drafts)
+        if law.greedy or not drafts or asked.none:
             continue
         prompts = len(plan.workload.prompts[: ex.next_token_prompts])
-        per = MAX_PLANNED_SAMPLES if asked is None else asked
-        most, chosen = ("at most ", "; gate sizes it from the target at check") if asked is None else ("", "")
+        per = max(asked.fixed, MAX_PLANNED_SAMPLES) if asked.auto else asked.fixed
+        most, chosen = ("at most ", "; gate sizes it from the target at check") if asked.auto else ("", "")
         if local:
             n = per * prompts * len(drafts)
             out.append(
@@ -194,6 +196,17 @@ def planned_samples(session: Any, law: Any, prompt: PlannedPrompt, tv: float, po
 
 
 PLANNED_FIRST_TOKENS = 3  # first tokens whose position-1 test a plan is sized for (the cheapest one wins)
+
+
+@torch.inference_mode()
+def planned_first_steps(session: Any, law: Any, prompt: PlannedPrompt, tv: float, power: float, alpha: float) -> int:
+    """Speculative first steps of `prompt` (in process: every step starts right after the
+    prompt, so every sample lands at the claim position) so that the claim G-test there, whose
+    law is the target's first-token law, detects TV `tv` with probability `power` at level
+    `alpha` (as planned_samples, with all the samples at that context), at most
+    MAX_PLANNED_SAMPLES."""
+    first = session.oracle.next_token_law(prompt.token_ids, [], law, prompt.response_format).float()
+    return _samples_for(first, 1.0, tv, power, alpha)
 
 
 def _samples_for(nxt: torch.Tensor, share: float, tv: float, power: float, alpha: float) -> int:

@@ -396,9 +396,14 @@ def decide(tests: list[ExactnessTest], alpha: float) -> list[ExactnessTest]:
             t.verdict = PASS
         else:
             t.verdict = INCONCLUSIVE
-            t.note = (t.note + "; " if t.note else "") + (
-                f"{t.n} samples detect {t.detectable:.3f} but {t.target_effect:.3f} was required: "
+            seen = f"detect {t.detectable:.3f}" if math.isfinite(t.detectable) else "detect no effect at this level"
+            needs = (
                 f"needs {t.samples_needed} samples"
+                if t.samples_needed < 10**9
+                else f"needs more samples (the rare tokens pooled at {t.n} samples hold {t.pooled_mass:.3f} of the law)"
+            )
+            t.note = (t.note + "; " if t.note else "") + (
+                f"{t.n} samples {seen} but {t.target_effect:.3f} was required: {needs}"
             )
     return tests
 

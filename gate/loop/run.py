@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ from gate.measure.environment import environment, process_peak_rss_bytes, record
 from gate.measure.kv import cache_model
 from gate.measure.overlap import position_overlaps
 from gate.models.loading import dtype_name, weight_bytes
-from gate.plan.matrix import Block, ExactnessPlan, plan_blocks, window_requests
+from gate.plan.matrix import Asked, Block, ExactnessPlan, plan_blocks, window_requests
 from gate.records import (
     FALLBACK,
     UNKNOWN_ID,
@@ -1122,13 +1123,13 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                         law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator
                     )
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
-            asked = plan.next_token_samples.get((name, law_name), 0) if session.runner.capabilities.first_steps else 0
-            if asked != 0 and not law.greedy:
+            asked = plan.next_token_samples.get((name, law_name), Asked())
+            if session.runner.capabilities.first_steps and not asked.none and not law.greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     interrupt.check_budget()
                     ids = list(prompt.token_ids)
                     fmt = prompt.response_format
-                    n = asked if asked is not None else _planned_first_steps(session, plan, name, law, prompt, m)
+                    n = asked.draw(partial(_planned_first_steps, session, plan, name, law, prompt, m))
                     steps = session.runner.first_steps(
                         ids, name, law, n, request_seed(seed, prompt.id, law_name, -1, 0), fmt
                     )
@@ -1147,15 +1148,16 @@ def _planned_first_steps(
     session: Session, plan: ExactnessPlan, name: str, law: Law, prompt: PlannedPrompt, m: Measurements
 ) -> int:
     """The speculative first steps of draft `name` on `prompt` that gate chooses
-    (next_token_samples auto): as many as the claim test needs to detect the most demanding
-    rule's detect_tv at its power (gate.exactness.sampled.planned_samples, at the level a
-    served plan uses), said in m.notes."""
-    from gate.exactness.sampled import MAX_PLANNED_SAMPLES, TESTS_PER_PROMPT, planned_samples
+    (next_token_samples auto): as many as the claim test at the first position needs to
+    detect the most demanding rule's detect_tv at its power
+    (gate.exactness.sampled.planned_first_steps), said in m.notes."""
+    from gate.exactness.sampled import MAX_PLANNED_SAMPLES, TESTS_PER_PROMPT, planned_first_steps
 
     tv, power, alpha = plan.demands.get((name, law.name), (0.1, 0.9, 0.01))
     drafts = sum(1 for _, x in plan.pairs if x == law.name)
-    level = alpha / max(1, TESTS_PER_PROMPT * plan.next_token_prompts * drafts)
-    n = planned_samples(session, law, prompt, tv, power, level)
+    # the Holm family a claim is decided in: each prompt's next-token tests and each draft's PIT
+    level = alpha / max(1, (TESTS_PER_PROMPT * plan.next_token_prompts + 1) * drafts)
+    n = planned_first_steps(session, law, prompt, tv, power, level)
     m.notes.append(
         f"in-process next-token samples of {name} under {law.name} on {prompt.id}: {n} first steps, chosen by gate "
         f"(next_token_samples auto) so the claim test detects TV {tv:g} at power {power:g} at level {level:.3g} "

@@ -155,11 +155,12 @@ def cells(requests: list[Request]) -> list[list[Request]]:
 class ExactnessPlan:
     """Which (draft, law) pairs exactness rules need, and the samples per prompt of the
     next-token tests (speculative first steps in process, sample requests when served): a
-    number, 0 (no next-token test: PIT or greedy equality only) or AUTO (gate chooses, sized
-    from the target's law for the rule's detect_tv at its power; see samples_asked)."""
+    number, 0 (no next-token test: PIT or greedy equality only) or auto (gate chooses, sized
+    from the target's law for the rule's detect_tv at its power): an Asked per pair, the rules
+    on it merged (samples_asked)."""
 
     pairs: set[tuple[str, str]] = field(default_factory=set)
-    next_token_samples: dict[tuple[str, str], int | None] = field(default_factory=dict)
+    next_token_samples: dict[tuple[str, str], Asked] = field(default_factory=dict)
     next_token_prompts: int = 1
     # (draft, law) -> (detect_tv, power, significance) of the most demanding rule: what a
     # sampling plan chosen by gate (next_token_samples auto) is sized for
@@ -171,18 +172,36 @@ class ExactnessPlan:
         return any(law.greedy for law in laws if law.name in names)
 
 
-AUTO = None  # next_token_samples "auto": gate chooses the number (ExactnessPlan.next_token_samples)
+@dataclass(frozen=True)
+class Asked:
+    """What exactness rules ask of the next-token samples per prompt: at least `fixed` (the
+    largest number a rule names; 0: none), and with `auto`, as many as the claim test needs
+    (gate chooses: the samples drawn are the larger of the two)."""
+
+    fixed: int = 0
+    auto: bool = False
+
+    @property
+    def none(self) -> bool:
+        """No next-token test is asked."""
+        return self.fixed == 0 and not self.auto
+
+    def draw(self, planned: Callable[[], int]) -> int:
+        """The samples to draw: `fixed`, or with auto the larger of it and `planned()`."""
+        return max(self.fixed, planned()) if self.auto else self.fixed
+
+    @classmethod
+    def of(cls, value: int | str) -> Asked:
+        """A rule's next_token_samples ("auto" or a number) as an Asked."""
+        return cls(0, True) if value == "auto" else cls(int(value), False)
 
 
-def samples_asked(asked: Iterable[int | None]) -> int | None:
-    """What several rules (or drafts of one law) ask of the next-token samples, merged: the
-    largest number asked; AUTO where one asks gate to choose and no other asks a number above
-    0 (a rule that needs a decisive test outweighs one that needs none)."""
+def samples_asked(asked: Iterable[Asked]) -> Asked:
+    """What several rules (or the drafts of one law) ask, merged: the largest number any asks,
+    and auto where any asks gate to choose, so that every rule gets at least what it asked (an
+    auto rule its power, a fixed one its number)."""
     values = list(asked)
-    numbers = [n for n in values if n is not None]
-    if AUTO in values and max(numbers, default=0) == 0:
-        return AUTO
-    return max(numbers, default=0)
+    return Asked(max((a.fixed for a in values), default=0), any(a.auto for a in values))
 
 
 def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> ExactnessPlan:
@@ -196,10 +215,8 @@ def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> 
         for d in rule.scope.drafts or drafts:
             for law in rule.scope.laws or laws:
                 plan.pairs.add((d, law))
-                asked = AUTO if rule.next_token_samples == "auto" else int(rule.next_token_samples)
-                plan.next_token_samples[(d, law)] = samples_asked(
-                    [plan.next_token_samples[(d, law)], asked] if (d, law) in plan.next_token_samples else [asked]
-                )
+                before = plan.next_token_samples.get((d, law), Asked())
+                plan.next_token_samples[(d, law)] = samples_asked([before, Asked.of(rule.next_token_samples)])
                 tv, power, alpha = plan.demands.get((d, law), (1.0, 0.0, 1.0))
                 plan.demands[(d, law)] = (
                     min(tv, rule.detect_tv),

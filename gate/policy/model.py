@@ -756,6 +756,11 @@ class RuleSpec(_Strict):
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
 
+    @field_validator("next_token_samples", mode="before")
+    @classmethod
+    def _samples(cls, v: Any) -> Any:
+        return auto_or_count(v, 0, 1_000_000)
+
     @field_validator("threshold")
     @classmethod
     def _readable(cls, v: str | float | None) -> str | float | None:
@@ -830,6 +835,15 @@ class ResourcesSpec(_Strict):
     def bytes_of(self, key: str) -> int:
         value = getattr(self, key)
         return int(parse_quantity(value).value) if value is not None else 0
+
+
+def auto_or_count(v: Any, least: int, most: int) -> Any:
+    """`v` when it is "auto" or an integer from `least` to `most` (a policy key that takes either);
+    else one ValueError saying what is expected (one error, not one per alternative)."""
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and least <= v <= most):
+        return v
+    hint = " (write it as auto: lower case, no spaces)" if isinstance(v, str) and v.strip().lower() == "auto" else ""
+    raise ValueError(f"expected auto or an integer from {least} to {most:,}, got {v!r}{hint}")
 
 
 class MeasurementSpec(_Strict):
@@ -941,6 +955,11 @@ class MeasurementSpec(_Strict):
         "not run; the rules are decided on what was measured, a note says so, and the exit code is the verdicts' "
         "(3: measurements missing, or 1 when a rule failed), not an interrupt's.",
     )
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, v: Any) -> Any:
+        return auto_or_count(v, 1, 1024)
 
     @field_validator("max_wall_s", mode="before")
     @classmethod

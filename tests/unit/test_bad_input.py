@@ -114,3 +114,31 @@ def test_a_value_that_is_not_a_number_where_one_is_due_is_one_clear_error(tmp_pa
     with pytest.raises(InputError) as info:
         load_policy(write_policy(tmp_path, drafts_text))
     assert one_problem(info.value).path == "drafts.d.num_draft_tokens"
+
+
+@pytest.mark.parametrize("value, words", [
+    ("0", ["expected auto or an integer from 1 to 1,024, got 0"]),
+    ('"2"', ["got '2'"]),
+    ("true", ["got True"]),
+    ("2.5", ["got 2.5"]),
+    ("AUTO", ["got 'AUTO' (write it as auto: lower case, no spaces)"]),
+    ('"auto "', ["no spaces"]),
+])
+def test_a_key_that_takes_auto_or_a_count_says_so_in_one_error(tmp_path, value, words):
+    """measurement.threads and rules[].next_token_samples take auto or an integer: a bad value is
+    one error naming both (not one error per alternative of the union)."""
+    text = ("version: 1\ntarget: {model: m}\ndrafts:\n  d: {kind: prompt_lookup}\n"
+            f"measurement:\n  threads: {value}\n"
+            "rules:\n  - {id: e, kind: exactness}\n")
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, text))
+    problem = one_problem(info.value)
+    assert problem.path == "measurement.threads" and all(w in problem.message for w in words), problem.message
+    if value == "0":
+        return  # no next-token test: a valid next_token_samples
+    samples = text.replace(f"threads: {value}", "threads: auto").replace(
+        "kind: exactness}", f"kind: exactness, next_token_samples: {value}}}")
+    with pytest.raises(InputError) as info:
+        load_policy(write_policy(tmp_path, samples))
+    problem = one_problem(info.value)
+    assert problem.path == "rules[0].next_token_samples" and "expected auto or an integer from 0 to 1,000,000" in problem.message

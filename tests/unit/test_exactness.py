@@ -296,3 +296,15 @@ def test_too_few_samples_is_inconclusive_never_pass():
     assert "needs" in tests[1].note
     verdicts = {combined(target, draft, LAWS[s % 2], Fault.NONE, 10, LENGTH, seed=1000 + s)[0] for s in range(20)}
     assert ex.PASS not in verdicts
+
+
+def test_an_inconclusive_claim_says_what_it_needs_without_a_sentinel():
+    """A claim whose pooled rare tokens alone hold more than the required TV cannot reach it at
+    this pooling: it says so, not "needs 1000000000 samples"; a claim with too few samples to
+    detect anything says that, not "detects inf"."""
+    pooled = ex.ExactnessTest("next-token[p]", "g", 3, 1.0, 0.5, 50, 0.3, POWER, pooled_mass=0.48)
+    few = ex.ExactnessTest("next-token[q]", "g", 3, 1.0, 0.5, 2, 0.3, POWER)
+    ex.decide([pooled, few], ALPHA)
+    assert pooled.verdict == ex.INCONCLUSIVE and "1000000000" not in pooled.note
+    assert "needs more samples (the rare tokens pooled at 50 samples hold 0.480 of the law)" in pooled.note
+    assert few.verdict == ex.INCONCLUSIVE and "inf" not in few.note, few.note

@@ -448,8 +448,8 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         note += f"; {busy.describe(_unit_word(busy.all, rule))}, left out (decided on the {busy.kept} clean ones)"
     fewer = _fewer_threads(rule, m, where)
     said = (
-        f"{fewer[0]} of its requests ran on {fewer[1]} of the {fewer[2]} compute threads the process was given "
-        "(measurement.threads auto fitted them to a busy machine)"
+        f"{fewer[0]} of the {fewer[3]} requests of {where.runner} ran on {fewer[1]} of the {fewer[2]} compute "
+        "threads the process was given (measurement.threads auto fitted them to a busy machine)"
         if fewer is not None
         else ""
     )
@@ -522,15 +522,17 @@ class _Busy:
         return text
 
 
-def _fewer_threads(rule: MetricRule, m: Measurements, where: Selection) -> tuple[int, int, int] | None:
-    """(requests, their fewest compute threads, the threads given) for a timing rule whose
+def _fewer_threads(rule: MetricRule, m: Measurements, where: Selection) -> tuple[int, int, int, int] | None:
+    """(requests, their fewest compute threads, the threads given, the runner's requests in
+    `where`) for a timing rule whose
     requests in `where` ran on fewer compute threads than the process was given (the in-process
     runner fitted them to a busy machine: Environment.threads_given); None where none did."""
     given = m.environment.threads_given
     if not given or rule.metric not in TIMED:
         return None
-    fewer = [r.threads for r in m.requests if where.takes(r) and r.threads is not None and r.threads < given]
-    return (len(fewer), min(fewer), given) if fewer else None
+    mine = [r.threads for r in m.requests if where.takes(r)]
+    fewer = [t for t in mine if t is not None and t < given]
+    return (len(fewer), min(fewer), given, len(mine)) if fewer else None
 
 
 def _only_slower_fails(rule: MetricRule) -> bool:
