@@ -87,6 +87,7 @@ def validate(path: str | Path) -> Plan:
         loaded.warnings.extend(
             loaded.source.problem(at, message) for at, message in policy.runner.policy_warnings(policy)
         )
+        loaded.warnings.extend(loaded.source.problem(at, message) for at, message in _threads_warnings(policy))
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
         vocab_size = int(getattr(config, "vocab_size", None) or len(tokenizer))
         _check_logit_bias(policy, vocab_size)
@@ -278,3 +279,26 @@ def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
         raise PolicyValueError(yaml_path, str(e)) from None
     except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
         raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
+
+
+def _threads_warnings(policy: Any) -> list[tuple[str, str]]:
+    """(YAML path, warning) for a fixed measurement.threads that sets nothing (a served runner
+    computes in its servers) or oversubscribes the CPUs this process may use."""
+    from gate.measure.environment import cpu_count
+
+    threads, cpus = policy.measurement.threads, cpu_count()
+    if not isinstance(threads, int):
+        return []
+    if not policy.runner.runs_models_here:
+        return [
+            ("measurement.threads", f"runner.kind {policy.runner.kind} computes in its servers: threads sets nothing")
+        ]
+    if cpus and threads > cpus:
+        return [
+            (
+                "measurement.threads",
+                f"{threads} compute threads on {cpus} CPUs oversubscribe them (beside one busy neighbour 2 threads "
+                "on 2 CPUs ran at 0.29x of quiet, 1 at 0.64x: benchmarks/threads.py); auto fits them",
+            )
+        ]
+    return []

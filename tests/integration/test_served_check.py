@@ -150,3 +150,11 @@ def test_a_served_sampled_exactness_rule_asking_no_next_token_test_is_refused(tm
                             .replace("law: {temperature: 0}", "law: {temperature: 0.8}"))):
         (tmp_path / folder).mkdir()
         assert CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path / folder, edited))]).exit_code == 0
+
+
+def test_a_thread_count_on_a_served_runner_is_warned_to_set_nothing(tmp_path, tiny_model_dir, prompts_file):
+    text = stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9",
+                       measurement="repetitions: 1, warmup_requests: 0, max_cpu_stall: null, threads: 2")
+    result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, text))])
+    assert result.exit_code == 0 and "measurement.threads" in result.output, result.output
+    assert "computes in its servers: threads sets nothing" in result.output

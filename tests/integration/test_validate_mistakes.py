@@ -210,3 +210,17 @@ def test_sliding_window_targets_run_inside_their_window_and_are_refused_beyond(t
     too_long = write_policy(tmp_path, tiny_policy(model_dir, prompts_file, max_new_tokens=80), "long.yaml")
     result = CliRunner().invoke(cli, ["validate", str(too_long)])
     assert result.exit_code == 2 and "sliding-window layers (window 64)" in result.output
+
+
+def test_a_fixed_thread_count_that_oversubscribes_the_cpus_is_warned_about(tmp_path, tiny_model_dir, prompts_file):
+    """measurement.threads above the CPUs this process may use oversubscribes them (auto fits them):
+    gate validate warns at the key and still passes the policy."""
+    from gate.measure.environment import cpu_count
+
+    text = tiny_policy(tiny_model_dir, prompts_file).replace("  chat_template: true\n",
+                                                             f"  chat_template: true\nmeasurement:\n  threads: {(cpu_count() or 1) + 1}\n")
+    result = validate(tmp_path, text)
+    assert result.exit_code == 0, result.output
+    assert "measurement.threads" in result.output and "oversubscribe" in result.output and "auto fits them" in result.output
+    fitted = validate(tmp_path, text.replace(f"threads: {(cpu_count() or 1) + 1}", "threads: auto"))
+    assert fitted.exit_code == 0 and "measurement.threads" not in fitted.output
