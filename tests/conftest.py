@@ -167,13 +167,15 @@ SPEEDUP_AND_EXACT = ("  - {id: speedup, metric: speedup, aggregation: pooled, co
 def stub_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, *, draft_name: str = "fast",
                 draft_spec: str = EARLY_EXIT_DRAFT, draft_metrics: str | None = None, timeout_s: float = 5,
                 load: str = "{concurrency: [1, 2]}", max_new_tokens: int = 12,
-                measurement: str = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null",
+                measurement: str = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null",
                 rules: str = SPEEDUP_AND_EXACT, extra: str = "") -> str:
     """A served policy (runner openai, llama.cpp's native API) on two stub endpoints
     (tests/served_stub.py): the fallback at `fallback`, one draft `draft_name` at `draft`
     (its server counters at `draft_metrics`, llama.cpp's names), greedy, the JSONL `prompts`.
     `measurement` and `rules` are YAML (a flow mapping's inside; rule lines); contention
-    handling is off by default, as the served tests are about the served path."""
+    and client-delay handling are off by default, as the served tests are about the served
+    path (a test of either sets it: tests/integration/test_client_check.py); with 5 pairs a
+    verdict, one request the client read late under a parallel test tier made it inconclusive."""
     metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
     return f"""\
 version: 1

@@ -32,7 +32,7 @@ def policy(model_dir: Path, prompts: Path, fallback: str, draft: str, draft_metr
     rules = ("  - {id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x, per: concurrency}\n"
              "  - {id: exact, kind: exactness}\n")
     return stub_policy(model_dir, prompts, fallback, draft, draft_metrics=draft_metrics, rules=rules, extra=extra,
-                       measurement=f"repetitions: 1, warmup_requests: 1, max_cpu_stall: {max_cpu_stall}")
+                       measurement=f"repetitions: 1, warmup_requests: 1, max_cpu_stall: {max_cpu_stall}, max_client_lag_ms: null")
 
 
 def check(tmp_path: Path, text: str) -> tuple[int, dict, str]:
@@ -154,7 +154,7 @@ def test_a_served_sampled_exactness_rule_asking_no_next_token_test_is_refused(tm
 
 def test_a_thread_count_on_a_served_runner_is_warned_to_set_nothing(tmp_path, tiny_model_dir, prompts_file):
     text = stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9",
-                       measurement="repetitions: 1, warmup_requests: 0, max_cpu_stall: null, threads: 2")
+                       measurement="repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, threads: 2")
     result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, text))])
     assert result.exit_code == 0 and "measurement.threads" in result.output, result.output
     assert "computes in its servers: threads sets nothing" in result.output
