@@ -10,7 +10,7 @@ answers 200 while the process lives and the server names the model gate started
 The process itself is a component the runner holds (gate.runners.process.ServerProcess:
 spawn, health, peak RSS, stop), in its own session; close() stops it, and so does an
 interpreter exit. Its output goes to a log file (log_dir, or a temporary folder removed at
-close); failures quote its last LOG_TAIL_LINES lines.
+close); failures quote its last lines (gate.runners.process.LOG_TAIL_LINES).
 
 A kind subclasses ManagedServerRunner and says: its program's name, the command line of a
 runner, its environment, the Endpoint of a started server, how it knows the server is its
@@ -35,18 +35,7 @@ from gate.load.interface import LoadStrategy
 from gate.runners.client.transport import ServedError
 from gate.runners.interface import Done, Ended, RequestResult
 from gate.runners.openai import Endpoint, OpenAIRunner
-from gate.runners.process import (  # noqa: F401 - HOST, free_port and the RSS readers are this module's API too
-    HOST,
-    LOG_TAIL_LINES,
-    STOP_GRACE_S,
-    Exited,
-    NotOurs,
-    ServerProcess,
-    free_port,
-    process_tree,
-    tree_peak_rss_bytes,
-    vm_hwm_bytes,
-)
+from gate.runners.process import HOST, Exited, NotOurs, ServerProcess, free_port
 from gate.runners.server_metrics import ServerSnapshot
 
 

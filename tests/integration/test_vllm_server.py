@@ -23,9 +23,9 @@ def test_a_server_that_failed_to_start_is_not_started_again(tmp_path):
 
 
 def test_a_server_that_exits_leaves_no_child_behind(tmp_path, monkeypatch):
-    from gate.runners import managed
+    from gate.runners import process
 
-    monkeypatch.setattr(managed, "STOP_GRACE_S", 1.0)  # the child ignores SIGTERM: SIGKILL after the grace
+    monkeypatch.setattr(process, "STOP_GRACE_S", 1.0)  # the child ignores SIGTERM: SIGKILL after the grace
     # vLLM runs its engine core as a child process: when the API server exits, the child is stopped too
     fake = tmp_path / "vllm"
     marker = tmp_path / "child-alive"
