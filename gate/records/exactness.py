@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gate.records.run import at_load_point
+
 
 @dataclass
 class Divergence:
@@ -27,13 +29,7 @@ class Divergence:
     def where(self) -> str:
         """'mt_bench-137 repetition 1 at concurrency 2, output position 27'."""
         rep = f" repetition {self.repetition}" if self.repetition is not None else ""
-        point = (
-            f" at concurrency {self.concurrency}"
-            if self.concurrency is not None
-            else f" at request rate {self.request_rate:g}/s"
-            if self.request_rate is not None
-            else ""
-        )
+        point = at_load_point(self.concurrency, self.request_rate)
         return f"{self.prompt_id}{rep}{point}, output position {self.position}"
 
 

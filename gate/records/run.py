@@ -84,6 +84,14 @@ class Failure:
         self.stage = FailureStage(self.stage)
 
 
+def at_load_point(concurrency: int | None, request_rate: float | None) -> str:
+    """How a record names its load point in a message: " at concurrency 2", " at request rate
+    1.5/s", or "" (in-process: no load point)."""
+    if concurrency is not None:
+        return f" at concurrency {concurrency}"
+    return f" at request rate {request_rate:g}/s" if request_rate is not None else ""
+
+
 def describe_failures(failed: list[Failure], most: int = 3) -> str:
     """The failures behind a missing measurement, for a rule's message: one entry per runner
     (at most `most`), its failures counted with the load points they struck and the first

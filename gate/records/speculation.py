@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from gate.records.run import at_load_point
+
 
 class SpeculationStatus(str, Enum):
     """Whether a draft runner speculated in one cell (gate.measure.speculation)."""
@@ -55,14 +57,7 @@ class SpeculationRecord:
     @property
     def where(self) -> str:
         """'under greedy at concurrency 2' (in-process: 'under greedy')."""
-        point = (
-            f" at concurrency {self.concurrency}"
-            if self.concurrency is not None
-            else f" at request rate {self.request_rate:g}/s"
-            if self.request_rate is not None
-            else ""
-        )
-        return f"under {self.law}{point}"
+        return f"under {self.law}{at_load_point(self.concurrency, self.request_rate)}"
 
     def describe(self) -> str:
         """What was seen and why it is (or is not) speculation, in one sentence."""
