@@ -212,9 +212,8 @@ class _Attempt:
     scraped: set[str] = field(default_factory=set)  # runners whose counters were read before the requests
     stall_share: float | None = None  # share of the attempt's wall time some task waited for a CPU
     client_workers: list[Any] = field(default_factory=list)  # served: the client's workers (ClientWorkerRecord)
-    latency: dict[str, ServerLatency | None] = field(
-        default_factory=dict
-    )  # runner -> the server's own mean TTFT/ITL (None: none kept)
+    # runner -> the server's own mean TTFT/ITL (None: none kept)
+    latency: dict[str, ServerLatency | None] = field(default_factory=dict)
 
     def wall_ms(self, one_at_a_time: bool) -> float:
         """Wall time the attempt's timed requests took (ms): the sum of their E2E latencies
