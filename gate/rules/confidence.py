@@ -1,9 +1,9 @@
 """Confidence intervals behind every performance verdict, and the three-way decision.
 
 - Means, ratios and pooled values: a bootstrap over resampling units (requests, or paired
-  requests when a draft is divided by the fallback), by scipy.stats.bootstrap with BCa
-  (Efron 1987, "Better bootstrap confidence intervals", JASA 82(397)), falling back to
-  the percentile interval when BCa is undefined (e.g. every resample equal).
+  requests when a draft is divided by the fallback): the bootstrap standard error times a
+  t quantile with Hesterberg's small-sample expansion, on the log scale for positive values
+  (bootstrap_interval says why: BCa was measured anti-conservative at the sizes gate runs).
 - Percentile ceilings against an absolute threshold (p99 ITL <= 50 ms): count the samples
   beyond the threshold and bound the share with the exact binomial (Clopper-Pearson) as
   MLPerf's early stopping does; tokens of one request are correlated, so the sample size is
@@ -21,7 +21,6 @@ violates it, inconclusive otherwise.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -133,45 +132,44 @@ def estimand(metric: str, aggregation: str, m: Measurements, where: Selection) -
 
 
 def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -> Interval | None:
-    """The bootstrap interval of an estimand, None with fewer than MIN_UNITS units in a group.
+    """The confidence interval of an estimand at `level`: its bootstrap standard error (over
+    `resamples` resamples of its units) times a Student t quantile, on the log scale when the
+    value and every resample are positive (ratios, times, rates: a ratio's interval is then
+    symmetric in log, as 0.8x and 1.25x are), else on the value's own scale:
 
-    Raises nothing for degenerate data: an interval that cannot be formed is a point
-    interval when every unit gives the same value, else None."""
+        value * exp(+-c * se(log value*)),   c = t_{n-1}(1 - alpha/2) * sqrt(n / (n - 1)),
+
+    n the units of the smallest group. c is the t quantile with the expansion that makes a
+    bootstrap interval of a mean hold its coverage at small n (Hesterberg 2015, "What
+    teachers should know about the bootstrap", The American Statistician 69(4), section
+    "expanded percentile interval"). Measured, not assumed: on simulated A/A pairs of the
+    embedded default's shape (benchmarks/sequential.py) scipy's BCa interval at 95% rejected
+    8.5% of 2,000 runs at 24 pairs, this one 5.7%, and 4.8% at 64 pairs. A standard error
+    also holds at the levels a sequential look decides at (99.9% and beyond,
+    gate.rules.sequential), where a percentile or BCa tail holds under one of 2,000 resamples.
+
+    None with fewer than MIN_UNITS units in a group. Raises nothing for degenerate data: every
+    unit giving the same value is a point interval."""
     if any(g[0].n < MIN_UNITS for g in est.groups):
         return None
-    data = tuple(np.arange(g[0].n) for g in est.groups)
-
-    def statistic(*idx: np.ndarray, axis: int = -1) -> np.ndarray:
-        return est.value(*idx)
-
-    for method in ("BCa", "percentile"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                res = stats.bootstrap(
-                    data,
-                    statistic,
-                    n_resamples=resamples,
-                    vectorized=True,
-                    paired=False,
-                    confidence_level=level,
-                    method=method,
-                    rng=np.random.default_rng(seed),
-                    batch=256,
-                )
-            except (ValueError, FloatingPointError):
-                continue
-        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(low) and math.isfinite(high):
-            return Interval(low, high, level, f"bootstrap {method}, {resamples} resamples", est.units)
+    n = min(g[0].n for g in est.groups)
     point = est.point()
+    if math.isnan(point):
+        return None
     rng = np.random.default_rng(seed)
-    draws = est.value(*[rng.integers(0, g[0].n, size=(64, g[0].n)) for g in est.groups])
-    # every unit gives the same value; or every resample is infinite (a mean over an infinite
-    # sample, e.g. an infinite target_drift_kl): the interval is that infinity, and a ceiling fails
-    if not math.isnan(point) and np.all(draws == point):
+    draws = np.asarray(est.value(*[rng.integers(0, g[0].n, size=(resamples, g[0].n)) for g in est.groups]), float)
+    if np.all(draws == point):  # every unit gives the same value (an infinity included)
         return Interval(point, point, level, "bootstrap: every resample equal", est.units)
-    return None
+    draws = draws[np.isfinite(draws)]
+    if draws.size < 2 or not math.isfinite(point):
+        return None
+    c = float(stats.t.ppf(1 - (1 - level) / 2, n - 1)) * math.sqrt(n / (n - 1))
+    method = f"bootstrap standard error ({resamples} resamples) x t quantile ({n - 1} df)"
+    if point > 0 and np.all(draws > 0):
+        se = float(np.std(np.log(draws), ddof=1))
+        return Interval(point * math.exp(-c * se), point * math.exp(c * se), level, f"{method}, log scale", est.units)
+    se = float(np.std(draws, ddof=1))
+    return Interval(point - c * se, point + c * se, level, method, est.units)
 
 
 def speedup_interval(

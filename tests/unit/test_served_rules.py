@@ -150,14 +150,14 @@ def _speedup_by_window(m: Measurements, c: int) -> list[float]:
 
 def test_drift_between_windows_widens_an_a_a_comparison_that_the_requests_alone_would_decide():
     """A/A: the draft is the fallback (speedup 1.0 in law), but its windows ran on a machine
-    drifting by -6% to +8% between repetitions. A bootstrap over the 8 paired requests of one
+    drifting by -12% to +15% between repetitions. A bootstrap over the 8 paired requests of one
     window pair excludes 1.0; the interval widened by the drift between windows (its sd pooled
     over both load points, 2 x (3 - 1) = 4 df) holds it, and the verdict is inconclusive."""
     from gate.rules.confidence import between_windows, bootstrap_interval, compared_runners, estimand
     from gate.rules.selection import Selection
 
     m = _drifted(run({1: 1.0, 4: 1.0}, reps=3, seed=3),
-                 {(1, 0): 1.08, (1, 1): 0.94, (1, 2): 1.0, (4, 0): 0.95, (4, 1): 1.06, (4, 2): 1.01})
+                 {(1, 0): 1.15, (1, 1): 0.88, (1, 2): 1.0, (4, 0): 0.88, (4, 1): 1.12, (4, 2): 1.01})
     by_scope = {o.scope: o for o in evaluate([rule(per="concurrency")], m, Settings())}
     for c in (1, 4):
         o = by_scope[f"d/greedy/concurrency={c}"]
