@@ -61,9 +61,11 @@ def validate(policy: Path) -> None:
         f"{len(p.rules)} rules)" + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else "")
     )
     from gate.exactness.sampled import planned_cost
+    from gate.plan.rounds import planned_looks
 
-    for line in planned_cost(loaded):
-        click.echo(line)
+    for line in [planned_looks(loaded), *planned_cost(loaded)]:
+        if line:
+            click.echo(line)
 
 
 def verdict_options(command: Any) -> Any:

@@ -15,6 +15,7 @@ import torch
 
 from gate.analysis import interactivity
 from gate.analysis import schedule as k_schedule
+from gate.analysis.cost import cost
 from gate.analysis.load_points import load_summary
 from gate.analysis.summary import summarize
 from gate.core.errors import InputError, PolicyValueError
@@ -30,12 +31,14 @@ from gate.measure.environment import environment
 from gate.measure.speculation import proposals
 from gate.metrics.catalogue import REPEATABLE
 from gate.models.loading import resolve_device
+from gate.plan.rounds import Sequential, Undecided
 from gate.plan.validate import validate
 from gate.policy.baseline import Baseline
 from gate.policy.reader import LoadedPolicy, load_policy
 from gate.records import DID_NOT_SPECULATE, FALLBACK, DraftInfo, Failure, FailureStage, Measurements, SpeculationStatus
 from gate.report.document import Report, make_report
 from gate.rules.evaluate import evaluate, exit_code, settings_for
+from gate.rules.outcome import Outcome
 from gate.rules.status import Status
 
 
@@ -112,7 +115,7 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
-    settings = run_settings(policy, warmup, options.shard)
+    settings = run_settings(policy, warmup, options.shard, undecided(loaded, baseline, options))
     notes: list[str] = list(session.notes)
     try:
         m = measure(session, settings, progress, plan.exactness)
@@ -176,11 +179,49 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
     return finish(loaded, m, options, notes, baseline=baseline)
 
 
-def run_settings(policy: Any, warmup: bool = True, shard: tuple[int, int] | None = None) -> Settings:
+def undecided(loaded: LoadedPolicy, baseline: Baseline | None, options: Options) -> Undecided:
+    """The predicate a sequential run asks after each look (gate.plan.rounds): the (runner,
+    law) cells with an error-level verdict that is inconclusive and that more requests could
+    settle (gate.metrics.catalogue REPEATABLE), and the cells of an error-level exactness rule
+    not yet measured as far as the fixed plan (an exactness pass states no power against a
+    fault that hits some requests: gate never checks fewer outputs than the policy planned;
+    the pass runs once the looks end, on every output). Warn-level verdicts never extend a
+    run; a waived one is not undecided; a runner that did not speculate is an error no look
+    settles."""
+    base = baseline.measurements if baseline else None
+    closed = (Status.FAIL, Status.SKIPPED, Status.WAIVED)
+
+    def cells(m: Measurements) -> set[tuple[str, str]]:
+        check_speculation(loaded, m)
+        outcomes = evaluate(loaded.policy.rules, m, settings_for(loaded.policy, base, waivers=options.waivers))
+        looks = m.looks
+
+        def short_of_plan(o: Outcome) -> bool:
+            return looks is not None and looks.schedule[looks.taken.get(f"{o.draft}/{o.law}", 1) - 1] < looks.fixed_plan
+
+        return {
+            (o.draft, o.law)
+            for o in outcomes
+            if o.level == "error"
+            and (
+                (o.status == Status.INCONCLUSIVE and o.metric in REPEATABLE)
+                or (o.tests_law and o.status not in closed and short_of_plan(o))
+            )
+        }
+
+    return cells
+
+
+def run_settings(
+    policy: Any, warmup: bool = True, shard: tuple[int, int] | None = None, still: Undecided | None = None
+) -> Settings:
     """What the measurement loop runs for `policy` (gate.loop.run.Settings): its lengths,
     repetitions, seed, warm-up (none when `warmup` is False), interleaving, load points,
-    goodput objectives, contention handling, resources, the envelope search and the shard."""
+    goodput objectives, contention handling, resources, the envelope search, the shard and,
+    for a sequential run (measurement.sequential), its budget and the predicate `still`
+    (undecided; None: nothing is ever undecided, the first look is the run)."""
     ms = policy.measurement
+    sequential = Sequential(ms.budget.requests, still or (lambda m: set())) if ms.sequential else None
     slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
     return Settings(
         policy.workload.max_new_tokens_list,
@@ -194,6 +235,7 @@ def run_settings(policy: Any, warmup: bool = True, shard: tuple[int, int] | None
         policy.resources,
         search_plan(policy),
         shard,
+        sequential,
     )
 
 
@@ -392,6 +434,7 @@ def finish(
         str(loaded.path), loaded.policy.model_dump(mode="json"), m, outcomes, summarize(m), code, points, crossings
     )
     report.shard = None if options.shard is None else f"{options.shard[0]}/{options.shard[1]}"
+    report.cost = cost(m)
     report.interactivity = interactivity.points(m, points)
     load = loaded.policy.load
     report.equal_interactivity = interactivity.compare(report.interactivity, load.per_user_speed() if load else None)

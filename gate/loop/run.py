@@ -57,6 +57,7 @@ from gate.measure.kv import cache_model
 from gate.measure.overlap import position_overlaps
 from gate.models.loading import dtype_name, weight_bytes
 from gate.plan.matrix import Asked, Block, ExactnessPlan, plan_blocks, window_requests
+from gate.plan.rounds import Rounds, Sequential, Units, plan_rounds
 from gate.records import (
     FALLBACK,
     UNKNOWN_ID,
@@ -88,7 +89,9 @@ class Settings:
     `slo_ms` (goodput objectives, ms: {"ttft": 500.0}), `contention` (when a request is
     contended and how often its cell is rerun), `resources` (policy.resources, for the bill),
     `search` (load.search: the envelope search after the load points, gate.load.search),
-    `shard` ((i, n): this run measures the i-th of n shards, gate.commands.merge; None: everything)."""
+    `shard` ((i, n): this run measures the i-th of n shards, gate.commands.merge; None: everything),
+    `sequential` (measurement.sequential: the budget and the still-undecided predicate,
+    gate.plan.rounds; None: the fixed plan, `repetitions`)."""
 
     max_new_tokens: list[int]
     repetitions: int = 1
@@ -101,6 +104,7 @@ class Settings:
     resources: Any = None
     search: SearchPlan | None = None
     shard: tuple[int, int] | None = None
+    sequential: Sequential | None = None
 
     @property
     def first_shard(self) -> bool:
@@ -136,10 +140,20 @@ def measure(
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
 
     loop = Loop(session, m, settings, progress, exactness or ExactnessPlan())
-    phases = [loop.phase([FALLBACK, *m.drafts], session.laws, range(settings.repetitions))]
+    names = [FALLBACK, *m.drafts]
+    rounds = loop.rounds()
+    if rounds is None:
+        phases = [loop.phase(names, session.laws, range(settings.repetitions))]
+    else:  # a sequential run: the first look's units, then further looks while verdicts are undecided
+        m.looks = replace(rounds.looks, taken={f"{n}/{law.name}": 1 for n in names for law in session.laws})
+        phases = [loop.phase(names, session.laws, units=rounds.units(1))]
     first = settings.first_shard  # what is not split runs in the first shard (gate.commands.merge)
     if session.drafts and first:  # the drafts are loaded here: overlap along the fallback's outputs
         phases.append(Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)))
+    if rounds is not None:
+        phases.append(
+            Phase("the further looks", FailureStage.REQUEST, lambda: loop.further(rounds), lambda why, when: [])
+        )
     if first:
         phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress)
         phases.append(Phase("the bill", FailureStage.BILL, lambda: _bill(session, m, settings), after_stop=True))
@@ -256,13 +270,15 @@ class Loop:
         key = (law, point_of(load))
         return key in self._cells and self._cells.index(key) % n == i - 1
 
-    def blocks(self, names: list[str], laws: list[Law], reps: range) -> list[Block]:
-        """The run order of `names` (the fallback first) x `laws` x load points x `reps`
-        (gate.plan.matrix.plan_blocks)."""
+    def blocks(
+        self, names: list[str], laws: list[Law], reps: range, prompts: list[PlannedPrompt] | None = None
+    ) -> list[Block]:
+        """The run order of `names` (the fallback first) x `laws` x load points x `reps` x
+        `prompts` (default: the workload's; gate.plan.matrix.plan_blocks)."""
         blocks = plan_blocks(
             names[1:],
             laws,
-            self.session.prompts,
+            prompts or self.session.prompts,
             self.s.max_new_tokens,
             reps,
             self.s.seed,
@@ -279,10 +295,14 @@ class Loop:
                 out.append(replace(b, units=units))
         return out
 
-    def phase(self, names: list[str], laws: list[Law], reps: range) -> Phase:
-        """The timed requests as a Phase: when stopped, each runner, law and load point with
-        requests that did not end gets a failure (stage "request") saying how many and why."""
-        per = len(reps) * len(self.session.prompts) * len(self.s.max_new_tokens)  # per runner, law and load point
+    def phase(self, names: list[str], laws: list[Law], reps: range = range(0), units: Units | None = None) -> Phase:
+        """The timed requests of `reps` (or of `units`: a look of a sequential run, as
+        gate.plan.rounds.Rounds.units gives them) as a Phase: when stopped, each runner, law and
+        load point with requests that did not end gets a failure (stage "request") saying how
+        many and why."""
+        runs = self._runs(reps, units)
+        # per runner, law and load point
+        per = sum(len(r) * len(p or self.session.prompts) for r, p in runs) * len(self.s.max_new_tokens)
         total = sum(self.mine(law.name, load) for law in laws for load in self.points) * len(names) * per
 
         def ended() -> int:
@@ -310,7 +330,7 @@ class Loop:
         return Phase(
             "the requests",
             FailureStage.REQUEST,
-            lambda: self.requests(names, laws, reps),
+            lambda: self.requests(names, laws, reps, units),
             unmeasured,
             detail=lambda: f"{ended()} of {total} requests measured",
         )
@@ -341,12 +361,19 @@ class Loop:
     def _labels(self, load: LoadStrategy) -> tuple[int | None, float | None]:
         return point_of(load) if self.labelled else (None, None)
 
-    def requests(self, names: list[str], laws: list[Law], reps: range) -> None:
-        """Every request of `names` (the fallback first) x `laws` x load points x `reps`, block
-        by block. An Exception that escapes a block (a server that cannot start) is a failure
-        and the reports are still written; the runner is closed at the end, and the servers
-        it ran recorded (m.servers)."""
-        blocks = self.blocks(names, laws, reps)
+    @staticmethod
+    def _runs(reps: range, units: Units | None) -> list[tuple[range, list[PlannedPrompt] | None]]:
+        """(repetitions, prompts) to plan: `reps` with every prompt, or each of `units`' runs."""
+        if units is None:
+            return [(reps, None)]
+        return [(range(rep, rep + 1), prompts or None) for rep, prompts in units]
+
+    def requests(self, names: list[str], laws: list[Law], reps: range = range(0), units: Units | None = None) -> None:
+        """Every request of `names` (the fallback first) x `laws` x load points x `reps` (or
+        `units`, Loop.phase), block by block. An Exception that escapes a block (a server that
+        cannot start) is a failure and the reports are still written; the runner is closed at
+        the end, and the servers it ran recorded (m.servers)."""
+        blocks = [b for r, p in self._runs(reps, units) for b in self.blocks(names, laws, r, p)]
         total = sum(len(b.requests) for b in blocks)
         budget = RerunBudget(sum(len(b.units) for b in blocks), self.s.contention.rerun_budget, STUCK_CELLS)
         done = [0]
@@ -376,6 +403,45 @@ class Loop:
             self.m.servers = _servers(self.runner, names) or self.m.servers
             _not_lossless(self.m)
             self.runner.close()
+
+    def rounds(self) -> Rounds | None:
+        """The looks of this run (gate.plan.rounds; None: the fixed plan, or a shard: a shard
+        measures its part of the fixed plan, gate merge decides on all of them)."""
+        seq = self.s.sequential
+        if seq is None or self.s.shard is not None:
+            return None
+        return plan_rounds(
+            self.session.prompts,
+            len(self.s.max_new_tokens),
+            self.s.repetitions,
+            seq.budget,
+            self.labelled,
+            self.s.seed,
+        )
+
+    def further(self, rounds: Rounds) -> None:
+        """The looks after the first, while the command's predicate (Settings.sequential)
+        names undecided (runner, law) cells: each look measures their units (the fallback
+        beside every undecided draft of a law, as the first look did), then the overlap along
+        the new fallback continuations for those drafts; m.looks records how far each cell
+        went. Stops when nothing is undecided or the schedule's last look (the budget) is
+        measured; a signal or measurement.max_wall_s stops it between requests."""
+        assert self.s.sequential is not None and self.m.looks is not None
+        laws = {law.name: law for law in self.session.laws}
+        for look in range(2, len(rounds.looks.schedule) + 1):
+            pending = self.s.sequential.undecided(self.m)
+            if not pending:
+                return
+            for law_name, law in laws.items():
+                drafts = [d for d in self.m.drafts if (d, law_name) in pending]
+                if not drafts and (FALLBACK, law_name) not in pending:
+                    continue
+                names = [FALLBACK, *drafts]
+                for n in names:
+                    self.m.looks.taken[f"{n}/{law_name}"] = look
+                self.requests(names, [law], units=rounds.units(look))
+                if drafts and self.session.drafts and self.s.first_shard:
+                    _overlaps(self.session, self.m, self.progress, set(drafts))
 
     def _samples(self) -> None:
         """The served exactness plan's sample requests (gate.exactness.sampled), drawn while
@@ -1036,13 +1102,21 @@ def _bound(session: Session, law: Law, prompt: PlannedPrompt) -> RequestLaw:
 
 
 @torch.inference_mode()
-def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
+def _overlaps(session: Session, m: Measurements, progress: Progress, only: set[str] | None = None) -> None:
     """Teacher-forced overlap along every fallback continuation of the first repetition:
-    one forward of the target and one of each draft per sequence."""
+    one forward of the target and one of each draft per sequence. `only`: these drafts, along
+    the continuations of prompts they have no overlap on yet (a sequential run's further looks);
+    None: every draft, every continuation."""
     prompts = {p.id: p for p in session.prompts}
     laws = {law.name: law for law in session.laws}
     done: set[tuple[str, str]] = set()
-    runs = [r for r in m.requests if r.draft == FALLBACK and r.repetition == 0 and r.output_ids]
+    had = {(o.draft, o.prompt_id, o.law) for o in m.overlaps}
+    wanted = [name for name in session.drafts if only is None or name in only]
+
+    def drafts_for(rec: RequestRecord) -> list[str]:
+        return [name for name in wanted if (name, rec.prompt_id, rec.law) not in had]
+
+    runs = [r for r in m.requests if r.draft == FALLBACK and r.repetition == 0 and r.output_ids and drafts_for(r)]
     for i, rec in enumerate(runs):
         progress(FailureStage.OVERLAP, i, len(runs))
         interrupt.check_budget()
@@ -1065,7 +1139,8 @@ def _overlaps(session: Session, m: Measurements, progress: Progress) -> None:
                 )
             )
             continue
-        for name, draft in session.drafts.items():
+        for name in drafts_for(rec):
+            draft = session.drafts[name]
             try:
                 q = draft.teacher_forced(ids, len(prompt), law, p.shape[-1])
                 ov, top1 = position_overlaps(p, q.to(p.device))

@@ -846,8 +846,37 @@ def auto_or_count(v: Any, least: int, most: int) -> Any:
     raise ValueError(f"expected auto or an integer from {least} to {most:,}, got {v!r}{hint}")
 
 
+class BudgetSpec(_Strict):
+    """The most a sequential run (measurement.sequential) may spend."""
+
+    requests: Annotated[int, Field(ge=1, le=1_000_000)] | Literal["auto"] = Field(
+        "auto",
+        description="Timed requests per runner, law and load point. In gate's own loop the first look measures a "
+        "third of the fixed plan (measurement.repetitions; at least 8 prompts, at most the plan), each further look "
+        "doubles it, the fixed plan is a look too, the last is this budget. auto: the first doubling at or beyond "
+        "twice the fixed plan (24 prompts, one repetition: looks at 8, 16, 24, 32 and 64). Served runners at load "
+        "points measure whole windows: their first look is the fixed plan's repetitions, the budget is rounded down "
+        "to whole windows.",
+    )
+
+    @field_validator("requests", mode="before")
+    @classmethod
+    def _requests(cls, v: Any) -> Any:
+        return auto_or_count(v, 1, 1_000_000)
+
+
 class MeasurementSpec(_Strict):
     """How requests are run and how sure a performance verdict must be."""
+
+    sequential: bool = Field(
+        True,
+        description="Measure in rounds and decide after each (gate.rules.sequential): a cell (a runner under a "
+        "law) is measured again only while one of its error-level verdicts that more requests can settle is "
+        "undecided, up to measurement.budget; each look is decided at its share of the error budget (alpha "
+        "spending), so the error rates hold under this stopping. false: the fixed plan (measurement.repetitions), "
+        "decided once.",
+    )
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="The most a sequential run may spend.")
 
     repetitions: int = Field(
         1, ge=1, le=100, description="Times each (prompt, law, max_new_tokens) cell is run per runner."
@@ -967,6 +996,16 @@ class MeasurementSpec(_Strict):
         if v is not None:
             _wall_seconds(v)  # raises ValueError for anything but a positive finite time
         return v
+
+    @model_validator(mode="after")
+    def _one_way_to_extend(self) -> MeasurementSpec:
+        if self.sequential and self.extra_repetitions:
+            raise FieldError(
+                "extra_repetitions",
+                "extra_repetitions extend a fixed plan (measurement.sequential: false); a sequential run extends "
+                "its undecided cells itself, up to measurement.budget (write budget: {requests: N} instead)",
+            )
+        return self
 
     def wall_budget_s(self) -> float | None:
         """measurement.max_wall_s in seconds (None: no budget)."""

@@ -24,6 +24,7 @@ from gate.records.run import (
     Environment,
     Failure,
     FailureStage,
+    LooksRecord,
     ModelInfo,
     WorkloadInfo,
     describe_failures,
@@ -46,6 +47,7 @@ __all__ = [
     "FALLBACK",
     "Failure",
     "FailureStage",
+    "LooksRecord",
     "Measurements",
     "ModelInfo",
     "NextTokenCounts",
@@ -110,3 +112,4 @@ class Measurements:
     speculation: list[SpeculationRecord] = field(
         default_factory=list
     )  # did each draft runner speculate (per law, load point)
+    looks: LooksRecord | None = None  # a sequential run's looks (None: a fixed plan)

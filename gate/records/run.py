@@ -161,3 +161,20 @@ class DraftInfo:
     modifies_target: bool = False  # its kind ships a changed target (gate.drafts.interface.DraftKind.modifies_target)
     sweep_of: str | None = None  # a num_draft_tokens_sweep's runner: the declared draft it varies (None: declared)
     swept: bool = False  # a declared draft with a num_draft_tokens_sweep (its K is compared with the sweep's and K=0)
+
+
+@dataclass
+class LooksRecord:
+    """A sequential run's design and how far each cell went (gate.plan.rounds; gate.rules.sequential
+    decides each verdict at its cell's look). `unit`: what the schedule counts per runner and law
+    ("prompt": one request per max_new_tokens of a prompt, in gate's own loop; "window": a
+    repetition of the workload at every load point); `schedule`: units at each look, the last the
+    budget; `fixed_plan`: units of the fixed plan (measurement.repetitions); `taken`:
+    "<runner>/<law>" -> the looks its cell was measured to (1: the first round only);
+    `requests_per_unit`: timed requests one unit holds per runner, law and load point."""
+
+    unit: str
+    schedule: list[int]
+    fixed_plan: int
+    requests_per_unit: int
+    taken: dict[str, int] = field(default_factory=dict)

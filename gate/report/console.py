@@ -135,13 +135,14 @@ class ConsoleReport(ReportFormat):
 
     def footer(self, report: Report) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
-        return f"gate: {counts}; exit code {report.exit_code}"
+        spent = f"\n{report.cost.describe()}" if report.cost is not None else ""
+        return f"gate: {counts}; exit code {report.exit_code}{spent}"
 
     def print(self, report: Report, console: Console) -> None:
         for table in self.tables(report):
             for part in fit(table, console.width) if isinstance(table, Table) else [table]:
                 console.print(part)
-        console.print(self.footer(report))
+        console.print(self.footer(report), soft_wrap=True)  # one line each, however long: CI logs grep them
 
     def render(self, report: Report) -> str:
         buffer = io.StringIO()

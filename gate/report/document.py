@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from gate.analysis.cost import Cost
 from gate.analysis.interactivity import EqualInteractivity, InteractivityPoint
 from gate.analysis.load_points import Crossover, LoadPoint
 from gate.analysis.schedule import KChoice
@@ -49,6 +50,8 @@ class Report:
         None  # "i/n": this report measured the i-th of n shards of the run (gate check --shard; gate merge)
     )
     merged_from: list[str] = field(default_factory=list)  # gate merge: the shard reports this one joins
+    # a sequential run: what it spent against its fixed plan and budget (gate.analysis.cost)
+    cost: Cost | None = None
 
 
 ADAPTER = TypeAdapter(Report)

@@ -18,15 +18,19 @@ pytestmark = [
 def test_gate_check_on_smollm2_end_to_end(tmp_path):
     result, report = check_cut_example(tmp_path, ROOT / "examples" / "smollm2" / "policy.yaml", per_category=1, num_prompts=2,
                                        max_new_tokens=8)
-    # two prompts: every interval needs 5 units, so verdicts are inconclusive (exit 3) unless one definitely fails
+    # two prompts: every interval needs 5 units, so verdicts are inconclusive (exit 3) unless one definitely fails;
+    # the sequential run measures them once more (its budget, auto: twice the plan) and they stay so
     assert result.exit_code in (0, 1, 3), result.output
     m = report["measurements"]
     assert m["failures"] == []
     speedup = [o for o in report["outcomes"] if o["rule_id"] == "speedup"]
     assert speedup and all(o["status"] == "inconclusive" and "an interval needs at least 5" in o["message"] for o in speedup)
+    assert all("look 2 of 2" in o["message"] for o in speedup)
     runners = {r["draft"] for r in m["requests"]}
     assert runners == {"fallback", "bf16", "int8", "lookup"}
-    assert len(m["requests"]) == 4 * 2 * 2  # runners x laws x prompts
+    assert m["looks"]["schedule"] == [2, 4] and set(m["looks"]["taken"].values()) == {2}
+    assert len(m["requests"]) == 4 * 2 * 2 * 2  # runners x laws x prompts x the two looks
+    assert {r["repetition"] for r in m["requests"]} == {0, 1}
     # greedy speculative output equals the fallback's token for token, whatever the draft
     greedy = [r for r in m["requests"] if r["law"] == "greedy"]
     by_prompt = {}

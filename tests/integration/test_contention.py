@@ -17,7 +17,7 @@ from unit.test_contention import DRAFTS, RULES
 
 
 def run_check(tmp_path: Path, model: Path, prompts: Path, measurement: str) -> dict:
-    text = tiny_policy(model, prompts, RULES, drafts=DRAFTS, max_new_tokens=6) + measurement
+    text = tiny_policy(model, prompts, RULES, drafts=DRAFTS, max_new_tokens=6) + measurement + "  sequential: false\n"
     policy = write_policy(tmp_path, text)
     CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
     return json.loads((tmp_path / "r.json").read_text())

@@ -54,7 +54,7 @@ drafts:
   lookup: {{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 3}}
 law: {{temperature: 0}}
 workload: {{source: jsonl, path: {prompts}, max_new_tokens: {max_new_tokens}, seed: 0, chat_template: true}}
-measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null}}
+measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null, sequential: false}}
 rules:
   - {{id: overlap-floor, metric: overlap, aggregation: mean, comparison: '>=', threshold: 0.0}}
   - {{id: itl, metric: itl_ms, aggregation: mean, comparison: '<=', threshold: 10 s}}

@@ -33,7 +33,8 @@ def test_shards_merged_decide_as_one_run(tmp_path: Path, tiny_model_dir: Path, p
     with Stub(ttft_s=0.02, itl_s=0.005) as fallback, Stub(ttft_s=0.02, itl_s=0.005, draft_n=8, draft_n_accepted=4) as draft:
         policy = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url,
                                                     load="{concurrency: [1, 2, 4]}", rules=RULES,
-                                                    measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null"))
+                                                    measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, "
+                                                                "sequential: false"))  # shards measure the fixed plan
         full, one, two = tmp_path / "full.json", tmp_path / "s1.json", tmp_path / "s2.json"
         code_full, _ = run("check", str(policy), "--json", str(full), "--junit", str(tmp_path / "full.xml"), "--no-progress")
         for i, out in ((1, one), (2, two)):

@@ -29,7 +29,7 @@ def test_extra_repetitions_settle_an_inconclusive_verdict_and_are_noted(tmp_path
     rule = ("  - id: ttft-median\n    metric: ttft_ms\n    aggregation: median\n    comparison: '<='\n    threshold: 10 s\n"
             "    scope: {drafts: [lookup]}\n")
     text = tiny_policy(tiny_model_dir, prompts_file, rule, drafts=DRAFTS)
-    text += "measurement:\n  extra_repetitions: 2\n  warmup_requests: 0\n"
+    text += "measurement:\n  sequential: false\n  extra_repetitions: 2\n  warmup_requests: 0\n"
     policy = write_policy(tmp_path, text)
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "j.xml")])
     report = json.loads((tmp_path / "r.json").read_text())

@@ -70,7 +70,8 @@ def test_an_in_process_run_stops_measuring_when_its_budget_runs_out(tmp_path: Pa
                                                                     prompts_file: Path) -> None:
     # 5 prompts x 2 runners x 40 repetitions x 32 tokens: far longer than the budget
     text = tiny_policy(tiny_model_dir, prompts_file, drafts=LOOKUP, max_new_tokens=32)
-    text += "measurement:\n  repetitions: 40\n  warmup_requests: 0\n  max_cpu_stall: null\n  max_wall_s: 3 s\n"
+    text += ("measurement:\n  sequential: false\n  repetitions: 40\n  warmup_requests: 0\n  max_cpu_stall: null\n"
+             "  max_wall_s: 3 s\n")
     code, report, junit, out, wall = timed_check(tmp_path, text)
     assert wall < 3.0 + 15.0, wall
     assert code == 3, out

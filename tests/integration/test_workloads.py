@@ -111,7 +111,7 @@ def test_gate_check_records_workload_context_lengths_stops_and_short_outputs(tmp
               "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n")
     text = tiny_policy(tiny_model_dir, _jsonl(tmp_path), drafts=drafts).replace(
         "  max_new_tokens: 12\n", "  max_new_tokens: [1, 6]\n  num_prompts: 2\n  context_lengths: [40, 80]\n  stop: ['w1']\n")
-    policy = write_policy(tmp_path, text)
+    policy = write_policy(tmp_path, text + "measurement: {sequential: false}\n")  # the plan's every request, counted below
     report_path = tmp_path / "r.json"
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(report_path), "--junit", str(tmp_path / "j.xml"),
                                       "--no-progress"])

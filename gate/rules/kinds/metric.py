@@ -57,6 +57,7 @@ from gate.rules.scope import (
     scope_key,
     scoped_points,
 )
+from gate.rules.sequential import look_of, shown_level
 from gate.rules.status import Status
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -385,7 +386,8 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
             fallback_value=None,
             message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}",
         )
-    level = rule.confidence or s.confidence
+    look = look_of(m, rule.confidence or s.confidence, draft, law)  # a sequential run: the look's share of alpha
+    level = look.level if look is not None else rule.confidence or s.confidence
     ref_value = reference.point() if reference is not None else None
     unit_word = _unit_word(est, rule)
     shown = format_value(point, dim) + x
@@ -400,9 +402,11 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         side = "above" if rule.comparison in ("<=", "<") else "below"
         detail = (
             f"{shown} over {u.samples} samples in {u.n} {u.unit}s; {exc.count} {side} "
-            f"{format_value(threshold, dim)} ({exc.share:.2%}; {level:.0%} CI {exc.low:.2%}-{exc.high:.2%}"
+            f"{format_value(threshold, dim)} ({exc.share:.2%}; {shown_level(level)} CI {exc.low:.2%}-{exc.high:.2%}"
             + (f", design effect {exc.design_effect:.2f}" if exc.design_effect > 1 else "")
-            + f"; at most {exc.allowed:.0%} allowed)"
+            + f"; at most {exc.allowed:.0%} allowed"
+            + (f"; {look.describe()}" if look is not None else "")
+            + ")"
         )
     elif rule.aggregation in ("min", "max"):
         status = Status.PASS if _OPS[rule.comparison](point, threshold) else Status.FAIL
@@ -421,17 +425,20 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
             interval = widened(interval, drift)
         if interval is None:
             status = Status.INCONCLUSIVE
-            detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS})"
+            detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS}" + (
+                f"; {look.describe()})" if look is not None else ")"
+            )
         else:
             status = decide(interval, rule.comparison, threshold)
             detail = (
-                f"{shown} ({n} {unit_word}, {level:.0%} CI {format_value(interval.low, dim)}{x}-"
+                f"{shown} ({n} {unit_word}, {shown_level(level)} CI {format_value(interval.low, dim)}{x}-"
                 f"{format_value(interval.high, dim)}{x}"
                 + (
                     f"; {drift.describe(requests_alone, interval, lambda v: format_value(v, dim) + x)}"
                     if drift and requests_alone
                     else ""
                 )
+                + (f"; {look.describe()}" if look is not None else "")
                 + ")"
             )
     note = ""

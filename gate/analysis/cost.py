@@ -1,0 +1,54 @@
+"""What a sequential run spent (gate.rules.sequential, gate.plan.rounds), against its fixed plan
+and its budget: the report's cost section and the console's last line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gate.records import Measurements
+
+
+@dataclass
+class Cost:
+    """The timed requests a run kept (`requests`), what its fixed plan (measurement.repetitions)
+    would have run (`fixed_plan`) and the most its budget allowed (`budget`), all counted over
+    every runner, law and load point; `looks`: "<runner>/<law>" -> "k of K", how far each
+    cell went; `schedule`: units per runner and law at each look, and their `unit`."""
+
+    requests: int
+    fixed_plan: int
+    budget: int
+    unit: str
+    schedule: list[int]
+    looks: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line: 'sequential: 64 timed requests, 0.50x the fixed plan's 128 (budget 256); ...'."""
+        further = sorted(cell for cell, at in self.looks.items() if not at.startswith("1 "))
+        cells = (
+            f"; measured past the first look: {', '.join(f'{c} (look {self.looks[c]})' for c in further)}"
+            if further
+            else "; every cell decided at the first look"
+        )
+        return (
+            f"sequential: {self.requests} timed requests, {self.requests / max(self.fixed_plan, 1):.2f}x the fixed "
+            f"plan's {self.fixed_plan} (budget {self.budget}; looks at {', '.join(map(str, self.schedule))} "
+            f"{self.unit}s per runner and law){cells}"
+        )
+
+
+def cost(m: Measurements) -> Cost | None:
+    """The cost of `m`'s sequential run (None: a fixed plan)."""
+    rec = m.looks
+    if rec is None:
+        return None
+    points = len({(r.concurrency, r.request_rate) for r in m.requests}) or 1
+    per_look = len(rec.taken) * points * rec.requests_per_unit
+    return Cost(
+        len(m.requests),
+        per_look * rec.fixed_plan,
+        per_look * rec.schedule[-1],
+        rec.unit,
+        list(rec.schedule),
+        {cell: f"{k} of {len(rec.schedule)}" for cell, k in sorted(rec.taken.items())},
+    )

@@ -1,0 +1,66 @@
+"""A sequential run end to end on the tiny model (gate.plan.rounds, gate.rules.sequential): a
+cell is measured again only while one of its error-level verdicts is undecided, each verdict
+says its look, and the report and console say what the run spent."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from click.testing import CliRunner
+
+from gate.cli import cli
+from tests.conftest import tiny_policy, write_policy
+
+DRAFTS = ("  same_bf16:\n    kind: model\n    model: target\n    dtype: bfloat16\n    num_draft_tokens: 3\n"
+          "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n")
+# Two of the five prompts are chat: an interval needs 5 units, so a rule on them alone is
+# undecided until later looks (further repetitions) bring 5. The error-level one extends
+# lookup's cell; the warn-level one never extends same_bf16's.
+RULES = ("  - id: chat-ttft\n    metric: ttft_ms\n    aggregation: mean\n    comparison: '<='\n    threshold: 10 s\n"
+         "    scope: {drafts: [lookup], categories: [chat]}\n"
+         "  - id: chat-ttft-warn\n    metric: ttft_ms\n    aggregation: mean\n    comparison: '<='\n    threshold: 10 s\n"
+         "    scope: {drafts: [same_bf16], categories: [chat]}\n    level: warn\n")
+
+
+def test_only_the_undecided_cell_is_measured_again_and_its_verdict_says_its_look(tmp_path, tiny_model_dir, prompts_file):
+    text = tiny_policy(tiny_model_dir, prompts_file, RULES, drafts=DRAFTS, max_new_tokens=4)
+    text += "measurement: {warmup_requests: 0, max_cpu_stall: null, budget: {requests: 20}}\n"
+    policy = write_policy(tmp_path, text)
+    validated = CliRunner().invoke(cli, ["validate", str(policy)])
+    assert "sequential: looks at 5, 10, 20 prompts per runner and law; 15 timed requests at the first look, at most 60 " \
+           "(measurement.budget), against the fixed plan's 15" in validated.output, validated.output
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
+                                      "--no-progress"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    m = report["measurements"]
+    assert Counter(r["draft"] for r in m["requests"]) == {"fallback": 20, "lookup": 20, "same_bf16": 5}
+    assert m["looks"]["schedule"] == [5, 10, 20]
+    assert m["looks"]["taken"] == {"fallback/greedy": 3, "lookup/greedy": 3, "same_bf16/greedy": 1}
+    outcomes = {o["rule_id"] + "/" + o["draft"]: o for o in report["outcomes"]}
+    chat = outcomes["chat-ttft/lookup"]
+    assert chat["status"] == "pass" and chat["samples"] == 8  # the chat prompts of 4 repetitions
+    assert "look 3 of 3" in chat["message"] and "97.50% CI" not in chat["message"], chat["message"]
+    assert outcomes["chat-ttft-warn/same_bf16"]["status"] == "inconclusive"  # warn level: decided on what was measured
+    assert "look 1 of 3" in outcomes["itl/same_bf16"]["message"]
+    cost = report["cost"]
+    assert cost["requests"] == 45 and cost["fixed_plan"] == 15 and cost["budget"] == 60
+    last = [line for line in result.output.splitlines() if not line.startswith("reports:")][-1]  # the console's last
+    assert last.startswith("sequential: 45 timed requests, 3.00x the fixed plan's 15 (budget 60;"), last
+    assert "lookup/greedy (look 3 of 3)" in last and "same_bf16" not in last
+
+
+def test_a_fixed_plan_is_decided_once_at_the_policys_confidence(tmp_path, tiny_model_dir, prompts_file):
+    text = tiny_policy(tiny_model_dir, prompts_file, RULES, drafts=DRAFTS, max_new_tokens=4)
+    text += "measurement: {warmup_requests: 0, max_cpu_stall: null, sequential: false}\n"
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["check", str(write_policy(tmp_path, text)), "--json", str(out), "--junit",
+                                      str(tmp_path / "j.xml"), "--no-progress"])
+    assert result.exit_code == 3, result.output  # chat-ttft: 2 units, inconclusive, error level
+    report = json.loads(out.read_text())
+    assert report["measurements"]["looks"] is None and report["cost"] is None
+    assert len(report["measurements"]["requests"]) == 15
+    assert all(" of 3" not in o["message"] and "look 1" not in o["message"] for o in report["outcomes"])
+    assert "sequential:" not in result.output
