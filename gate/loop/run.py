@@ -196,7 +196,7 @@ def measure_more(
     loop = Loop(session, m, settings, progress or (lambda *_: None))
     chosen = [law for law in session.laws if law.name in laws]
     try:
-        loop.requests([FALLBACK, *[d for d in m.drafts if d in drafts]], chosen, repetitions)
+        loop.requests([FALLBACK, *[d for d in m.drafts if d in drafts]], chosen, repetitions, once=False)
     except KeyboardInterrupt:
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", "interrupted during extra repetitions"))
     except interrupt.OutOfTime:  # the budget ran out: what was measured is kept (gate.commands.check notes it)
@@ -368,9 +368,18 @@ class Loop:
             return [(reps, None)]
         return [(range(rep, rep + 1), prompts or None) for rep, prompts in units]
 
-    def requests(self, names: list[str], laws: list[Law], reps: range = range(0), units: Units | None = None) -> None:
+    def requests(
+        self,
+        names: list[str],
+        laws: list[Law],
+        reps: range = range(0),
+        units: Units | None = None,
+        once: bool = True,
+    ) -> None:
         """Every request of `names` (the fallback first) x `laws` x load points x `reps` (or
-        `units`, Loop.phase), block by block. An Exception that escapes a block (a server that
+        `units`, Loop.phase), block by block; then, with `once` (the run's first requests, not
+        a further look), what a run measures once after them: a served run's exactness
+        samples and the envelope search. An Exception that escapes a block (a server that
         cannot start) is a failure and the reports are still written; the runner is closed at
         the end, and the servers it ran recorded (m.servers)."""
         blocks = [b for r, p in self._runs(reps, units) for b in self.blocks(names, laws, r, p)]
@@ -389,9 +398,9 @@ class Loop:
                     self.progress("requests", done[0], total)
                     self._block(block, budget, unit_done)
                 self.progress("requests", total, total)
-                if not self.session.local and names[0] == FALLBACK and len(names) > 1 and self.s.first_shard:
+                if once and not self.session.local and names[0] == FALLBACK and len(names) > 1 and self.s.first_shard:
                     self._samples()
-                if self.s.search is not None and self.labelled:
+                if once and self.s.search is not None and self.labelled:
                     self._search(names, laws)
         except Exception as e:  # noqa: BLE001 - e.g. a server that cannot start: recorded, the reports are written
             self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
@@ -439,7 +448,7 @@ class Loop:
                 names = [FALLBACK, *drafts]
                 for n in names:
                     self.m.looks.taken[f"{n}/{law_name}"] = look
-                self.requests(names, [law], units=rounds.units(look))
+                self.requests(names, [law], units=rounds.units(look), once=False)
                 if drafts and self.session.drafts and self.s.first_shard:
                     _overlaps(self.session, self.m, self.progress, set(drafts))
 

@@ -10,7 +10,8 @@ from collections import Counter
 from click.testing import CliRunner
 
 from gate.cli import cli
-from tests.conftest import tiny_policy, write_policy
+from conftest import stub_policy, tiny_policy, write_policy
+from served_stub import Stub
 
 DRAFTS = ("  same_bf16:\n    kind: model\n    model: target\n    dtype: bfloat16\n    num_draft_tokens: 3\n"
           "  lookup:\n    kind: prompt_lookup\n    max_ngram_size: 2\n    num_draft_tokens: 3\n")
@@ -64,3 +65,32 @@ def test_a_fixed_plan_is_decided_once_at_the_policys_confidence(tmp_path, tiny_m
     assert len(report["measurements"]["requests"]) == 15
     assert all(" of 3" not in o["message"] and "look 1" not in o["message"] for o in report["outcomes"])
     assert "sequential:" not in result.output
+
+
+def test_a_served_run_looks_in_whole_windows_and_measures_its_searches_and_samples_once(
+        tmp_path, tiny_model_dir, prompts_file):
+    """Served, at a load point: a look is a window of every prompt. The error-level rule on the
+    two chat prompts needs 5 of them: the first look (the plan's one window) leaves it
+    undecided, the budget's 3 windows decide it. The envelope search runs once, after the
+    first look's requests, not again with each further look."""
+    rules = ("  - {id: chat-ttft, metric: ttft_ms, aggregation: mean, comparison: '<=', threshold: 10 s, "
+             "scope: {categories: [chat]}}\n"
+             "  - {id: sustains, kind: envelope, comparison: '>=', threshold: 1, level: warn}\n")
+    load = "{concurrency: [1], search: {start: 1, max: 2, requests_per_load: 1}}"
+    measurement = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, budget: {requests: 15}"
+    with Stub(ttft_s=0.01, itl_s=0.002) as fallback, Stub(ttft_s=0.01, itl_s=0.002, draft_n=8, draft_n_accepted=4) as draft:
+        policy = write_policy(tmp_path, stub_policy(tiny_model_dir, prompts_file, fallback.url, draft.url, load=load,
+                                                    rules=rules, measurement=measurement, max_new_tokens=4))
+        out = tmp_path / "r.json"
+        result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
+                                          "--no-progress"])
+    assert "Traceback" not in result.output, result.output
+    report = json.loads(out.read_text())
+    m = report["measurements"]
+    assert m["looks"]["unit"] == "window" and m["looks"]["schedule"] == [1, 2, 3], m["looks"]
+    assert m["looks"]["taken"] == {"fallback/greedy": 3, "fast/greedy": 3}
+    assert Counter((r["draft"], r["repetition"]) for r in m["requests"]) == {
+        (d, rep): 5 for d in ("fallback", "fast") for rep in (0, 1, 2)}
+    assert len(m["envelopes"]) == 2  # one search per runner, after the first look only
+    (chat,) = [o for o in report["outcomes"] if o["rule_id"] == "chat-ttft"]
+    assert chat["status"] == "pass" and "look 3 of 3" in chat["message"], chat["message"]
