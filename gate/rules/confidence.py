@@ -297,6 +297,25 @@ def widened(interval: Interval | None, drift: Drift | None) -> Interval | None:
     )
 
 
+def between_runs(interval: Interval | None, fallback: Interval | None) -> Interval | None:
+    """A comparison with a baseline report (candidate / baseline) that holds the drift
+    between the two runs, as measured by the fallback's own change between them (the same
+    metric of the same non-speculative runner: an A/A of the machine and engine across the
+    runs): the hull of the interval as measured and the interval divided by the fallback's
+    ([low / fallback.high, high / fallback.low]), so neither "the machine drifted" nor "it
+    did not" is assumed. `interval` itself without the fallback's (None: not measured)."""
+    if interval is None or fallback is None or fallback.low <= 0 or not math.isfinite(fallback.high):
+        return interval
+    low, high = min(interval.low, interval.low / fallback.high), max(interval.high, interval.high / fallback.low)
+    return Interval(
+        low,
+        high,
+        interval.level,
+        f"{interval.method}, widened by the fallback's change between the runs",
+        interval.units,
+    )
+
+
 def exceedance(u: UnitSet, threshold: float, comparison: str, quantile: float, level: float) -> Exceedance:
     """Bound the share of samples beyond `threshold` for a percentile rule.
 

@@ -152,6 +152,32 @@ def test_relative_to_baseline_pairs_cells_and_an_environment_mismatch_is_inconcl
     assert o.status == "pass" and "consider refreshing it" in o.message
 
 
+def test_a_baseline_comparison_of_a_time_holds_the_fallbacks_change_between_the_runs():
+    """The candidate run's machine is 20% slower for every runner (the fallback too): the
+    draft's TTFT over the baseline's reads 1.2x, but the fallback moved as much, so a 1.1x
+    ceiling is not failed on the machine's drift: the interval holds both readings. Where
+    the fallback did not move, the comparison stands as measured. A speedup (a ratio to the
+    run's own fallback already) is not widened."""
+    base = run({"d": 1.5}, noise=0.05, seed=1)
+    rule = RuleSpec(id="ttft-vs-release", metric="e2el_ms", aggregation="mean", relative_to="baseline",
+                    comparison="<=", threshold="1.1x")
+    settings = Settings(baseline=base)
+    slower = run({"d": 1.5}, noise=0.05, seed=1)  # the same prompts and noise as the baseline's, 20% slower
+    for r in slower.requests:
+        r.e2el_ms *= 1.2
+    (o,) = evaluate([rule], slower, settings)
+    assert o.status == "inconclusive" and o.interval.low < 1.1 < o.interval.high, o.message
+    assert "by the fallback's change between the runs (1.200x-1.200x)" in o.message and "widened from 1.2" in o.message
+    same = run({"d": 1.5}, noise=0.05, seed=1)  # nothing moved
+    slow_draft = run({"d": 1.5 / 1.2}, noise=0.05, seed=1)  # the draft alone slower, the fallback as in the baseline
+    (o,) = evaluate([rule], slow_draft, settings)
+    assert o.status == "fail", o.message
+    (o,) = evaluate([rule], same, settings)
+    assert o.status == "pass" and "fallback's change between the runs (1.000x-1.000x)" in o.message, o.message
+    (o,) = evaluate([RuleSpec(**dict(SPEEDUP, relative_to="baseline", threshold="0.9x"))], slower, settings)
+    assert "between the runs" not in o.message
+
+
 def test_compare_reports_regressions_improvements_and_environment_mismatch(tmp_path):
     base_m = run({"bf16": 1.5, "int8": 1.3}, noise=0.05, seed=1, overlap=0.9)
     cand_m = run({"bf16": 1.5, "int8": 1.0}, noise=0.05, seed=2, overlap=0.9)

@@ -34,6 +34,7 @@ from gate.rules.confidence import (
     QUANTILES,
     Estimand,
     Interval,
+    between_runs,
     between_windows,
     bootstrap_interval,
     decide,
@@ -416,13 +417,20 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         )
     else:
         interval = bootstrap_interval(est, level, s.resamples, s.seed)
-        drift, requests_alone = None, interval
+        drift, requests_alone, as_measured = None, interval, None
         if interval is not None and compares_with_fallback(rule.metric, rule.relative_to):
             # the drift measured on the requests the verdict keeps: contended and client-delayed ones left out
             kept = m if busy is not None and busy.whole else cleaned[0]
             peers = [_estimands(rule, kept, s.baseline, sel, other)[0] for sel in peer_selections(m, where)]
             drift = between_windows(est, peers, level)
             interval = widened(interval, drift)
+        moved = None
+        if interval is not None and _drifts_between_runs(rule, draft):
+            # two runs drift apart at least as much as two windows: the fallback's own change between them
+            kept = m if busy is None or busy.whole else cleaned[0]
+            fallback = _estimands(rule, kept, s.baseline, where.of(FALLBACK), FALLBACK)[0]
+            moved = bootstrap_interval(fallback, level, s.resamples, s.seed) if fallback is not None else None
+            as_measured, interval = interval, between_runs(interval, moved)
         if interval is None:
             status = Status.INCONCLUSIVE
             detail = f"{shown} ({n} {unit_word}: an interval needs at least {MIN_UNITS}" + (
@@ -436,6 +444,15 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
                 + (
                     f"; {drift.describe(requests_alone, interval, lambda v: format_value(v, dim) + x)}"
                     if drift and requests_alone
+                    else ""
+                )
+                + (
+                    f"; widened from {format_value(as_measured.low, dim)}{x}-{format_value(as_measured.high, dim)}{x} "
+                    f"by the fallback's change between the runs ({format_value(moved.low, dim)}x-"
+                    f"{format_value(moved.high, dim)}x)"
+                    if moved is not None and as_measured is not None
+                    else "; the drift between the runs is not in it (no fallback measured in both)"
+                    if _drifts_between_runs(rule, draft)
                     else ""
                 )
                 + (f"; {look.describe()}" if look is not None else "")
@@ -540,6 +557,17 @@ def _fewer_threads(rule: MetricRule, m: Measurements, where: Selection) -> tuple
     mine = [r.threads for r in m.requests if where.takes(r)]
     fewer = [t for t in mine if t is not None and t < given]
     return (len(fewer), min(fewer), given, len(mine)) if fewer else None
+
+
+def _drifts_between_runs(rule: MetricRule, draft: str) -> bool:
+    """Whether a comparison with the baseline report moves with the machine between the two runs:
+    a timing metric of a draft that is not already a ratio to the fallback of its own run."""
+    return (
+        rule.relative_to == "baseline"
+        and rule.metric in TIMED
+        and rule.metric not in FALLBACK_RATIOS
+        and draft != FALLBACK
+    )
 
 
 def _only_slower_fails(rule: MetricRule) -> bool:
