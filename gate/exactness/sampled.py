@@ -33,6 +33,7 @@ import torch
 
 from gate.core.requests import PlannedPrompt, Request, request_seed
 from gate.exactness.collect import contexts, sparse_counts
+from gate.exactness.stats import DEFAULT_SIGNIFICANCE
 from gate.load.closed import ClosedLoop
 from gate.load.interface import LoadStrategy
 from gate.load.points import describe_point
@@ -119,7 +120,7 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
         asked = samples_asked(exactness.next_token_samples.get((d, name), Asked()) for d in drafts)
         if asked.none:
             continue  # no next-token test asked (gate validate refuses it for a served run)
-        tv, power, alpha = min(exactness.demands.get((d, name), (0.1, 0.9, 0.01)) for d in drafts)
+        tv, power, alpha = min(exactness.demands.get((d, name), (0.1, 0.9, DEFAULT_SIGNIFICANCE)) for d in drafts)
         level = alpha / max(1, TESTS_PER_PROMPT * len(prompts) * len(drafts))
         at_least = f", at least the {asked.fixed} a rule asks" if asked.fixed else ""
         if not asked.auto:

@@ -97,9 +97,18 @@ class ExactnessTest:
             self.samples_needed = needed if self.effective_n is None or needed >= 10**9 else 4 * needed
 
 
-# Tables a two-sample test draws for its permutation p-value: the smallest p it can give is
-# 1 / 20,001, below the Holm thresholds of the families gate decides (0.01 over up to ~100 tests).
+# The family-wise significance of an exactness rule unless it sets its own (rules[].significance).
+# A correct engine sits exactly on the null, so it fails a run at this rate per exactness outcome:
+# a gate that runs on every change (some 500 runs a year, a few sampled outcomes each) fails a
+# correct engine about 1.5 times a year at 0.001, where 0.01 failed it about 15 times; the
+# samples a test needs for the same power grow by about 1.4x (README, "Exactness").
+DEFAULT_SIGNIFICANCE = 0.001
+
+# Tables a two-sample test draws for its permutation p-value, and the most it draws when the
+# first draws leave the p-value small (under 10 tables as extreme): the smallest p it can give
+# is then 1 / 400,001, below the Holm thresholds of families of up to ~400 tests at 0.001.
 PERMUTATION_TABLES = 20_000
+MAX_PERMUTATION_TABLES = 400_000
 
 
 def ks_detectable(n: int, alpha: float, power: float) -> float:
@@ -321,9 +330,11 @@ def _permutation_g(table: np.ndarray, tables: int) -> tuple[float, float]:
     """(G statistic, Monte Carlo permutation p-value) of a 2 x K contingency table: the G
     statistic of homogeneity over `tables` tables drawn with the observed row and column
     margins (scipy.stats.random_table: the two runners' samples pooled and dealt again, the
-    null's exact conditional law), p = (1 + #{G* >= G}) / (1 + tables), which never falls
+    null's exact conditional law), p = (1 + #{G* >= G}) / (1 + tables drawn), which never falls
     below its level under the null (Phipson & Smyth 2010, "Permutation p-values should never
-    be zero", Stat. Appl. Genet. Mol. Biol. 9(1), eq. 2). The draws are seeded from the table,
+    be zero", Stat. Appl. Genet. Mol. Biol. 9(1), eq. 2). While fewer than 10 drawn tables are
+    as extreme, it draws on, up to MAX_PERMUTATION_TABLES, so a small p-value is resolved
+    below the Holm thresholds it is compared with. The draws are seeded from the table,
     so a report's p-value is reproduced from its counts."""
     counts = table.astype(np.int64)
     expected = np.outer(counts.sum(axis=1), counts.sum(axis=0)) / counts.sum()
@@ -333,10 +344,17 @@ def _permutation_g(table: np.ndarray, tables: int) -> tuple[float, float]:
             return np.asarray(2.0 * np.where(x > 0, x * np.log(x / expected), 0.0).sum(axis=(-2, -1)))
 
     observed = max(float(g(counts)), 0.0)
-    seed = np.random.default_rng([int(v) for v in counts.ravel()])
-    drawn = stats.random_table(counts.sum(axis=1), counts.sum(axis=0), seed=seed).rvs(size=tables)
-    beyond = int((g(drawn) >= observed - 1e-9 * max(observed, 1.0)).sum())
-    return observed, (1 + beyond) / (1 + tables)
+    law = stats.random_table(
+        counts.sum(axis=1), counts.sum(axis=0), seed=np.random.default_rng(counts.ravel().tolist())
+    )
+    # drawing on only below 10 as extreme keeps the p-value valid: at any level it can reach after the first
+    # `tables` it is the p-value of every table drawn; at any other, the first `tables`' (Besag & Clifford 1991)
+    size, drawn, beyond = min(tables, PERMUTATION_TABLES), 0, 0
+    while drawn < tables or (beyond < 10 and drawn < max(tables, MAX_PERMUTATION_TABLES)):
+        batch = law.rvs(size=size)  # in batches: a batch of 2 x K tables stays small
+        beyond += int((g(batch) >= observed - 1e-9 * max(observed, 1.0)).sum())
+        drawn += size
+    return observed, (1 + beyond) / (1 + drawn)
 
 
 def _guard(test: ExactnessTest) -> None:

@@ -42,6 +42,7 @@ from gate.core.requests import PlannedPrompt, Request, request_seed
 from gate.drafts import registry as draft_kinds
 from gate.exactness.collect import contexts, greedy_divergences, randomized_pit, sparse_counts
 from gate.exactness.oracle import TargetOracle
+from gate.exactness.stats import DEFAULT_SIGNIFICANCE
 from gate.load.interface import LoadStrategy
 from gate.load.points import describe_point, point_of
 from gate.load.search import ProbeResult, SearchPlan, Window, judge_probe, meets, search
@@ -1236,7 +1237,7 @@ def _planned_first_steps(
     (gate.exactness.sampled.planned_first_steps), said in m.notes."""
     from gate.exactness.sampled import MAX_PLANNED_SAMPLES, TESTS_PER_PROMPT, planned_first_steps
 
-    tv, power, alpha = plan.demands.get((name, law.name), (0.1, 0.9, 0.01))
+    tv, power, alpha = plan.demands.get((name, law.name), (0.1, 0.9, DEFAULT_SIGNIFICANCE))
     drafts = sum(1 for _, x in plan.pairs if x == law.name)
     # the Holm family a claim is decided in: each prompt's next-token tests and each draft's PIT
     level = alpha / max(1, (TESTS_PER_PROMPT * plan.next_token_prompts + 1) * drafts)

@@ -55,7 +55,8 @@ class Metric:
     names one line of the bill (rules[].line). between_tokens: a time between a stream's
     tokens, which a client that stamps late can make look shorter. of_proposals: its
     denominator is the draft's proposals, so it is undefined where the draft made none.
-    counts: what a dimensionless count counts ("sequences"; None: not a count)."""
+    counts: what a dimensionless count counts ("sequences"; None: not a count). share: a
+    share of something, in [0, 1] by its definition (its intervals keep to that range)."""
 
     name: str
     dimension: Dimension
@@ -68,6 +69,7 @@ class Metric:
     timed: bool
     repeatable: bool
     ratio_not_share: bool = False
+    share: bool = False
     better: Literal["higher", "lower"]
     failure_stage: FailureStage = FailureStage.REQUEST  # failures of this stage leave the metric unmeasured
     ratio_to_fallback: bool = False
@@ -97,6 +99,7 @@ OVERLAP = Metric(
     failure_stage=FailureStage.OVERLAP,
     better="higher",
     measured_by="in_process",
+    share=True,
 )
 
 TOP1_AGREEMENT = Metric(
@@ -112,6 +115,7 @@ TOP1_AGREEMENT = Metric(
     failure_stage=FailureStage.OVERLAP,
     better="higher",
     measured_by="in_process",
+    share=True,
 )
 
 ACCEPTANCE_RATE = Metric(
@@ -126,6 +130,7 @@ ACCEPTANCE_RATE = Metric(
     repeatable=True,
     better="higher",
     of_proposals=True,
+    share=True,
 )
 
 MEAN_ACCEPTANCE_LENGTH = Metric(
@@ -188,6 +193,7 @@ REQUEST_ACCEPTANCE_RATE = Metric(
     better="higher",
     measured_by="in_process",
     of_proposals=True,
+    share=True,
 )
 
 COMMITTED_TOKENS_PER_S = Metric(
@@ -449,6 +455,7 @@ MAPPING_SHARE = Metric(
     better="lower",
     measured_by="in_process",
     needs="translating_draft",
+    share=True,
 )
 
 TRANSLATION_LOSS = Metric(
@@ -483,6 +490,7 @@ TARGET_DRIFT_TV = Metric(
     failure_stage=FailureStage.DRIFT,
     better="lower",
     needs="target.release.model",
+    share=True,
 )
 
 TARGET_DRIFT_KL = Metric(
@@ -516,6 +524,7 @@ TARGET_DRIFT_TOP1 = Metric(
     failure_stage=FailureStage.DRIFT,
     better="higher",
     needs="target.release.model",
+    share=True,
 )
 
 

@@ -18,6 +18,7 @@ from gate.core.units import Dimension, Quantity, UnitError, parse_quantity
 from gate.drafts import registry as draft_kinds
 from gate.drafts.interface import DraftSpecBase, DType  # DType: the weight dtypes a policy may name, declared once
 from gate.drafts.registry import draft_spec_union
+from gate.exactness.stats import DEFAULT_SIGNIFICANCE
 from gate.measure.bill import SERVER_POOL_LINE
 from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS
 from gate.measure.contention import (
@@ -711,7 +712,13 @@ class RuleSpec(_Strict):
         None, gt=0.5, lt=1.0, description="Confidence level of this rule's interval (default: measurement.confidence)."
     )
     line: str | None = Field(None, description="memory_line_bytes: the bill line, e.g. 'draft KV cache'.")
-    significance: float = Field(0.01, gt=0.0, lt=0.5, description="exactness: family-wise significance (Holm).")
+    significance: float = Field(
+        DEFAULT_SIGNIFICANCE,
+        gt=0.0,
+        lt=0.5,
+        description="exactness: family-wise significance (Holm). A correct engine fails a run at this rate per "
+        "exactness outcome: the default 0.001 fails it about once in a thousand CI runs.",
+    )
     power: float = Field(0.9, gt=0.5, lt=1.0, description="exactness: required power at detect_tv.")
     detect_tv: float = Field(
         0.1,

@@ -39,6 +39,7 @@ import jinja2
 
 from gate.analysis.schedule import schedule_lines
 from gate.core.units import Dimension, format_value
+from gate.exactness.stats import DEFAULT_SIGNIFICANCE
 from gate.measure.tokenizers import mapping_lines
 from gate.metrics.catalogue import MEMORY_BILL_BYTES, SPEEDUP
 from gate.records import FALLBACK
@@ -1103,7 +1104,9 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
     if not tests:
         return "no sampling exactness test in the report (greedy exactness is token equality: see the rules table)"
     significance = {
-        r.get("id"): r.get("significance", 0.01) for r in report.policy.get("rules", []) if isinstance(r, dict)
+        r.get("id"): r.get("significance", DEFAULT_SIGNIFICANCE)
+        for r in report.policy.get("rules", [])
+        if isinstance(r, dict)
     }
     fig, axes = _figure(2, height_in=0.9 + 0.3 * len(tests), sharey=True)
     labels = []
@@ -1120,7 +1123,7 @@ def _exactness(report: Report, colors: dict[str, Any]) -> Plot | str:
         if target is not None:
             axes[1].plot([target], [-i], "|", color="black", ms=10)
         labels.append(f"{o.draft} · {o.law}: {d.get('name', d.get('kind', 'test'))} (n={d.get('n')})")
-    for alpha in sorted({significance.get(o.rule_id, 0.01) for o, _, _ in tests}):
+    for alpha in sorted({significance.get(o.rule_id, DEFAULT_SIGNIFICANCE) for o, _, _ in tests}):
         axes[0].axvline(alpha, color="firebrick", ls="--", lw=1, label=f"significance {alpha:g}")
     axes[0].set_xscale("log")
     _plain_log(axes[0].xaxis)

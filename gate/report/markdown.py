@@ -73,6 +73,7 @@ class MarkdownReport(ReportFormat):
             f"`{_cell(report.policy_file)}`: {counts} (exit code {report.exit_code}); torch {env.torch}, "
             f"transformers {env.transformers}, {env.device}, seed {env.seed}.",
             "",
+            *([_cell(report.cost.describe()), ""] if report.cost is not None else []),
         ]
         identity = identity_lines(report.measurements)  # unchanged or updated target (gate.loop.identity)
         out += [f"- **{_cell(x.split(': ', 1)[0])}**: {_cell(x.split(': ', 1)[1])}" for x in identity] + (

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats
 
-from gate.metrics.catalogue import COMMITTED_TOKENS_PER_S, SPEEDUP
+from gate.core.units import Dimension
+from gate.metrics.catalogue import COMMITTED_TOKENS_PER_S, METRICS, SPEEDUP
 from gate.records import FALLBACK, Measurements
 from gate.rules.resampling import UnitSet, units
 from gate.rules.samples import Key, window_of
@@ -80,6 +81,10 @@ class Estimand:
 
     groups: list[list[UnitSet]]
     combine: Callable[[list[np.ndarray]], np.ndarray]
+    # the value's natural range, which its interval keeps to: a share lies in [0, 1]; times, rates,
+    # counts, bytes and ratios of them are >= 0 (translation_loss, 1 - a ratio, can be negative)
+    share: bool = False
+    nonnegative: bool = True
 
     def value(self, *idx: np.ndarray) -> np.ndarray:
         stats_ = [s.statistic(i) for group, i in zip(self.groups, idx, strict=False) for s in group]
@@ -116,8 +121,8 @@ def ratio(num: Estimand, den: Estimand, paired: bool) -> Estimand:
         theirs = set(den.groups[0][0].keys)
         keys = [key for key in num.groups[0][0].keys if key in theirs]
         group = [u.subset(keys) for u in num.groups[0]] + [u.subset(keys) for u in den.groups[0]]
-        return Estimand([group], combine)
-    return Estimand(num.groups + den.groups, combine)
+        return Estimand([group], combine, nonnegative=num.nonnegative and den.nonnegative)
+    return Estimand(num.groups + den.groups, combine, nonnegative=num.nonnegative and den.nonnegative)
 
 
 def estimand(metric: str, aggregation: str, m: Measurements, where: Selection) -> Estimand | None:
@@ -128,14 +133,23 @@ def estimand(metric: str, aggregation: str, m: Measurements, where: Selection) -
         den = units(COMMITTED_TOKENS_PER_S.name, "pooled", m, where.of(FALLBACK))
         return ratio(single(num), single(den), paired=True) if num and den else None
     u = units(metric, aggregation, m, where)
-    return single(u) if u is not None else None
+    if u is None:
+        return None
+    known = METRICS.get(metric)
+    return replace(
+        single(u),
+        share=known is not None and known.share,
+        nonnegative=known is None or known.dimension is not Dimension.RATIO or known.share or known.ratio_not_share,
+    )
 
 
 def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -> Interval | None:
     """The confidence interval of an estimand at `level`: its bootstrap standard error (over
     `resamples` resamples of its units) times a Student t quantile, on the log scale when the
     value and every resample are positive (ratios, times, rates: a ratio's interval is then
-    symmetric in log, as 0.8x and 1.25x are), else on the value's own scale:
+    symmetric in log, as 0.8x and 1.25x are), on the logit scale for a share inside (0, 1)
+    (overlap, acceptance rate: the interval stays within them; a share whose resamples reach 0
+    or 1 on its own scale, cut at 0 and 1), else on the value's own scale:
 
         value * exp(+-c * se(log value*)),   c = t_{n-1}(1 - alpha/2) * sqrt(n / (n - 1)),
 
@@ -148,8 +162,9 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     also holds at the levels a sequential look decides at (99.9% and beyond,
     gate.rules.sequential), where a percentile or BCa tail holds under one of 2,000 resamples.
 
-    None with fewer than MIN_UNITS units in a group. Raises nothing for degenerate data: every
-    unit giving the same value is a point interval."""
+    On the value's own scale the interval keeps to the value's natural range (Estimand.share,
+    .nonnegative). None with fewer than MIN_UNITS units in a group.
+    Raises nothing for degenerate data: every unit giving the same value is a point interval."""
     if any(g[0].n < MIN_UNITS for g in est.groups):
         return None
     n = min(g[0].n for g in est.groups)
@@ -165,11 +180,21 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
         return None
     c = float(stats.t.ppf(1 - (1 - level) / 2, n - 1)) * math.sqrt(n / (n - 1))
     method = f"bootstrap standard error ({resamples} resamples) x t quantile ({n - 1} df)"
-    if point > 0 and np.all(draws > 0):
+    if est.share and 0 < point < 1 and np.all((draws > 0) & (draws < 1)):  # a share: logit scale, within (0, 1)
+        se = float(np.std(np.log(draws / (1 - draws)), ddof=1))
+        mid = math.log(point / (1 - point))
+        low, high = (1 / (1 + math.exp(-(mid + d * c * se))) for d in (-1, 1))
+        return Interval(low, high, level, f"{method}, logit scale", est.units)
+    if not est.share and point > 0 and np.all(draws > 0):
         se = float(np.std(np.log(draws), ddof=1))
         return Interval(point * math.exp(-c * se), point * math.exp(c * se), level, f"{method}, log scale", est.units)
     se = float(np.std(draws, ddof=1))
-    return Interval(point - c * se, point + c * se, level, method, est.units)
+    low, high = point - c * se, point + c * se
+    if est.nonnegative:  # a bound beyond the value's range says no more than the range's end
+        low = max(low, 0.0)
+    if est.share:
+        low, high = max(low, 0.0), min(high, 1.0)
+    return Interval(low, high, level, method, est.units)
 
 
 def speedup_interval(

@@ -93,16 +93,17 @@ def test_the_issue_scenario_passes_no_fault(tmp_path, pair, sharp_dir, prompts_f
 
 
 def test_enough_samples_per_prompt_fail_the_faults_and_pass_the_correct_sampler(tmp_path, pair, sharp_dir, prompts_file):
-    """One prompt sampled 2,500 times by the correct sampler, 1,000 times by each faulty one
+    """One prompt sampled 3,000 times by the correct sampler (2,703 detect TV 0.1 at the default
+    significance 0.001), 1,000 times by each faulty one
     (6 tokens each): the first-position claim is powered; the correct sampler passes, each
     fault fails."""
-    lines = recorded(pair, Fault.NONE, 2500, 6, seed=5, prompts=PROMPTS[:1])
+    lines = recorded(pair, Fault.NONE, 3000, 6, seed=5, prompts=PROMPTS[:1])
     for f in FAULTS:
         lines += recorded(pair, f, 1000, 6, seed=5, prompts=PROMPTS[:1])
     result, out = run_exactness(tmp_path, sharp_dir, prompts_file, lines)
     assert out["none/t0.8"]["status"] == "pass", out["none/t0.8"]["message"]
     claims = [d for d in out["none/t0.8"]["details"] if d["role"] == "claim"]
-    assert len(claims) == 1 and all(d["n"] == 2500 and d["detectable"] <= 0.1 for d in claims)
+    assert len(claims) == 1 and all(d["n"] == 3000 and d["detectable"] <= 0.1 for d in claims)
     for f in FAULTS:
         assert out[f"{f.value}/t0.8"]["status"] == "fail", (f, out[f"{f.value}/t0.8"]["message"])
     assert result.exit_code == 1

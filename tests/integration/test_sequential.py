@@ -33,8 +33,9 @@ def test_only_the_undecided_cell_is_measured_again_and_its_verdict_says_its_look
            "(measurement.budget), against the fixed plan's 15" in validated.output, validated.output
     out = tmp_path / "r.json"
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(out), "--junit", str(tmp_path / "j.xml"),
-                                      "--no-progress"])
+                                      "--markdown", str(tmp_path / "r.md"), "--no-progress"])
     assert result.exit_code == 0, result.output
+    assert "sequential: 45 timed requests, 3.00x the fixed plan's 15" in (tmp_path / "r.md").read_text()
     report = json.loads(out.read_text())
     m = report["measurements"]
     assert Counter(r["draft"] for r in m["requests"]) == {"fallback": 20, "lookup": 20, "same_bf16": 5}
