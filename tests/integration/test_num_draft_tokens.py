@@ -24,6 +24,7 @@ from unit.test_num_draft_tokens import BEST_RULES, DRAFT, SPEEDS
 
 
 def sweep_policy(model: Path, prompts: Path, urls: dict[str, str], repetitions: int = 2, rules: str = "") -> str:
+    # the fixed plan: the K choice is checked on its repetitions (a sequential run measures more while undecided)
     endpoints = "".join(f"    {name}: {{base_url: '{url}', api: llama_cpp}}\n" for name, url in urls.items())
     return f"""\
 version: 1
@@ -37,7 +38,7 @@ runner:
 {endpoints}  request_timeout_s: 5
 load: {{concurrency: [1, 2]}}
 workload: {{source: jsonl, path: {prompts}, max_new_tokens: 12, seed: 0, chat_template: true}}
-measurement: {{repetitions: {repetitions}, warmup_requests: 0, max_cpu_stall: null}}
+measurement: {{repetitions: {repetitions}, warmup_requests: 0, max_cpu_stall: null, sequential: false}}
 rules:
   - {{id: speedup, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.0x}}
 {rules}"""

@@ -362,6 +362,7 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         est, reference = busy.est, busy.reference
     n = est.units if est is not None and all(g for g in est.groups) else 0
     point = est.point() if est is not None and n else float("nan")
+    look = look_of(m, rule.confidence or s.confidence, draft, law)  # a sequential run: the look's share of alpha
     if busy is not None and busy.too_many and not failed:
         return Outcome(
             **base,
@@ -376,6 +377,7 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
                 if busy.kept < MIN_UNITS and not busy.whole
                 else f"at most {s.max_contended:.0%} may be left out"
             )
+            + (f"; {look.describe()}" if look is not None else "")
             + f") vs threshold {bound}: inconclusive",
         )
     if est is None or failed or n == 0 or math.isnan(point):
@@ -387,7 +389,6 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
             fallback_value=None,
             message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}",
         )
-    look = look_of(m, rule.confidence or s.confidence, draft, law)  # a sequential run: the look's share of alpha
     level = look.level if look is not None else rule.confidence or s.confidence
     ref_value = reference.point() if reference is not None else None
     unit_word = _unit_word(est, rule)
