@@ -11,7 +11,17 @@ import re
 from datetime import date
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from gate.core.units import Dimension, Quantity, UnitError, parse_quantity
@@ -59,6 +69,27 @@ def _quantity(v: str | float) -> Quantity:
 
 # Strict values: a number where a number is due (no "3", no true for 1), no NaN or infinity; unknown keys refused.
 STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def auto_or_count(v: Any, least: int, most: int) -> Any:
+    """`v` when it is "auto" or an integer from `least` to `most` (a policy key that takes either);
+    else one ValueError saying what is expected (one error, not one per alternative)."""
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and least <= v <= most):
+        return v
+    hint = " (write it as auto: lower case, no spaces)" if isinstance(v, str) and v.strip().lower() == "auto" else ""
+    raise ValueError(f"expected auto or an integer from {least} to {most:,}, got {v!r}{hint}")
+
+
+def _auto_or(least: int, most: int) -> BeforeValidator:
+    """The validator of a policy key that takes auto or an integer from `least` to `most`
+    (auto_or_count: one error for both alternatives)."""
+    return BeforeValidator(lambda v: auto_or_count(v, least, most))
+
+
+# Keys that take auto or a count; the JSON Schema keeps the integer's bounds.
+SampleCount = Annotated[Annotated[int, Field(ge=0, le=1_000_000)] | Literal["auto"], _auto_or(0, 1_000_000)]
+RequestCount = Annotated[Annotated[int, Field(ge=1, le=1_000_000)] | Literal["auto"], _auto_or(1, 1_000_000)]
+ThreadCount = Annotated[Annotated[int, Field(ge=1, le=1024)] | Literal["auto"], _auto_or(1, 1024)]
 
 
 class _Strict(BaseModel):
@@ -733,7 +764,7 @@ class RuleSpec(_Strict):
         description="exactness, greedy: a divergence where the target's top-1 minus "
         "top-2 logit gap is at most this is a numerical near-tie, not a fault (logits).",
     )
-    next_token_samples: Annotated[int, Field(ge=0, le=1_000_000)] | Literal["auto"] = Field(
+    next_token_samples: SampleCount = Field(
         "auto",
         description="exactness, sampling: the samples per prompt of the next-token goodness-of-fit "
         "tests (in process: speculative first steps; served: short sample requests per runner). "
@@ -762,11 +793,6 @@ class RuleSpec(_Strict):
     )
     level: Literal["error", "warn", "off"] = "error"
     description: str | None = None
-
-    @field_validator("next_token_samples", mode="before")
-    @classmethod
-    def _samples(cls, v: Any) -> Any:
-        return auto_or_count(v, 0, 1_000_000)
 
     @field_validator("threshold")
     @classmethod
@@ -844,19 +870,10 @@ class ResourcesSpec(_Strict):
         return int(parse_quantity(value).value) if value is not None else 0
 
 
-def auto_or_count(v: Any, least: int, most: int) -> Any:
-    """`v` when it is "auto" or an integer from `least` to `most` (a policy key that takes either);
-    else one ValueError saying what is expected (one error, not one per alternative)."""
-    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and least <= v <= most):
-        return v
-    hint = " (write it as auto: lower case, no spaces)" if isinstance(v, str) and v.strip().lower() == "auto" else ""
-    raise ValueError(f"expected auto or an integer from {least} to {most:,}, got {v!r}{hint}")
-
-
 class BudgetSpec(_Strict):
     """The most a sequential run (measurement.sequential) may spend."""
 
-    requests: Annotated[int, Field(ge=1, le=1_000_000)] | Literal["auto"] = Field(
+    requests: RequestCount = Field(
         "auto",
         description="Timed requests per runner, law and load point. In gate's own loop the first look measures a "
         "third of the fixed plan (measurement.repetitions; at least 8 prompts, at most the plan), each further look "
@@ -865,11 +882,6 @@ class BudgetSpec(_Strict):
         "points measure whole windows: their first look is the fixed plan's repetitions, the budget is rounded down "
         "to whole windows.",
     )
-
-    @field_validator("requests", mode="before")
-    @classmethod
-    def _requests(cls, v: Any) -> Any:
-        return auto_or_count(v, 1, 1_000_000)
 
 
 class MeasurementSpec(_Strict):
@@ -971,7 +983,7 @@ class MeasurementSpec(_Strict):
         "and "
         "names the contention, never a pass or a fail.",
     )
-    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+    threads: ThreadCount = Field(
         "auto",
         description="Compute threads of the in-process runner (torch), the same for the fallback and every "
         "draft. auto: fitted to the CPUs other tasks leave free (the process's CPUs less the tasks runnable "
@@ -991,11 +1003,6 @@ class MeasurementSpec(_Strict):
         "not run; the rules are decided on what was measured, a note says so, and the exit code is the verdicts' "
         "(3: measurements missing, or 1 when a rule failed), not an interrupt's.",
     )
-
-    @field_validator("threads", mode="before")
-    @classmethod
-    def _threads(cls, v: Any) -> Any:
-        return auto_or_count(v, 1, 1024)
 
     @field_validator("max_wall_s", mode="before")
     @classmethod
