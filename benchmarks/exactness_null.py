@@ -8,8 +8,9 @@ per size and tested for homogeneity by the G statistic, with the p-value from
 
   chi-square:   the asymptotic chi-square law (scipy.stats.chi2_contingency), what gate
                 used before (rarer categories pooled as gate pools them);
-  permutation:  gate.exactness.stats.two_sample_test, the Monte Carlo permutation p-value
-                over tables with the observed margins (20,000 tables each, as gate runs it).
+  permutation:  gate.exactness.stats.two_sample_test, the sequential Monte Carlo permutation
+                p-value over tables with the observed margins, as gate runs it (drawn until
+                10 are as extreme, Besag & Clifford 1991; at most 400,000).
 
 A valid test rejects at most its level: at 1% and 5% it prints each rejection rate, with its
 Monte Carlo standard error (sqrt(level (1 - level) / draws)).

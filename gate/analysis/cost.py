@@ -21,6 +21,10 @@ class Cost:
     unit: str
     schedule: list[int]
     looks: dict[str, str] = field(default_factory=dict)
+    # served exactness samples (m.sample_looks): drawn and what their plan draws, over every runner and law
+    samples: int | None = None
+    samples_planned: int | None = None
+    sample_looks: str | None = None  # "k of K": the sample looks drawn
 
     def describe(self) -> str:
         """One line: 'sequential: 64 timed requests, 0.50x the fixed plan's 128 (budget 256); ...'."""
@@ -30,10 +34,16 @@ class Cost:
             if further
             else "; every cell decided at the first look"
         )
+        samples = (
+            f"; {self.samples} served exactness samples, {self.samples / max(self.samples_planned, 1):.2f}x their "
+            f"plan's {self.samples_planned} (sample look {self.sample_looks})"
+            if self.samples is not None and self.samples_planned is not None
+            else ""
+        )
         return (
             f"sequential: {self.requests} timed requests, {self.requests / max(self.fixed_plan, 1):.2f}x the fixed "
             f"plan's {self.fixed_plan} (budget {self.budget}; looks at {', '.join(map(str, self.schedule))} "
-            f"{self.unit}s per runner and law){cells}"
+            f"{self.unit}s per runner and law){cells}{samples}"
         )
 
 
@@ -44,7 +54,7 @@ def cost(m: Measurements) -> Cost | None:
         return None
     points = len({(r.concurrency, r.request_rate) for r in m.requests}) or 1
     per_look = len(rec.taken) * points * rec.requests_per_unit
-    return Cost(
+    out = Cost(
         len(m.requests),
         per_look * rec.fixed_plan,
         per_look * rec.schedule[-1],
@@ -52,3 +62,8 @@ def cost(m: Measurements) -> Cost | None:
         list(rec.schedule),
         {cell: f"{k} of {len(rec.schedule)}" for cell, k in sorted(rec.taken.items())},
     )
+    if m.sample_looks is not None:
+        out.samples = sum(m.sample_looks.drawn.values())
+        out.samples_planned = sum(m.sample_looks.planned.values())
+        out.sample_looks = f"{m.sample_looks.taken} of {len(m.sample_looks.fractions)}"
+    return out

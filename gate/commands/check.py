@@ -115,7 +115,9 @@ def _check(path: str | Path, progress: Progress | None, options: Options, warmup
         m = _nothing_measured(loaded, resolve_device(policy.target.device, "target.device"))
         m.failures.append(Failure(FailureStage.RUN, "*", "*", "loading models", f"{type(e).__name__}: {e}"))
         return finish(loaded, m, options, [traceback.format_exc(limit=3)], baseline=baseline)
-    settings = run_settings(policy, warmup, options.shard, undecided(loaded, baseline, options))
+    settings = run_settings(
+        policy, warmup, options.shard, undecided(loaded, baseline, options), unsettled_samples(loaded, options)
+    )
     notes: list[str] = list(session.notes)
     try:
         m = measure(session, settings, progress, plan.exactness)
@@ -212,16 +214,36 @@ def undecided(loaded: LoadedPolicy, baseline: Baseline | None, options: Options)
     return cells
 
 
+def unsettled_samples(loaded: LoadedPolicy, options: Options) -> Undecided:
+    """The predicate a sequential run asks after each look of its served exactness samples
+    (gate.loop.run, gate.rules.sequential.sample_level): the (draft, law) cells whose
+    exactness outcome, of any level not off, is inconclusive, so that more samples could
+    settle it. The samples' plan is what the policy asked for every exactness rule, warn-level
+    ones too: the looks only stop it early where the verdict is already decided; a waived
+    outcome is not extended."""
+
+    def cells(m: Measurements) -> set[tuple[str, str]]:
+        outcomes = evaluate(loaded.policy.rules, m, settings_for(loaded.policy, None, waivers=options.waivers))
+        return {(o.draft, o.law) for o in outcomes if o.tests_law and o.status == Status.INCONCLUSIVE}
+
+    return cells
+
+
 def run_settings(
-    policy: Any, warmup: bool = True, shard: tuple[int, int] | None = None, still: Undecided | None = None
+    policy: Any,
+    warmup: bool = True,
+    shard: tuple[int, int] | None = None,
+    still: Undecided | None = None,
+    samples: Undecided | None = None,
 ) -> Settings:
     """What the measurement loop runs for `policy` (gate.loop.run.Settings): its lengths,
     repetitions, seed, warm-up (none when `warmup` is False), interleaving, load points,
     goodput objectives, contention handling, resources, the envelope search, the shard and,
-    for a sequential run (measurement.sequential), its budget and the predicate `still`
-    (undecided; None: nothing is ever undecided, the first look is the run)."""
+    for a sequential run (measurement.sequential), its budget and the predicates `still`
+    (undecided; None: nothing is ever undecided, the first look is the run) and `samples`
+    (unsettled_samples; None: the served exactness samples' plan is drawn at once)."""
     ms = policy.measurement
-    sequential = Sequential(ms.budget.requests, still or (lambda m: set())) if ms.sequential else None
+    sequential = Sequential(ms.budget.requests, still or (lambda m: set()), samples) if ms.sequential else None
     slo = policy.load.goodput.ms() if policy.load is not None and policy.load.goodput is not None else {}
     return Settings(
         policy.workload.max_new_tokens_list,

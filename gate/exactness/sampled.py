@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -72,6 +72,15 @@ class SamplePlan:
     points: list[LoadStrategy]
     tokens: int = SAMPLE_TOKENS
     why: str = ""
+    first: dict[str, int] = field(default_factory=dict)  # prompt id -> the index of its first sample (a later look's)
+
+    def look(self, before: float, upto: float, runners: list[str]) -> SamplePlan:
+        """What a sample look adds to this plan (gate.rules.sequential.SAMPLE_LOOKS): the
+        samples from fraction `before` to `upto` of each prompt's plan (rounded up), for
+        `runners` only, numbered on from the earlier looks' (their seeds differ)."""
+        lo = {p: math.ceil(n * before) for p, n in self.samples.items()}
+        hi = {p: math.ceil(n * upto) for p, n in self.samples.items()}
+        return replace(self, runners=runners, samples={p: hi[p] - lo[p] for p in self.samples}, first=lo)
 
     @property
     def requests_per_runner(self) -> int:
@@ -100,12 +109,14 @@ def sample_points(points: list[LoadStrategy]) -> list[LoadStrategy]:
     return out or [ClosedLoop(concurrency=1)]
 
 
-def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> list[SamplePlan]:
+def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy], share: float = 1.0) -> list[SamplePlan]:
     """The SamplePlan of every sampling law an exactness pair of `exactness` (gate.plan.matrix.
     ExactnessPlan) names, for the served `session` (gate.loop.session.Session): the fallback and
     the drafts of that law's pairs, the first next_token_prompts prompts, the policy's
     next_token_samples per prompt or, when auto, planned_samples from the local target's law
-    (DEFAULT_SAMPLES without a local target); none for a law whose rules ask 0. Raises what
+    (DEFAULT_SAMPLES without a local target); none for a law whose rules ask 0. `share`: the
+    part of the rule's significance the plan's full size is decided at (a sequential run's
+    last sample look, gate.rules.sequential.sample_level; 1: the fixed plan). Raises what
     the local target's forward raises."""
     laws = {law.name: law for law in session.laws}
     out = []
@@ -121,7 +132,7 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy]) -> li
         if asked.none:
             continue  # no next-token test asked (gate validate refuses it for a served run)
         tv, power, alpha = min(exactness.demands.get((d, name), (0.1, 0.9, DEFAULT_SIGNIFICANCE)) for d in drafts)
-        level = alpha / max(1, TESTS_PER_PROMPT * len(prompts) * len(drafts))
+        level = share * alpha / max(1, TESTS_PER_PROMPT * len(prompts) * len(drafts))
         at_least = f", at least the {asked.fixed} a rule asks" if asked.fixed else ""
         if not asked.auto:
             samples = {p.id: asked.fixed for p in prompts}
@@ -243,8 +254,8 @@ def sample_requests(plan: SamplePlan, name: str, point: int, seed: int) -> list[
     (gate.loop.run), as every timed request is."""
     reqs = []
     for prompt in plan.prompts:
-        n = plan.samples[prompt.id]
-        share = range(point * n // len(plan.points), (point + 1) * n // len(plan.points))
+        n, lo = plan.samples[prompt.id], plan.first.get(prompt.id, 0)
+        share = range(lo + point * n // len(plan.points), lo + (point + 1) * n // len(plan.points))
         reqs += [
             Request(
                 name,
@@ -269,12 +280,22 @@ def speculated_note(d: SpecDecodeCounters) -> str:
 
 
 @torch.inference_mode()
-def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: Progress | None = None) -> None:
+def sampled_exactness(
+    session: Any,
+    m: Measurements,
+    exactness: Any,
+    progress: Progress | None = None,
+    laws_at: dict[tuple[str, str, tuple[int, ...]], torch.Tensor] | None = None,
+) -> None:
     """The raw material of served sampling-law exactness from m.samples: for every runner of
     a sampled pair, the fallback too (the reference check), one ExactnessRecord
-    (runner_record) with the local target's law at each context where it is loaded. Raises
-    what the local target's forward raises (the pass is a Phase: a failure)."""
+    (runner_record) with the local target's law at each context where it is loaded, in place
+    of any record of that runner and law already there (a sequential run builds them after
+    every sample look). `laws_at`: (law, prompt id, prefix) -> the local target's law there,
+    kept between such builds. Raises what the local target's forward raises (the pass is a
+    Phase: a failure)."""
     progress = progress or (lambda *_: None)
+    known = laws_at if laws_at is not None else {}
     prompts = {p.id: p for p in session.prompts}
     laws = {law.name: law for law in session.laws}
     sampled = sorted({law for _, law in exactness.pairs if law in laws and not laws[law].greedy})
@@ -284,10 +305,13 @@ def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: P
         law = laws[law_name]
 
         def target_law(prompt_id: str, prefix: tuple[int, ...], law: Any = law) -> torch.Tensor:
-            interrupt.check_budget()
-            prompt = prompts[prompt_id]
-            probs: torch.Tensor = session.oracle.next_token_law(prompt.token_ids, prefix, law, prompt.response_format)
-            return probs.cpu()
+            key = (law.name, prompt_id, tuple(prefix))
+            if key not in known:
+                interrupt.check_budget()
+                prompt = prompts[prompt_id]
+                probs = session.oracle.next_token_law(prompt.token_ids, prefix, law, prompt.response_format)
+                known[key] = probs.cpu()
+            return known[key]
 
         outputs = _outputs(m, name, law_name)
         if not outputs:
@@ -300,7 +324,8 @@ def sampled_exactness(session: Any, m: Measurements, exactness: Any, progress: P
             target_law if session.oracle is not None else None,
         )
         rec.sample_wall_s = m.sample_wall_s.get(f"{name}/{law_name}", 0.0)
-        m.exactness.append(rec)
+        # a sequential run builds them after every sample look: the last build, on every sample, stands
+        m.exactness = [r for r in m.exactness if (r.draft, r.law) != (name, law_name)] + [rec]
     progress("exactness", len(jobs), len(jobs))
 
 

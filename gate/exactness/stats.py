@@ -34,6 +34,7 @@ of PIT values pooled over prompts and positions) is no TV at any context.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -104,10 +105,11 @@ class ExactnessTest:
 # samples a test needs for the same power grow by about 1.4x (README, "Exactness").
 DEFAULT_SIGNIFICANCE = 0.001
 
-# Tables a two-sample test draws for its permutation p-value, and the most it draws when the
-# first draws leave the p-value small (under 10 tables as extreme): the smallest p it can give
-# is then 1 / 400,001, below the Holm thresholds of families of up to ~400 tests at 0.001.
-PERMUTATION_TABLES = 20_000
+# A two-sample test's permutation p-value draws tables until this many are as extreme as the
+# observed one (Besag & Clifford 1991), and at most MAX_PERMUTATION_TABLES: the smallest p it
+# can give is then 1 / 400,001, below the Holm thresholds of families of up to ~400 tests at
+# 0.001; a table far from extreme (a correct engine's) stops after a few dozen.
+PERMUTATION_EXTREMES = 10
 MAX_PERMUTATION_TABLES = 400_000
 
 
@@ -124,25 +126,42 @@ def ks_samples_needed(effect: float, alpha: float, power: float) -> int:
 
 
 def gtest_detectable(n: int, df: int, alpha: float, power: float) -> float:
-    """Smallest TV distance d whose G-test power bound ncx2.sf(crit, df, 4 n d^2) >= power."""
+    """Smallest TV distance d whose G-test power bound ncx2.sf(crit, df, 4 n d^2) >= power:
+    sqrt(lambda / (4 n)), lambda the noncentrality that power needs (_noncentrality); inf
+    when even d = 1 falls short, or n < 1 or df < 1."""
     if n < 1 or df < 1:
         return math.inf
+    lam = _noncentrality(df, alpha, power)
+    return math.inf if lam > 4.0 * n else math.sqrt(lam / (4.0 * n))
+
+
+def gtest_samples_needed(effect: float, df: int, alpha: float, power: float) -> int:
+    """Smallest n with gtest_detectable(n, df) <= effect: ceil(lambda / (4 effect^2)), at
+    least 1 (10**9 for an effect <= 0: none)."""
+    if effect <= 0 or df < 1:
+        return 10**9
+    lam = _noncentrality(df, alpha, power)
+    n = max(1, math.ceil(lam / (4.0 * effect * effect) - 1e-9))
+    return min(n, 10**9)
+
+
+@functools.lru_cache(maxsize=4096)
+def _noncentrality(df: int, alpha: float, power: float) -> float:
+    """The smallest noncentrality lambda with ncx2.sf(chi2.ppf(1 - alpha, df), df, lambda) >=
+    power (bisection to 1e-12 relative): the G-test's power bound is that of a noncentral
+    chi-square with df degrees of freedom and lambda = 4 n TV^2 at least (Pinsker's
+    inequality, KL >= 2 TV^2, G = 2 n KL); one lambda serves every n and every TV."""
     crit = stats.chi2.ppf(1.0 - alpha, df)
     lo, hi = 0.0, 1.0
-    if stats.ncx2.sf(crit, df, 4.0 * n) < power:
-        return math.inf
-    for _ in range(60):
+    while stats.ncx2.sf(crit, df, hi) < power:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-12 * hi:
         mid = (lo + hi) / 2
-        if stats.ncx2.sf(crit, df, 4.0 * n * mid * mid) >= power:
+        if stats.ncx2.sf(crit, df, mid) >= power:
             hi = mid
         else:
             lo = mid
     return hi
-
-
-def gtest_samples_needed(effect: float, df: int, alpha: float, power: float) -> int:
-    """Smallest n with gtest_detectable(n, df) <= effect."""
-    return _smallest_n(lambda n: gtest_detectable(n, df, alpha, power) <= effect)
 
 
 def _smallest_n(ok, limit: int = 10**9) -> int:  # type: ignore[no-untyped-def]
@@ -266,13 +285,13 @@ def two_sample_test(
     effect: float,
     name: str = "two-sample-g",
     min_expected: float = 5.0,
-    tables: int = PERMUTATION_TABLES,
+    tables: int = MAX_PERMUTATION_TABLES,
 ) -> ExactnessTest:
     """G-test of homogeneity of two runners' token counts over the same categories [K]:
     `counts` of the draft runner, `reference` of the fallback runner at the same context.
     Categories whose expected count is below `min_expected` in either row are pooled into one.
-    The p-value is a Monte Carlo permutation p-value (_permutation_g, `tables` tables), not
-    the chi-square approximation: measured under the null at the sizes gate runs, the
+    The p-value is a sequential Monte Carlo permutation p-value (_permutation_g, at most
+    `tables` tables), not the chi-square approximation: measured under the null at the sizes gate runs, the
     approximation rejected 1.3% at a nominal 1% and 5.9-6% at 5% (issue 42), and a correct
     engine failed a CI run on it.
 
@@ -305,7 +324,7 @@ def two_sample_test(
     if df == 0:
         test = ExactnessTest(name, "g", 0, 0.0, 1.0, n, effect, power, note="both runners drew one token only")
     else:
-        statistic, pvalue = _permutation_g(table, tables)
+        statistic, pvalue, drawn = _permutation_g(table, tables)
         test = ExactnessTest(
             name,
             "g",
@@ -315,7 +334,7 @@ def two_sample_test(
             n,
             effect,
             power,
-            note=f"Monte Carlo permutation p-value ({tables:,} tables with the observed margins)",
+            note=f"sequential Monte Carlo permutation p-value ({drawn:,} tables drawn with the observed margins)",
         )
         test.pooled_mass = pooled
     test.effective_n = neff
@@ -326,16 +345,17 @@ def two_sample_test(
     return test
 
 
-def _permutation_g(table: np.ndarray, tables: int) -> tuple[float, float]:
-    """(G statistic, Monte Carlo permutation p-value) of a 2 x K contingency table: the G
-    statistic of homogeneity over `tables` tables drawn with the observed row and column
-    margins (scipy.stats.random_table: the two runners' samples pooled and dealt again, the
-    null's exact conditional law), p = (1 + #{G* >= G}) / (1 + tables drawn), which never falls
-    below its level under the null (Phipson & Smyth 2010, "Permutation p-values should never
-    be zero", Stat. Appl. Genet. Mol. Biol. 9(1), eq. 2). While fewer than 10 drawn tables are
-    as extreme, it draws on, up to MAX_PERMUTATION_TABLES, so a small p-value is resolved
-    below the Holm thresholds it is compared with. The draws are seeded from the table,
-    so a report's p-value is reproduced from its counts."""
+def _permutation_g(table: np.ndarray, most: int = MAX_PERMUTATION_TABLES) -> tuple[float, float, int]:
+    """(G statistic, Monte Carlo permutation p-value, tables drawn) of a 2 x K contingency
+    table: tables are drawn with the observed row and column margins (scipy.stats.random_table:
+    the two runners' samples pooled and dealt again, the null's exact conditional law) until
+    PERMUTATION_EXTREMES of them have a G statistic of homogeneity at least the observed one,
+    the L-th table drawn: p = PERMUTATION_EXTREMES / L; or, when `most` tables hold only g < that
+    many, p = (1 + g) / (1 + most). Both are valid p-values, P(p <= a) <= a under the null
+    (Besag & Clifford 1991, "Sequential Monte Carlo p-values", Biometrika 78(2), section 2;
+    Phipson & Smyth 2010 for the second), and a table far from extreme stops after a few dozen
+    draws. The draws are seeded from the table, so a report's p-value is reproduced from its
+    counts."""
     counts = table.astype(np.int64)
     expected = np.outer(counts.sum(axis=1), counts.sum(axis=0)) / counts.sum()
 
@@ -347,14 +367,19 @@ def _permutation_g(table: np.ndarray, tables: int) -> tuple[float, float]:
     law = stats.random_table(
         counts.sum(axis=1), counts.sum(axis=0), seed=np.random.default_rng(counts.ravel().tolist())
     )
-    # drawing on only below 10 as extreme keeps the p-value valid: at any level it can reach after the first
-    # `tables` it is the p-value of every table drawn; at any other, the first `tables`' (Besag & Clifford 1991)
-    size, drawn, beyond = min(tables, PERMUTATION_TABLES), 0, 0
-    while drawn < tables or (beyond < 10 and drawn < max(tables, MAX_PERMUTATION_TABLES)):
-        batch = law.rvs(size=size)  # in batches: a batch of 2 x K tables stays small
-        beyond += int((g(batch) >= observed - 1e-9 * max(observed, 1.0)).sum())
+    size, drawn, beyond = 64, 0, 0
+    while drawn < most:
+        size = min(size, most - drawn)
+        batch = law.rvs(size=size)  # in growing batches: a batch of 2 x K tables stays small
+        extreme = g(batch) >= observed - 1e-9 * max(observed, 1.0)
+        hits = np.flatnonzero(extreme)
+        if beyond + hits.size >= PERMUTATION_EXTREMES:
+            at = drawn + int(hits[PERMUTATION_EXTREMES - beyond - 1]) + 1  # the table that made the count
+            return observed, PERMUTATION_EXTREMES / at, at
+        beyond += hits.size
         drawn += size
-    return observed, (1 + beyond) / (1 + drawn)
+        size = min(2 * size, 20_000)
+    return observed, (1 + beyond) / (1 + drawn), drawn
 
 
 def _guard(test: ExactnessTest) -> None:

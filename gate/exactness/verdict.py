@@ -46,6 +46,7 @@ from gate.records import (
     describe_failures,
 )
 from gate.rules.outcome import EXACTNESS, Outcome
+from gate.rules.sequential import sample_level
 from gate.rules.status import Status
 
 if TYPE_CHECKING:
@@ -144,7 +145,19 @@ def _two_sample(ts: TwoSampleCounts, rule: RuleSpec) -> ExactnessTest:
 
 
 def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws: list[str]) -> list[Outcome]:
-    """One outcome per (draft, law) in scope; sampling tests share one Holm family."""
+    """One outcome per (draft, law) in scope; sampling tests share one Holm family. A
+    sequential run's served samples (m.sample_looks) are decided at the significance of the
+    last sample look drawn (gate.rules.sequential.sample_level), every record of the family
+    with them, those that stopped at an earlier look too (a look's family test at its own
+    level, so the looks together hold the rule's significance)."""
+    sample_look = m.sample_looks.taken if m.sample_looks is not None else 0
+    looked = ""
+    if sample_look:
+        looked = (
+            f"sample look {sample_look} of {len(m.sample_looks.fractions) if m.sample_looks else 0}, "
+            f"its share of significance {rule.significance:g}; "
+        )
+        rule = rule.model_copy(update={"significance": sample_level(rule.significance, sample_look)})
     base: dict[str, Any] = dict(
         rule_id=rule.id,
         metric=EXACTNESS,
@@ -241,7 +254,7 @@ def evaluate_exactness(rule: RuleSpec, m: Measurements, drafts: list[str], laws:
         ]
     decide([t for tests in sampling.values() for t in tests], rule.significance)
     for key, tests in sampling.items():
-        outcomes[key] = _sampling(rule, key, tests, base, served.get(key), records.get(key))
+        outcomes[key] = _sampling(rule, key, tests, base, served.get(key), records.get(key), looked)
     return [outcomes[key] for key in pairs]
 
 
@@ -390,6 +403,7 @@ def _sampling(
     base: dict[str, Any],
     served: ServedReference | None = None,
     rec: ExactnessRecord | None = None,
+    looked: str = "",
 ) -> Outcome:
     d, law = key
     scope = f"{d}/{law}"
@@ -436,7 +450,7 @@ def _sampling(
         status=status,
         measured=worst,
         samples=sum(t.n for t in tests),
-        message=f"exactness (sampling, required TV {rule.detect_tv:g}, significance {rule.significance:g}): "
+        message=f"exactness (sampling, required TV {rule.detect_tv:g}, {looked}significance {rule.significance:.3g}): "
         + "; ".join(parts)
         + f": {status}",
         details=details,

@@ -58,7 +58,7 @@ from gate.measure.kv import cache_model
 from gate.measure.overlap import position_overlaps
 from gate.models.loading import dtype_name, weight_bytes
 from gate.plan.matrix import Asked, Block, ExactnessPlan, plan_blocks, window_requests
-from gate.plan.rounds import Rounds, Sequential, Units, plan_rounds
+from gate.plan.rounds import SAMPLE_LOOKS, Rounds, Sequential, Undecided, Units, plan_rounds, sample_share
 from gate.records import (
     FALLBACK,
     UNKNOWN_ID,
@@ -71,6 +71,7 @@ from gate.records import (
     ProbeRecord,
     RequestRecord,
     RunRecord,
+    SampleLooksRecord,
     SampleRecord,
     SpecDecodeCounters,
     busy_seconds,
@@ -461,8 +462,12 @@ class Loop:
 
         if not self.exactness.pairs:
             return
+        seq = self.s.sequential
+        looks = seq is not None and seq.samples is not None and self.s.shard is None
+        # a sequential run's plan is sized for the last sample look's share of the significance
+        share = sample_share(len(SAMPLE_LOOKS)) if looks else 1.0
         try:
-            plans = sampled_exactness.plan_samples(self.session, self.exactness, list(self.points))
+            plans = sampled_exactness.plan_samples(self.session, self.exactness, list(self.points), share)
         except Exception as e:  # noqa: BLE001 - e.g. the local target's forward failed: no samples, the rule errs
             self.m.failures.append(
                 Failure(FailureStage.EXACTNESS, "*", "*", "served exactness plan", describe_error(e))
@@ -475,7 +480,44 @@ class Loop:
             self.m.notes.append("served exactness plan, " + plan.describe())
         if predicted is not None:
             self.m.notes.append(f"served exactness samples: predicted {predicted:.0f} s wall from the timed requests")
-        self._draw(plans)
+        if not looks or seq is None or seq.samples is None:
+            self._draw(plans)
+            return
+        self._sample_looks(plans, seq.samples)
+
+    def _sample_looks(self, plans: list[Any], undecided: Undecided) -> None:
+        """The served exactness samples of a sequential run, look by look (gate.rules.sequential.
+        SAMPLE_LOOKS): each look draws its share of every plan for the runners of the cells
+        `undecided` named after the last (the fallback beside any draft of its law: the
+        reference), then builds the exactness records (gate.exactness.sampled) for the
+        predicate to read; m.sample_looks records how far the samples went."""
+        from gate.exactness import sampled as sampled_exactness
+
+        looks = SampleLooksRecord(list(SAMPLE_LOOKS))
+        looks.planned = {f"{n}/{p.law.name}": p.requests_per_runner for p in plans for n in p.runners}
+        self.m.sample_looks = looks
+        known: dict[tuple[str, str, tuple[int, ...]], torch.Tensor] = {}
+        active = {(n, p.law.name) for p in plans for n in p.runners}
+        before = 0.0
+        for k, upto in enumerate(SAMPLE_LOOKS, 1):
+            step = []
+            for plan in plans:
+                drafts = [n for n in plan.runners if n != FALLBACK and (n, plan.law.name) in active]
+                if drafts:
+                    step.append(plan.look(before, upto, [FALLBACK, *drafts]))
+            if not step:
+                return
+            self._draw(step, f" (sample look {k} of {len(SAMPLE_LOOKS)})")
+            looks.taken = k
+            for plan in step:
+                for n in plan.runners:
+                    key = f"{n}/{plan.law.name}"
+                    looks.drawn[key] = looks.drawn.get(key, 0) + plan.requests_per_runner
+            before = upto
+            if k == len(SAMPLE_LOOKS):
+                return
+            sampled_exactness.sampled_exactness(self.session, self.m, self.exactness, laws_at=known)
+            active = undecided(self.m)
 
     def _search(self, names: list[str], laws: list[Law]) -> None:
         """The envelope search (gate.load.search) of each runner and law, after the load points:
@@ -771,7 +813,7 @@ class Loop:
                 into.counters[name] = _delta(before[name], after)
                 into.latency[name] = _latency(before[name], after)
 
-    def _draw(self, plans: list[Any]) -> None:
+    def _draw(self, plans: list[Any], look: str = "") -> None:
         """The served exactness plans' sample requests (gate.exactness.sampled.SamplePlan)
         through the runner (_send, as every timed window), runner by runner (a managed runner
         switches servers once per runner) and load point by load point, each with its own seed
@@ -779,12 +821,14 @@ class Loop:
         token ids is a SampleRecord; one that failed or came back without ids is counted, and
         each (runner, law, point) with any gets one Failure (stage exactness) naming how many
         and the first error: never a sample. The cost (requests, tokens, wall seconds, what the
-        server's counters say was proposed) goes to m.notes. Raises interrupt.OutOfTime or
+        server's counters say was proposed) goes to m.notes, said of `look` (a sequential run's
+        sample look; the wall seconds add up over the looks). Raises interrupt.OutOfTime or
         KeyboardInterrupt between requests as they come."""
         from gate.exactness.sampled import sample_requests, speculated_note
 
         total = sum(p.requests_per_runner * len(p.runners) for p in plans)
         done_so_far = 0
+        first_sample = len(self.m.samples)
         runners = list(dict.fromkeys(name for plan in plans for name in plan.runners))
         # runner-major: a slow-switching runner (vLLM) starts each server once for every law
         for name, plan in ((name, plan) for name in runners for plan in plans if name in plan.runners):
@@ -841,13 +885,14 @@ class Loop:
                 done_so_far += len(reqs)
                 self.progress("exactness samples", done_so_far, total)
             wall = time.perf_counter() - started
-            mine = [s for s in self.m.samples if s.runner == name and s.law == plan.law.name]
+            mine = [s for s in self.m.samples[first_sample:] if s.runner == name and s.law == plan.law.name]
             self.m.notes.append(
-                f"served exactness samples of {name} under {plan.law.name}: {len(mine)} requests, "
+                f"served exactness samples of {name} under {plan.law.name}{look}: {len(mine)} requests, "
                 f"{sum(len(s.output_ids) for s in mine)} output tokens, {wall:.1f} s wall"
                 + (speculated_note(proposed) if counted else "")
             )
-            self.m.sample_wall_s[f"{name}/{plan.law.name}"] = round(wall, 3)
+            key = f"{name}/{plan.law.name}"
+            self.m.sample_wall_s[key] = round(self.m.sample_wall_s.get(key, 0.0) + wall, 3)
 
     def _scrape(self, name: str, into: _Attempt) -> Any:
         """The runner's counters for `name` now (None: it has none, or the scrape failed: the

@@ -28,6 +28,33 @@ from gate.records import LooksRecord, Measurements
 # The fewest prompts the first look of gate's own loop measures (when the plan has as many).
 FIRST_LOOK_PROMPTS = 8
 
+# Served sampled exactness draws its samples in looks at these fractions of its plan (the
+# samples per prompt and runner gate.exactness.sampled plans, or next_token_samples), and its
+# verdict is decided after each (gate.rules.sequential.sample_level): a fault fails at the
+# first look whose evidence rejects it, a sampler passes at the first look whose claim tests
+# reach the rule's power at detect_tv.
+SAMPLE_LOOKS = (0.125, 0.25, 0.5, 1.0)
+# The spending power of the sample looks (alpha * t**SAMPLE_RHO, gate.rules.sequential). The
+# plan is sized so that its claim tests reach their power at the plan's size, so a pass comes
+# at the last look; the early looks are there to fail gross faults, whose p-values (a fault of
+# TV 0.4 over a hundred samples: below 1e-10) clear any share. rho 4 spends alpha/4096 at the
+# first look and keeps 15/16 of alpha for the last (an O'Brien-Fleming-like boundary, Jennison
+# & Turnbull 2000, section 7.3), so a correct sampler's pass costs about what the fixed plan
+# cost (the plan is sized at that level).
+SAMPLE_RHO = 4.0
+
+
+def sample_share(look: int) -> float:
+    """The share of an exactness rule's significance spent at sample look `look` (1-based) of
+    SAMPLE_LOOKS: t_k**SAMPLE_RHO - t_{k-1}**SAMPLE_RHO, t_k = SAMPLE_LOOKS[k - 1] (the power
+    family of Kim & DeMets 1987 in Lan & DeMets 1983, eq. 2); the shares sum to 1. Raises
+    ValueError for a look outside SAMPLE_LOOKS."""
+    if not 1 <= look <= len(SAMPLE_LOOKS):
+        raise ValueError(f"sample look {look} outside {len(SAMPLE_LOOKS)} looks")
+    before = SAMPLE_LOOKS[look - 2] if look > 1 else 0.0
+    return float(SAMPLE_LOOKS[look - 1] ** SAMPLE_RHO - before**SAMPLE_RHO)
+
+
 # (runner, law) cells whose error-level verdicts more requests could still settle: the command
 # wires it from the rules (gate.commands.check); the loop never reads a rule.
 Undecided = Callable[[Measurements], set[tuple[str, str]]]
@@ -40,10 +67,13 @@ Units = list[tuple[int, list[PlannedPrompt]]]
 class Sequential:
     """What a sequential run may spend (measurement.budget.requests: timed requests per
     runner, law and load point; "auto": the first doubling at or beyond twice the fixed plan)
-    and which cells are still undecided after a look (`undecided`)."""
+    and which cells are still undecided after a look (`undecided`) and after a look of the
+    served exactness samples (`samples`: the (runner, law) cells whose exactness verdict more
+    samples could settle; None: the samples' plan is drawn at once)."""
 
     budget: int | str
     undecided: Undecided
+    samples: Undecided | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from gate.records.run import (
     FailureStage,
     LooksRecord,
     ModelInfo,
+    SampleLooksRecord,
     WorkloadInfo,
     describe_failures,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "Failure",
     "FailureStage",
     "LooksRecord",
+    "SampleLooksRecord",
     "Measurements",
     "ModelInfo",
     "NextTokenCounts",
@@ -113,3 +115,4 @@ class Measurements:
         default_factory=list
     )  # did each draft runner speculate (per law, load point)
     looks: LooksRecord | None = None  # a sequential run's looks (None: a fixed plan)
+    sample_looks: SampleLooksRecord | None = None  # a sequential run's served exactness sample looks (None: the plan)

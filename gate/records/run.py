@@ -178,3 +178,17 @@ class LooksRecord:
     fixed_plan: int
     requests_per_unit: int
     taken: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SampleLooksRecord:
+    """How far a sequential run's served exactness samples went (gate.rules.sequential.
+    SAMPLE_LOOKS; gate.exactness.verdict decides at the look taken). `fractions`: each look's
+    share of the plan; `taken`: the looks drawn (a verdict is decided at the last); `planned`:
+    "<runner>/<law>" -> the plan's samples (all prompts), what a fixed plan draws; `drawn`:
+    "<runner>/<law>" -> the samples drawn."""
+
+    fractions: list[float]
+    taken: int = 0
+    planned: dict[str, int] = field(default_factory=dict)
+    drawn: dict[str, int] = field(default_factory=dict)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gate.plan.rounds import sample_share
 from gate.records import Measurements
 
 # The power of the spending function alpha * t**RHO (module docstring).
@@ -46,6 +47,15 @@ def look_level(confidence: float, schedule: list[int], look: int) -> float:
     alpha, n_max = 1.0 - confidence, schedule[-1]
     before = schedule[look - 2] / n_max if look > 1 else 0.0
     return 1.0 - (spent(alpha, schedule[look - 1] / n_max) - spent(alpha, before))
+
+
+def sample_level(alpha: float, look: int) -> float:
+    """The significance (family-wise, before Holm) an exactness family is decided at after
+    sample look `look` (1-based) of gate.plan.rounds.SAMPLE_LOOKS: alpha times the look's
+    share (sample_share, the power family with rho SAMPLE_RHO). Summed over the looks it is
+    alpha, so the chance that some look fails a correct sampler is at most alpha
+    (Bonferroni), whatever stops the looks. Raises ValueError for a look outside SAMPLE_LOOKS."""
+    return alpha * sample_share(look)
 
 
 def shown_level(level: float) -> str:

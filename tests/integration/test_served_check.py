@@ -120,7 +120,9 @@ def test_sample_requests_that_fail_are_a_failure_of_the_exactness_rule_never_a_s
     """Served exactness samples go through the loop as every timed request does (gate.loop.run
     _draw, between the same counter scrapes): a sample request that failed is counted in one
     Failure (stage exactness) per runner, law and load point, never kept as a sample, and the
-    exactness rule of that runner errs; the fallback's samples are drawn all the same."""
+    exactness rule of that runner errs; the fallback's samples are drawn all the same. An
+    error is no verdict more samples settle: the sample looks (sequential, the default) stop
+    after the first, 1/8 of the plan."""
     rules = "  - {id: exact, kind: exactness, next_token_samples: 60}\n"
     with Stub() as good, Stub(draft_n=8, draft_n_accepted=4) as bad:
         bad.fault_all = "http500"
@@ -128,12 +130,14 @@ def test_sample_requests_that_fail_are_a_failure_of_the_exactness_rule_never_a_s
         code, report, out = check(tmp_path, text.replace("law: {temperature: 0}", "law: {temperature: 0.8}"))
     m = report["measurements"]
     assert code == 3, out
-    assert {s["runner"] for s in m["samples"]} == {"fallback"} and len(m["samples"]) == 60
+    assert {s["runner"] for s in m["samples"]} == {"fallback"} and len(m["samples"]) == 8
     (failed,) = [f for f in m["failures"] if f["stage"] == "exactness" and f["draft"] == "fast"]
-    assert failed["what"] == "60 of 60 sample requests at concurrency 1" and "500" in failed["message"], failed
+    assert failed["what"] == "8 of 8 sample requests at concurrency 1" and "500" in failed["message"], failed
     (exact,) = [o for o in report["outcomes"] if o["rule_id"] == "exact"]
     assert exact["status"] == "error", exact["message"]
-    assert any(n.startswith("served exactness samples of fallback under ") and "60 requests" in n for n in m["notes"])
+    assert m["sample_looks"]["taken"] == 1 and m["sample_looks"]["planned"]["fast/t0.8"] == 60
+    assert any(n.startswith("served exactness samples of fallback under t0.8 (sample look 1 of 4)")
+               and "8 requests" in n for n in m["notes"])
 
 
 def test_a_served_sampled_exactness_rule_asking_no_next_token_test_is_refused(tmp_path, tiny_model_dir, prompts_file):

@@ -4,6 +4,7 @@ what it must do are described there."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from click.testing import CliRunner
@@ -152,3 +153,23 @@ def test_a_served_draft_without_its_fallback_samples_is_an_error():
     m.exactness = [r for r in m.exactness if r.draft != "fallback"]
     (o,) = evaluate_exactness(RuleSpec(id="x", kind="exactness"), m, ["d"], ["t"])
     assert o.status == "error" and "fallback runner's samples" in o.message
+
+
+def test_the_samples_are_drawn_in_looks_and_a_fault_stops_early(served):
+    """A sequential run (the default) draws the samples in looks (gate.plan.rounds.SAMPLE_LOOKS):
+    every fault here fails before the plan is drawn, the correct sampler is drawn to its plan
+    (its pass needs the plan's power), and the report's cost says what was spent."""
+    _, _, report, _, _ = served
+    looks = report["measurements"]["sample_looks"]
+    law = report["measurements"]["laws"][0]
+    assert looks["taken"] == len(looks["fractions"]) == 4
+    assert looks["drawn"][f"none/{law}"] == looks["planned"][f"none/{law}"]
+    for fault in FAULTS[1:]:
+        assert looks["drawn"][f"{fault}/{law}"] < looks["planned"][f"{fault}/{law}"], (fault, looks)
+    # every sample drawn is kept raw, each with its own seed (later looks number on)
+    samples = report["measurements"]["samples"]
+    assert Counter(f"{s['runner']}/{s['law']}" for s in samples) == looks["drawn"]
+    assert len({(s["runner"], s["seed"]) for s in samples}) == len(samples)
+    (o,) = [o for o in report["outcomes"] if o["draft"] == "none"]
+    assert "sample look 4 of 4" in o["message"]
+    assert report["cost"]["samples"] == sum(looks["drawn"].values()) < report["cost"]["samples_planned"]

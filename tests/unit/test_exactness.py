@@ -308,3 +308,36 @@ def test_an_inconclusive_claim_says_what_it_needs_without_a_sentinel():
     assert pooled.verdict == ex.INCONCLUSIVE and "1000000000" not in pooled.note
     assert "needs more samples (the rare tokens pooled at 50 samples hold 0.480 of the law)" in pooled.note
     assert few.verdict == ex.INCONCLUSIVE and "inf" not in few.note, few.note
+
+
+def test_the_gtest_sample_size_is_the_smallest_that_detects_the_effect() -> None:
+    from gate.exactness.stats import gtest_detectable, gtest_samples_needed
+
+    for df in (1, 4, 20):
+        for effect in (0.05, 0.1, 0.3):
+            n = gtest_samples_needed(effect, df, 1e-4, 0.9)
+            assert gtest_detectable(n, df, 1e-4, 0.9) <= effect < gtest_detectable(n - 1, df, 1e-4, 0.9)
+    assert gtest_samples_needed(0.0, 4, 0.01, 0.9) == 10**9
+    assert gtest_detectable(3, 4, 0.01, 0.9) == float("inf")  # even TV 1 is out of reach at 3 samples
+
+
+def test_the_permutation_p_value_holds_its_level_and_stops_early_where_far_from_extreme() -> None:
+    import numpy as np
+
+    from gate.exactness.stats import MAX_PERMUTATION_TABLES, _permutation_g
+
+    rng = np.random.default_rng(0)
+    law = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+    ps, drawn = [], []
+    for _ in range(400):  # both rows from one law: the null
+        table = np.stack([rng.multinomial(60, law), rng.multinomial(60, law)])
+        table = table[:, table.sum(axis=0) > 0]
+        _, p, n = _permutation_g(table)
+        ps.append(p)
+        drawn.append(n)
+    rate = np.mean(np.asarray(ps) <= 0.05)
+    assert rate <= 0.05 + 3 * (0.05 * 0.95 / 400) ** 0.5  # valid: rejects at most its level (3 standard errors)
+    assert np.median(drawn) < 200  # Besag & Clifford: a typical null table stops after a few dozen draws
+    # a table far out in the tail draws the most and resolves a p-value below any Holm threshold gate uses
+    _, p, n = _permutation_g(np.array([[60, 0, 0], [0, 30, 30]]))
+    assert n == MAX_PERMUTATION_TABLES and p == 1 / (1 + MAX_PERMUTATION_TABLES)

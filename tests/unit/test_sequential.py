@@ -136,3 +136,65 @@ def test_a_draft_that_is_the_fallback_is_wrongly_decided_at_about_the_stated_rat
     bound = lambda n: 0.05 + 2.5 * (0.05 * 0.95 / n) ** 0.5  # noqa: E731
     assert fixed / runs <= bound(runs), fixed / runs
     assert sequential / (runs // 2) <= bound(runs // 2), sequential / (runs // 2)
+
+
+def test_the_sample_looks_spend_exactly_the_significance_and_keep_most_for_the_plan() -> None:
+    from gate.plan.rounds import SAMPLE_LOOKS, sample_share
+    from gate.rules.sequential import sample_level
+
+    assert SAMPLE_LOOKS == (0.125, 0.25, 0.5, 1.0)
+    shares = [sample_share(k) for k in range(1, 5)]
+    assert sum(shares) == pytest.approx(1.0)  # Bonferroni over the looks: at most alpha in all
+    assert shares == pytest.approx([1 / 4096, 15 / 4096, 240 / 4096, 3840 / 4096])  # t**4 differences
+    assert sample_level(0.001, 4) == pytest.approx(0.001 * 15 / 16)
+    with pytest.raises(ValueError):
+        sample_share(5)
+
+
+def test_a_sample_look_draws_its_share_of_each_prompts_plan_numbered_on_from_the_last() -> None:
+    from gate.core.law import Law
+    from gate.exactness.sampled import SamplePlan, sample_requests
+    from gate.load.closed import ClosedLoop
+    from gate.plan.rounds import SAMPLE_LOOKS
+
+    ps = prompts(2, 1)
+    plan = SamplePlan(Law("t", 0.7), ["fallback", "a", "b"], ps, {"q0": 1000, "q1": 37},
+                      [ClosedLoop(concurrency=1), ClosedLoop(concurrency=4)])
+    seen: dict[str, list[int]] = {"q0": [], "q1": []}
+    before = 0.0
+    for upto in SAMPLE_LOOKS:
+        step = plan.look(before, upto, ["fallback", "b"])
+        assert step.runners == ["fallback", "b"]
+        for point in range(2):
+            for r in sample_requests(step, "b", point, seed=0):
+                seen[r.prompt.id].append(r.repetition)
+        before = upto
+    # every index of the plan once, in order of the looks: the looks together are the plan
+    assert sorted(seen["q0"]) == list(range(1000)) and sorted(seen["q1"]) == list(range(37))
+    assert plan.look(0.0, 0.125, ["fallback"]).samples == {"q0": 125, "q1": 5}
+    assert plan.look(0.125, 0.25, ["fallback"]).first == {"q0": 125, "q1": 5}
+
+
+def test_served_samples_at_a_look_are_decided_at_its_share_and_say_so() -> None:
+    from gate.exactness.verdict import evaluate_exactness
+    from gate.records import ExactnessRecord, NextTokenCounts, SampleLooksRecord, TwoSampleCounts
+
+    def counts(prefix: list[int]) -> NextTokenCounts:
+        return NextTokenCounts("a", [0, 1, 2, 3], [0.4, 0.3, 0.2, 0.1], 0.0, [800, 600, 400, 200], 0, 0, prefix)
+
+    rule = RuleSpec(id="exact", kind="exactness", detect_tv=0.1, significance=0.001)
+    m = Measurements(environment=Environment("3", "2", "5", "0", "linux", "cpu", "cpu", 0), laws=["t"],
+                     drafts={"d": DraftInfo("model", 3, "distribution")})
+    fallback = ExactnessRecord("fallback", "t", False, speculative_from=1, next_token=[counts([])])
+    d = ExactnessRecord("d", "t", False, speculative_from=1, next_token=[counts([]), counts([7])])
+    d.two_sample = [TwoSampleCounts("a", [7], [0, 1, 2, 3], [800, 600, 400, 200], [800, 600, 400, 200])]
+    m.exactness = [fallback, d]
+    (whole,) = evaluate_exactness(rule, m, ["d"], ["t"])
+    m.sample_looks = SampleLooksRecord([0.125, 0.25, 0.5, 1.0], taken=1)
+    (first,) = evaluate_exactness(rule, m, ["d"], ["t"])
+    assert "sample look 1 of 4" in first.message and "significance 2.44e-07" in first.message
+    assert "sample look" not in whole.message and "significance 0.001" in whole.message
+    # the same counts state less power at the first look's share: what they can detect grows
+    claim = [t for t in first.details if t["role"] == "claim"][0]
+    claim_whole = [t for t in whole.details if t["role"] == "claim"][0]
+    assert claim["detectable"] > claim_whole["detectable"]
