@@ -68,6 +68,9 @@ class Stub:
     slots: int | None = None       # most requests generating at once (a server's capacity); the rest wait, FIFO
     cycle: int | None = None       # output ids repeat with this period (10, 11, 12, 10, ...): text a lookup can copy
     metrics_text: str = "# no metrics\n"
+    # vLLM's spec-decode counters on /metrics, grown by every generation request: (its verification steps, each
+    # proposing len(per_pos) tokens; of its steps, how many committed the proposal at each position). None: metrics_text
+    vllm_counters: tuple[int, list[int]] | None = None
     host: str = "127.0.0.1"
     port: int = 0
     # observed
@@ -83,6 +86,7 @@ class Stub:
         self._lock = threading.Lock()
         self._slots: asyncio.Semaphore | None = None
         self._events: dict[tuple[Any, ...], str] = {}  # an event's JSON by what it carries (_event)
+        self._done = 0  # generation requests answered (vllm_counters)
 
     @property
     def url(self) -> str:
@@ -186,7 +190,7 @@ class Stub:
                      writer: asyncio.StreamWriter) -> bool:
         if method == "GET":
             if path == "/metrics":
-                return await self._plain(writer, 200, self.metrics_text, "text/plain; version=0.0.4")
+                return await self._plain(writer, 200, self._metrics(), "text/plain; version=0.0.4")
             if path == "/props":
                 return await self._plain(writer, 200, json.dumps({"build_info": "b0000-stub"}))
             if path == "/version":
@@ -218,6 +222,21 @@ class Stub:
                 slot.release()
             with self._lock:
                 self.in_flight -= 1
+                self._done += 1
+
+    def _metrics(self) -> str:
+        """metrics_text, or vLLM's spec-decode counters after the generation requests done so far."""
+        if self.vllm_counters is None:
+            return self.metrics_text
+        steps, per_pos = self.vllm_counters
+        with self._lock:
+            n = self._done
+        lines = [f"vllm:spec_decode_num_drafts_total {n * steps}",
+                 f"vllm:spec_decode_num_draft_tokens_total {n * steps * len(per_pos)}",
+                 f"vllm:spec_decode_num_accepted_tokens_total {n * sum(per_pos)}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n * a}'
+                  for i, a in enumerate(per_pos)]
+        return "\n".join(lines) + "\n"
 
     async def _generate(self, path: str, body: dict[str, Any], record: dict[str, Any], t_recv: float,
                         writer: asyncio.StreamWriter) -> bool:

@@ -157,7 +157,7 @@ def measure(
             Phase("the further looks", FailureStage.REQUEST, lambda: loop.further(rounds), lambda why, when: [])
         )
     if first:
-        phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress)
+        phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress, loop.checked)
         phases.append(Phase("the bill", FailureStage.BILL, lambda: _bill(session, m, settings), after_stop=True))
     phases += [
         # bookkeeping on what was measured; before the identity check: the release model (a
@@ -254,6 +254,7 @@ class Loop:
     ):
         self.session, self.m, self.s, self.progress = session, m, settings, progress
         self.exactness = exactness or ExactnessPlan()
+        self.checked: set[tuple[Any, ...]] = set()  # greedy requests checked at a look (_greedy_so_far)
         self.runner: Runner = session.runner
         caps = self.runner.capabilities
         self.labelled = caps.load_points  # records and failures carry their load point
@@ -440,6 +441,7 @@ class Loop:
         assert self.s.sequential is not None and self.m.looks is not None
         laws = {law.name: law for law in self.session.laws}
         for look in range(2, len(rounds.looks.schedule) + 1):
+            self._greedy_so_far()
             pending = self.s.sequential.undecided(self.m)
             if not pending:
                 return
@@ -453,6 +455,18 @@ class Loop:
                 self.requests(names, [law], units=rounds.units(look), once=False)
                 if drafts and self.session.drafts and self.s.first_shard:
                     _overlaps(self.session, self.m, self.progress, set(drafts))
+
+    def _greedy_so_far(self) -> None:
+        """In gate's own loop, greedy exactness of the requests measured so far (_exactness,
+        the ones not yet checked), so that the predicate sees a fault at the look that made
+        it and its cell stops there. A check that fails here is left to the exactness pass,
+        which checks every request not yet checked and records the failure (interrupt.OutOfTime
+        and KeyboardInterrupt propagate, as between requests)."""
+        if not self.session.local or not self.session.drafts or not self.exactness.pairs:
+            return
+        if not any(law.greedy for law in self.session.laws):
+            return
+        _exactness(self.session, self.m, self.exactness, self.s.seed, lambda *_: None, self.checked, True)
 
     def _samples(self) -> None:
         """The served exactness plan's sample requests (gate.exactness.sampled), drawn while
@@ -1086,19 +1100,29 @@ def client_fields(g: StreamResult) -> dict[str, Any]:
 
 
 def _exactness_phases(
-    session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress
+    session: Session,
+    m: Measurements,
+    plan: ExactnessPlan,
+    seed: int,
+    progress: Progress,
+    checked: set[tuple[Any, ...]] | None = None,
 ) -> list[Phase]:
     """The exactness pass of the plan's (draft, law) pairs. A runner of the local target
     (session.local): each output against the target's own law (greedy argmax,
     PIT, next-token laws; _exactness). A served runner: greedy token equality with the
     fallback runner, divergences weighed by the local target's logit gap where it is loaded
     (gate.exactness.fallback.greedy_exactness), and for sampling laws the one- and
-    two-sample counts of the samples the requests phase drew (gate.exactness.sampled)."""
+    two-sample counts of the samples the requests phase drew (gate.exactness.sampled).
+    `checked`: the greedy requests a sequential run's looks already checked (_exactness)."""
     if session.local:
         if not plan.pairs:
             return []
         return [
-            Phase("the exactness pass", FailureStage.EXACTNESS, lambda: _exactness(session, m, plan, seed, progress))
+            Phase(
+                "the exactness pass",
+                FailureStage.EXACTNESS,
+                lambda: _exactness(session, m, plan, seed, progress, checked),
+            )
         ]
     from gate.exactness import fallback as fallback_exactness
     from gate.exactness import sampled as sampled_exactness
@@ -1221,22 +1245,42 @@ def _overlaps(session: Session, m: Measurements, progress: Progress, only: set[s
 
 
 @torch.inference_mode()
-def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int, progress: Progress) -> None:
+def _exactness(
+    session: Session,
+    m: Measurements,
+    plan: ExactnessPlan,
+    seed: int,
+    progress: Progress,
+    checked: set[tuple[Any, ...]] | None = None,
+    only_greedy: bool = False,
+) -> None:
     """Raw material of the exactness tests: for greedy laws every committed token checked
     against the target's argmax on the output's own prefix (one teacher-forced forward per
     request), for sampling laws the PIT value of every token under the target's processed
     law, and speculative first steps drawn many times from each of the first
-    next_token_prompts prompts (next-token tests at the first position and after shared prefixes)."""
+    next_token_prompts prompts (next-token tests at the first position and after shared prefixes).
+    `checked`: (runner, law, request key) of the greedy requests already checked into
+    m.exactness (a sequential run checks them after each look, `only_greedy`, so that a
+    fault stops its cell at the look that found it); they are not checked again."""
     laws = {law.name: law for law in session.laws}
     prompts = {p.id: p for p in session.prompts}
     pit_generator = torch.Generator().manual_seed(seed)
     pairs = sorted(p for p in plan.pairs if p[0] in session.drafts and p[1] in laws)
+    checked = checked if checked is not None else set()
     for i, (name, law_name) in enumerate(pairs):
+        if only_greedy and not laws[law_name].greedy:
+            continue
         progress("exactness", i, len(pairs))
         law = laws[law_name]
-        rec = ExactnessRecord(name, law_name, law.greedy)
+        # a greedy record checked at an earlier look goes on from the requests it has not seen
+        kept = [x for x in m.exactness if (x.draft, x.law) == (name, law_name) and x.greedy]
+        rec = kept[0] if kept and law.greedy else ExactnessRecord(name, law_name, law.greedy)
+        m.exactness = [x for x in m.exactness if (x.draft, x.law) != (name, law_name)]
         try:
             for r in (r for r in m.requests if r.draft == name and r.law == law_name and r.output_ids):
+                key = (r.draft, r.law, r.prompt_id, r.max_new_tokens, r.repetition, r.concurrency, r.request_rate)
+                if law.greedy and key in checked:
+                    continue
                 interrupt.check_budget()
                 prompt = list(prompts[r.prompt_id].token_ids)
                 ids = prompt + r.output_ids
@@ -1247,13 +1291,14 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                     rec.divergences += greedy_divergences(
                         law_logits(logits, bound, ids, len(prompt)), r.output_ids, r.prompt_id, r.repetition
                     )
+                    checked.add(key)
                 else:
                     u = randomized_pit(
                         law_probs(logits, bound, ids, len(prompt)).cpu(), torch.tensor(r.output_ids), pit_generator
                     )
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
             asked = plan.next_token_samples.get((name, law_name), Asked())
-            if session.runner.capabilities.first_steps and not asked.none and not law.greedy:
+            if session.runner.capabilities.first_steps and not asked.none and not law.greedy and not only_greedy:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     interrupt.check_budget()
                     ids = list(prompt.token_ids)
@@ -1267,6 +1312,9 @@ def _exactness(session: Session, m: Measurements, plan: ExactnessPlan, seed: int
                         p = _oracle(session).next_token_law(ids, prefix, law, fmt)
                         rec.next_token.append(sparse_counts(prompt.id, tokens, p.cpu(), prefix=prefix))
         except Exception as e:  # noqa: BLE001
+            if only_greedy:  # a look's check: the exactness pass checks the rest again and records why
+                m.exactness.append(rec)
+                continue
             m.failures.append(Failure(FailureStage.EXACTNESS, name, law_name, "exactness", describe_error(e)))
             continue
         m.exactness.append(rec)

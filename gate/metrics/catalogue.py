@@ -52,7 +52,8 @@ class Metric:
     reads. ratio_to_fallback: a draft's ratio to the fallback by its definition (paired
     requests), so its verdicts rest on the fallback's requests too. measured_by: see
     MeasuredBy. needs: see Needs (None: nothing beyond the runner). takes_line: a rule on it
-    names one line of the bill (rules[].line). between_tokens: a time between a stream's
+    names one line of the bill (rules[].line). takes_position: a rule on it names one proposal
+    position (rules[].position, 1-based). between_tokens: a time between a stream's
     tokens, which a client that stamps late can make look shorter. of_proposals: its
     denominator is the draft's proposals, so it is undefined where the draft made none.
     counts: what a dimensionless count counts ("sequences"; None: not a count). share: a
@@ -76,6 +77,7 @@ class Metric:
     measured_by: MeasuredBy = "any"
     needs: Needs | None = None
     takes_line: bool = False
+    takes_position: bool = False
     between_tokens: bool = False
     of_proposals: bool = False
     counts: str | None = None
@@ -131,6 +133,43 @@ ACCEPTANCE_RATE = Metric(
     better="higher",
     of_proposals=True,
     share=True,
+)
+
+POSITION_ACCEPTANCE_RATE = Metric(
+    "position_acceptance_rate",
+    Dimension.RATIO,
+    (POOLED,),
+    "pooled counters",
+    False,
+    "the share of verification steps whose proposal reached position k (rules[].position) that committed it: "
+    "num_accepted_tokens_per_pos[k] over the steps proposing k or more tokens (vLLM's per-position rate divides by "
+    "every step, which reads low where K varies per step; gate's counters know each step's K, a server's do not: "
+    "there it is vLLM's num_drafts, and the verdict says so)",
+    sampling="pooled",
+    timed=False,
+    repeatable=True,
+    better="higher",
+    of_proposals=True,
+    share=True,
+    takes_position=True,
+)
+
+CONDITIONAL_ACCEPTANCE_RATE = Metric(
+    "conditional_acceptance_rate",
+    Dimension.RATIO,
+    (POOLED,),
+    "pooled counters",
+    False,
+    "the share of verification steps that committed the proposal at position k (rules[].position) among those "
+    "that committed position k - 1 and proposed k or more tokens: accepted at k given k - 1 accepted (position 1: "
+    "position_acceptance_rate); a collapse at k shows here even when earlier positions already thin the steps",
+    sampling="pooled",
+    timed=False,
+    repeatable=True,
+    better="higher",
+    of_proposals=True,
+    share=True,
+    takes_position=True,
 )
 
 MEAN_ACCEPTANCE_LENGTH = Metric(
@@ -536,6 +575,8 @@ METRICS: dict[str, Metric] = {
         OVERLAP,
         TOP1_AGREEMENT,
         ACCEPTANCE_RATE,
+        POSITION_ACCEPTANCE_RATE,
+        CONDITIONAL_ACCEPTANCE_RATE,
         MEAN_ACCEPTANCE_LENGTH,
         SPEEDUP,
         REQUEST_SPEEDUP,

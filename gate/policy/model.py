@@ -743,6 +743,13 @@ class RuleSpec(_Strict):
         None, gt=0.5, lt=1.0, description="Confidence level of this rule's interval (default: measurement.confidence)."
     )
     line: str | None = Field(None, description="memory_line_bytes: the bill line, e.g. 'draft KV cache'.")
+    position: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="position_acceptance_rate and conditional_acceptance_rate: the proposal position, 1-based "
+        "(1: the first token a step proposes), at most the num_draft_tokens of every draft in scope.",
+    )
     significance: float = Field(
         DEFAULT_SIGNIFICANCE,
         gt=0.0,
@@ -1236,6 +1243,22 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                         f"{', '.join(unmapped)} {'translates' if len(unmapped) == 1 else 'translate'} nothing: scope "
                         "the rule "
                         f"to the {translating} drafts (scope: {{drafts: [...]}})",
+                    )
+                )
+        if rule.position is not None:
+            short = sorted(
+                f"{name} (num_draft_tokens {d.num_draft_tokens})"
+                for name, d in policy.drafts.items()
+                if (not rule.scope.drafts or name in rule.scope.drafts)
+                and isinstance(getattr(d, "num_draft_tokens", None), int)
+                and d.num_draft_tokens < rule.position
+            )
+            if short:
+                problems.append(
+                    (
+                        f"rules[{i}].position",
+                        f"position {rule.position} is beyond what {', '.join(short)} proposes per step: scope the "
+                        "rule to drafts that propose that many (scope: {drafts: [...]})",
                     )
                 )
         if rule.line is not None and rule.line not in BILL_LINES:

@@ -25,6 +25,10 @@ class SpecDecodeCounters:
     the correction or bonus token, fewer when the output ends inside the block).
     num_accepted_tokens_per_pos[i]: steps whose proposal at position i was committed.
     accepted_length_histogram[k]: steps with a proposal that committed k proposals.
+    num_draft_tokens_per_pos[i]: steps that proposed a token at position i (i + 1 or more
+    proposals); num_verified_per_pos[i]: steps whose proposal at position i was reached by
+    the verification (every earlier proposal committed). Both from gate's own step counts;
+    empty where only a server's counters are known (vLLM exports neither).
     """
 
     num_drafts: int = 0
@@ -33,6 +37,8 @@ class SpecDecodeCounters:
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     accepted_length_histogram: list[int] = field(default_factory=list)
     num_committed_tokens: int = 0
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
+    num_verified_per_pos: list[int] = field(default_factory=list)
 
     def __add__(self, other: SpecDecodeCounters) -> SpecDecodeCounters:
         return SpecDecodeCounters(
@@ -42,6 +48,8 @@ class SpecDecodeCounters:
             _add_lists(self.num_accepted_tokens_per_pos, other.num_accepted_tokens_per_pos),
             _add_lists(self.accepted_length_histogram, other.accepted_length_histogram),
             self.num_committed_tokens + other.num_committed_tokens,
+            _add_lists(self.num_draft_tokens_per_pos, other.num_draft_tokens_per_pos),
+            _add_lists(self.num_verified_per_pos, other.num_verified_per_pos),
         )
 
     @property
@@ -77,6 +85,8 @@ class SpecDecodeCounters:
         plus one token."""
         width = max(proposed, default=0)
         per_pos = [0] * width
+        drafted = [0] * width
+        verified = [0] * width
         hist = [0] * (width + 1)
         drafts = done = 0
         for s, (n, a) in enumerate(zip(proposed, accepted, strict=False)):
@@ -87,7 +97,11 @@ class SpecDecodeCounters:
             hist[a] += 1
             for i in range(a):
                 per_pos[i] += 1
-        return cls(drafts, sum(proposed), sum(accepted), per_pos, hist, done)
+            for i in range(n):
+                drafted[i] += 1
+            for i in range(min(a + 1, n)):
+                verified[i] += 1
+        return cls(drafts, sum(proposed), sum(accepted), per_pos, hist, done, drafted, verified)
 
 
 def _add_lists(a: list[int], b: list[int]) -> list[int]:

@@ -164,7 +164,8 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
 
     On the value's own scale the interval keeps to the value's natural range (Estimand.share,
     .nonnegative). None with fewer than MIN_UNITS units in a group.
-    Raises nothing for degenerate data: every unit giving the same value is a point interval."""
+    Raises nothing for degenerate data: every unit giving the same value is a point interval,
+    but for a share at 0 or 1, whose bound is Clopper-Pearson's over the units as trials."""
     if any(g[0].n < MIN_UNITS for g in est.groups):
         return None
     n = min(g[0].n for g in est.groups)
@@ -174,6 +175,14 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     rng = np.random.default_rng(seed)
     draws = np.asarray(est.value(*[rng.integers(0, g[0].n, size=(resamples, g[0].n)) for g in est.groups]), float)
     if np.all(draws == point):  # every unit gives the same value (an infinity included)
+        if est.share and point in (0.0, 1.0):
+            # a share at the end of its range (every proposal accepted, or none): the bootstrap has no spread to
+            # show, so the bound is Clopper-Pearson's with each unit one trial, which holds however correlated a
+            # unit's own counts are (Clopper & Pearson 1934; at n units all 1, the lower bound (alpha/2)^(1/n))
+            bound = ((1 - level) / 2) ** (1 / n)
+            low, high = (bound, 1.0) if point == 1.0 else (0.0, 1.0 - bound)
+            why = f"every unit at {point:g}: Clopper-Pearson bound over its {n} units as trials"
+            return Interval(low, high, level, why, est.units)
         return Interval(point, point, level, "bootstrap: every resample equal", est.units)
     draws = draws[np.isfinite(draws)]
     if draws.size < 2 or not math.isfinite(point):

@@ -23,7 +23,7 @@ from gate.records import Measurements
 from gate.rules.samples import (
     CONTINUATION_SAMPLES,
     DRIFT_SAMPLES,
-    POOLED,
+    POSITION_METRICS,
     REQUEST_SAMPLES,
     WINDOW_POOLED,
     Key,
@@ -32,9 +32,11 @@ from gate.rules.samples import (
     drift_records,
     has_counts,
     paired_speedups,
+    pooled_parts,
     request_key,
     uses_windows,
     window_key,
+    window_parts,
     windows,
 )
 
@@ -133,8 +135,12 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
                 out.keys.append((d.prompt_id, seen[d.prompt_id]))
                 out.values.append(vals)
         return out
-    if aggregation == "pooled" and metric in WINDOW_POOLED and uses_windows(metric, m, sel):
-        num_w, den_w = WINDOW_POOLED[metric]  # one unit per measured window, paired by load point and repetition
+    if (
+        aggregation == "pooled"
+        and (metric in WINDOW_POOLED or metric in POSITION_METRICS)
+        and uses_windows(metric, m, sel)
+    ):
+        num_w, den_w = window_parts(metric, sel)  # one unit per measured window, paired by load point and repetition
         ws = [w for w in windows(m, sel, metric) if den_w(w) > 0 and num_w(w) == num_w(w)]
         return UnitSet(
             "pooled",
@@ -151,8 +157,9 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
             out.keys.append(key)
             out.values.append(np.array([x]))
         return out
-    if aggregation == "pooled" and metric in POOLED:
-        num, den, offset = POOLED[metric]
+    parts = pooled_parts(metric, sel) if aggregation == "pooled" else None
+    if parts is not None:
+        num, den, offset = parts
         if metric != COMMITTED_TOKENS_PER_S.name:
             reqs = [r for r in reqs if has_counts(metric, r)]
         reqs = [r for r in reqs if den(r) > 0]  # e.g. no proposal made: nothing to pool, and no key to pair

@@ -102,6 +102,59 @@ def _drafted(r: RequestRecord) -> float:
     )
 
 
+def _at(xs: list[int], i: int) -> float:
+    return float(xs[i]) if 0 <= i < len(xs) else 0.0
+
+
+def position_parts(metric: str, k: int) -> tuple[Callable[[Any], float], Callable[[Any], float]]:
+    """(numerator, denominator) of a per-position acceptance metric at proposal position `k`
+    (1-based) over one record's counters (a request's, or a window's server counter deltas):
+    position_acceptance_rate: committed at k over steps proposing k or more (gate's own
+    counts), or over every step with a proposal where only a server's counters are known
+    (vLLM's num_drafts); conditional_acceptance_rate: committed at k over steps that reached
+    k (every earlier proposal committed, k proposed), or, from a server's counters, over
+    steps that committed k - 1 (num_drafts at k = 1). Raises KeyError for another metric."""
+
+    def drafted(r: Any) -> float:
+        c = _counts(r)
+        return _at(c.num_draft_tokens_per_pos, k - 1) if c.num_draft_tokens_per_pos else float(c.num_drafts)
+
+    def reached(r: Any) -> float:
+        c = _counts(r)
+        if c.num_verified_per_pos:
+            return _at(c.num_verified_per_pos, k - 1)
+        return float(c.num_drafts) if k == 1 else _at(c.num_accepted_tokens_per_pos, k - 2)
+
+    def accepted(r: Any) -> float:
+        return _at(_counts(r).num_accepted_tokens_per_pos, k - 1)
+
+    if metric == "position_acceptance_rate":
+        return accepted, drafted
+    if metric == "conditional_acceptance_rate":
+        return accepted, reached
+    raise KeyError(f"metric {metric!r} is not a per-position metric")
+
+
+POSITION_METRICS = frozenset({"position_acceptance_rate", "conditional_acceptance_rate"})
+
+
+def pooled_parts(metric: str, sel: Selection) -> tuple[Callable[[Any], float], Callable[[Any], float], float] | None:
+    """(numerator, denominator, offset) per request of a pooled metric for `sel` (its
+    position for a per-position metric); None for a metric pooled otherwise (speedup)."""
+    if metric in POSITION_METRICS:
+        num, den = position_parts(metric, sel.position or 1)
+        return num, den, 0.0
+    return POOLED.get(metric)
+
+
+def window_parts(metric: str, sel: Selection) -> tuple[Callable[[RunRecord], float], Callable[[RunRecord], float]]:
+    """(numerator, denominator) per measured window of a window-pooled metric for `sel`
+    (WINDOW_POOLED, or a per-position metric at sel.position from the server's counters)."""
+    if metric in POSITION_METRICS:
+        return position_parts(metric, sel.position or 1)
+    return WINDOW_POOLED[metric]
+
+
 def has_counts(metric: str, r: RequestRecord) -> bool:
     """Whether a request carries the counts a pooled acceptance metric needs: per-step counts,
     or (acceptance_rate) the server's per-response proposal counts."""
@@ -141,7 +194,7 @@ def uses_windows(metric: str, m: Measurements, sel: Selection) -> bool:
     acceptance when the selection's requests carry no per-step counters."""
     if metric in WINDOW_ONLY:
         return True
-    if metric in ("acceptance_rate", "mean_acceptance_length"):
+    if metric in ("acceptance_rate", "mean_acceptance_length") or metric in POSITION_METRICS:
         reqs = _requests(m, sel)
         return bool(reqs) and not any(has_counts(metric, r) for r in reqs)
     return False
@@ -230,6 +283,8 @@ SAMPLES: dict[str, Extractor | None] = {
     },
     "acceptance_rate": None,
     "mean_acceptance_length": None,
+    "position_acceptance_rate": None,
+    "conditional_acceptance_rate": None,
     "speedup": None,
     "output_throughput": None,
     "request_throughput": None,
@@ -307,7 +362,7 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
     request has none (a runner without step counters)."""
     if uses_windows(metric, m, sel):
         ws = windows(m, sel, metric)
-        w_num, w_den = WINDOW_POOLED[metric]
+        w_num, w_den = window_parts(metric, sel)
         w_total = sum(w_den(w) for w in ws)
         return (sum(w_num(w) for w in ws) / w_total if w_total > 0 else float("nan")), sum(w.requests for w in ws)
     reqs = _requests(m, sel)
@@ -334,6 +389,9 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
         return counters.acceptance_rate, len(reqs)
     if metric == "mean_acceptance_length":
         return counters.mean_acceptance_length, len(reqs)
+    if metric in POSITION_METRICS:
+        num, den = position_parts(metric, sel.position or 1)
+        return (num(counters) / den(counters) if den(counters) > 0 else float("nan")), len(reqs)
     if metric in POOLED:  # a ratio of per-request totals (translation_loss)
         num, den, offset = POOLED[metric]
         total = sum(den(r) for r in reqs)
@@ -353,6 +411,7 @@ __all__ = [
     "CONTINUATION_SAMPLES",
     "FALLBACK",
     "POOLED",
+    "POSITION_METRICS",
     "REQUEST_SAMPLES",
     "SAMPLES",
     "Selection",
@@ -360,11 +419,13 @@ __all__ = [
     "aggregate",
     "paired_speedups",
     "pooled",
+    "pooled_parts",
     "register_metric",
     "request_key",
     "samples",
     "uses_windows",
     "value",
     "window_key",
+    "window_parts",
     "windows",
 ]

@@ -24,6 +24,7 @@ class Selection:
     concurrency: tuple[int, ...] | None = None  # served load points (closed loop); None: all
     request_rate: tuple[float, ...] | None = None  # served load points (open loop, requests/s); None: all
     constraints: tuple[str, ...] | None = None  # workload.constraints labels; None: all
+    position: int | None = None  # a per-position metric's proposal position (1-based; rules[].position)
 
     def takes(self, record: RequestRecord | OverlapRecord) -> bool:
         """Whether a request or overlap record belongs to this selection."""

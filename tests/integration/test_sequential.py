@@ -95,3 +95,41 @@ def test_a_served_run_looks_in_whole_windows_and_measures_its_searches_and_sampl
     assert len(m["envelopes"]) == 2  # one search per runner, after the first look only
     (chat,) = [o for o in report["outcomes"] if o["rule_id"] == "chat-ttft"]
     assert chat["status"] == "pass" and "look 3 of 3" in chat["message"], chat["message"]
+
+
+def test_greedy_exactness_stops_its_cell_at_the_look_that_found_a_fault(tmp_path, tiny_model_dir, prompts_file,
+                                                                        monkeypatch):
+    """An error-level exactness rule holds its cell to the fixed plan while it passes (a pass
+    states no power against a fault that hits some requests), but the greedy check runs after
+    every look: a verifier that accepts every proposal diverges from the target's argmax at
+    once, and the cell stops at the first look (8 of the plan's 15 prompts)."""
+    from gate.core.speculative import Verdict, sample
+
+    drafts = "  exit1:\n    kind: early_exit\n    num_layers: 1\n    num_draft_tokens: 3\n"
+    text = tiny_policy(tiny_model_dir, prompts_file, "  - {id: exact, kind: exactness}\n", drafts=drafts,
+                       max_new_tokens=8)
+    text += "measurement: {repetitions: 3, warmup_requests: 0, max_cpu_stall: null}\n"
+
+    def run(folder: str) -> dict:
+        (tmp_path / folder).mkdir()
+        policy = write_policy(tmp_path / folder, text)
+        CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / folder / "r.json"), "--no-progress"])
+        return json.loads((tmp_path / folder / "r.json").read_text())
+
+    correct = run("correct")
+    assert correct["measurements"]["looks"]["schedule"][:2] == [8, 15]
+    (exact,) = [o for o in correct["outcomes"] if o["rule_id"] == "exact"]
+    assert exact["status"] == "pass" and correct["measurements"]["looks"]["taken"]["exit1/greedy"] == 2
+    assert sum(r["draft"] == "exit1" for r in correct["measurements"]["requests"]) == 15  # the fixed plan
+
+    def accept_all(p, q, proposals, generator):
+        n = int(proposals.shape[0])
+        return Verdict(n, sample(p[n], generator))
+
+    monkeypatch.setattr("gate.runners.transformers.verify", accept_all)
+    faulty = run("faulty")
+    (exact,) = [o for o in faulty["outcomes"] if o["rule_id"] == "exact"]
+    assert exact["status"] == "fail", exact["message"]
+    assert faulty["measurements"]["looks"]["taken"]["exit1/greedy"] == 1
+    assert sum(r["draft"] == "exit1" for r in faulty["measurements"]["requests"]) == 8
+    assert "of 8 requests committed tokens" in exact["message"], exact["message"]  # checked at the look: all 8

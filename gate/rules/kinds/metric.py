@@ -96,6 +96,7 @@ class MetricRule:
     concurrency: tuple[int, ...] | None
     request_rate: tuple[float, ...] | None
     constraints: tuple[str, ...] | None
+    position: int | None = None
 
     @classmethod
     def of(cls, rule: Any) -> MetricRule:
@@ -125,6 +126,7 @@ class MetricRule:
             listed("concurrency"),
             listed("request_rate"),
             listed("constraints"),
+            rule.position,
         )
 
 
@@ -133,7 +135,18 @@ class MetricRules(RuleKind):
     dimension (a ratio when relative_to is set)."""
 
     name = "metric"
-    keys = ("kind", "metric", "line", "aggregation", "comparison", "threshold", "relative_to", "scope", "level")
+    keys = (
+        "kind",
+        "metric",
+        "line",
+        "position",
+        "aggregation",
+        "comparison",
+        "threshold",
+        "relative_to",
+        "scope",
+        "level",
+    )
     reads_metric = True
 
     def spec_problem(self, rule: Any) -> tuple[str, str] | None:
@@ -146,6 +159,9 @@ class MetricRules(RuleKind):
         if metric.takes_line != (rule.line is not None):
             lined = " and ".join(name for name, m in METRICS.items() if m.takes_line)
             return "line", f"{lined} needs a line (e.g. 'draft KV cache'), and only it takes one"
+        if metric.takes_position != (rule.position is not None):
+            positioned = " and ".join(name for name, m in METRICS.items() if m.takes_position)
+            return "position", f"{positioned} need a position (1: the first proposed token), and only they take one"
         if rule.aggregation not in metric.aggregations:
             return "aggregation", (
                 f"metric {rule.metric} takes aggregation {' or '.join(metric.aggregations)}, not {rule.aggregation!r}"
@@ -218,6 +234,7 @@ def _cells(
         concurrency=rule.concurrency,
         request_rate=rule.request_rate,
         constraints=rule.constraints,
+        position=rule.position,
     )
     if not rule.per:
         return [base]
@@ -259,7 +276,10 @@ def _gaps(rule: MetricRule, draft: str, law: str, declared: dict[str, tuple[floa
         return []
     axis, points = gap
     return [
-        replace(Selection(draft, law, rule.categories, constraints=rule.constraints), **_axis(axis, (v,)))
+        replace(
+            Selection(draft, law, rule.categories, constraints=rule.constraints, position=rule.position),
+            **_axis(axis, (v,)),
+        )
         for v in points
     ]
 
@@ -271,6 +291,7 @@ def _not_applicable(rule: MetricRule, where: Selection) -> Outcome:
     what = (
         f"{rule.metric}"
         + (f" '{rule.line}'" if rule.line else "")
+        + (f" at position {rule.position}" if rule.position else "")
         + f" ({rule.aggregation}"
         + (f", relative to {rule.relative_to})" if rule.relative_to else ")")
     )
@@ -318,6 +339,7 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
     what = (
         f"{rule.metric}"
         + (f" '{rule.line}'" if rule.line else "")
+        + (f" at position {rule.position}" if rule.position else "")
         + f" ({rule.aggregation}"
         + (f", relative to {rule.relative_to})" if rule.relative_to else ")")
     )
