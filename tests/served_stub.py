@@ -71,6 +71,9 @@ class Stub:
     # vLLM's spec-decode counters on /metrics, grown by every generation request: (its verification steps, each
     # proposing len(per_pos) tokens; of its steps, how many committed the proposal at each position). None: metrics_text
     vllm_counters: tuple[int, list[int]] | None = None
+    # vLLM's per-request spec-decode metrics (detailed) in the final usage chunk: each request's steps' proposals and
+    # accepted proposals (per_step_drafted, per_step_accepted). None: left out
+    vllm_steps: tuple[list[int], list[int]] | None = None
     host: str = "127.0.0.1"
     port: int = 0
     # observed
@@ -317,7 +320,14 @@ class Stub:
             usage = {"prompt_tokens": len(prompt or []), "completion_tokens": len(ids),
                      "total_tokens": len(prompt or []) + len(ids)}
             # the usage event, [DONE] and the last chunk in one write (the stub's CPU per request, at concurrency)
-            writer.write(self._frame("data: " + json.dumps({"id": "cmpl-stub", "choices": [], "usage": usage}) + "\n\n")
+            final: dict[str, Any] = {"id": "cmpl-stub", "choices": [], "usage": usage}
+            if self.vllm_steps is not None:
+                drafted, accepted = self.vllm_steps
+                final["metrics"] = {"speculative_decoding": {
+                    "num_spec_steps": len(drafted), "num_draft_tokens": sum(drafted),
+                    "num_accepted_draft_tokens": sum(accepted), "per_step_drafted": drafted,
+                    "per_step_accepted": accepted}}
+            writer.write(self._frame("data: " + json.dumps(final) + "\n\n")
                          + self._frame("data: [DONE]\n\n") + b"0\r\n\r\n")
             await writer.drain()
             return True

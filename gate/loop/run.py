@@ -941,6 +941,7 @@ class Loop:
                         w.server_cached_tokens = int(latency.cached_tokens)
             deltas = [a.counters.get(name) for a in mine]
             w.counters = sum(deltas, SpecDecodeCounters()) if deltas and all(d is not None for d in deltas) else None
+            self._reconcile(w, [rec for _, rec in spans], at)
             if self.s.slo_ms:
                 w.good_requests, w.slo_ms = sum(meets(rec, self.s.slo_ms) for _, rec in spans), dict(self.s.slo_ms)
             self.m.runs.append(w)
@@ -967,6 +968,28 @@ class Loop:
                         r,
                     )
                 )
+
+    def _reconcile(self, w: RunRecord, requests: list[RequestRecord], at: str) -> None:
+        """A window whose requests carry the server's own per-request step counts (vLLM's
+        per-request spec-decode metrics) against the server's counter deltas over the same
+        window: they count the same steps, so a difference (a request the window's scrapes
+        did not bracket, another client on the server) is a note naming both."""
+        counted = [r.counters for r in requests if r.server_step_proposed is not None]
+        if w.counters is None or not counted or len(counted) < len(requests):
+            return
+        mine = sum((c for c in counted if c is not None), SpecDecodeCounters())
+        server = w.counters
+        if (mine.num_drafts, mine.num_draft_tokens, mine.num_accepted_tokens) != (
+            server.num_drafts,
+            server.num_draft_tokens,
+            server.num_accepted_tokens,
+        ):
+            self.m.notes.append(
+                f"per-request spec-decode metrics of {w.runner} under {w.law} at {at} do not reconcile with the "
+                f"server's counters: {mine.num_drafts} steps, {mine.num_draft_tokens} proposed, "
+                f"{mine.num_accepted_tokens} accepted over its {len(requests)} requests; the counters moved by "
+                f"{server.num_drafts}, {server.num_draft_tokens}, {server.num_accepted_tokens}"
+            )
 
     def _contended(self, a: _Attempt) -> int:
         h = self.s.contention
@@ -1074,6 +1097,8 @@ def request_record(
         queue_ms=g.queue_ms,
         server_draft_tokens=g.server_draft_tokens,
         server_accepted_tokens=g.server_accepted_tokens,
+        server_step_proposed=g.server_step_proposed,
+        server_step_accepted=g.server_step_accepted,
         step_mapping_ms=g.step_mapping_ms,
         step_draft_tokens=g.step_draft_tokens,
         **client_fields(g),

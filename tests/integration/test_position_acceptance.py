@@ -151,3 +151,57 @@ rules:
     drafted = [w["counters"] for w in report["measurements"]["runs"] if w["runner"] == "fast"]
     assert all(c["num_accepted_tokens_per_pos"] == [20, 5, 0] and c["num_drafts"] == 20 for c in drafted)
     assert result.exit_code == 1, result.output
+
+
+def test_vllms_per_request_metrics_make_each_request_a_unit_and_reconcile_with_its_counters(
+    tmp_path: Path, tiny_model_dir: Path, prompts_file: Path
+) -> None:
+    """A stub that sends vLLM's per-request spec-decode metrics (--per-request-spec-decode-metrics
+    detailed: each verification step's proposals and accepted proposals, in the final usage
+    chunk) and counters that move by the same steps: the acceptance verdicts at the load point
+    rest on request units (one window would give one unit), and the window's counters
+    reconcile with its requests' (no note). Counters that moved by more give the note."""
+    from click.testing import CliRunner
+    from served_stub import Stub
+
+    from gate.cli import cli
+
+    steps = ([3, 3, 3, 3], [3, 1, 0, 2])  # per request: 4 steps, positions committed 4, 2, 1 times of 4
+
+    def run(folder: str, counters: tuple[int, list[int]]) -> dict:
+        (tmp_path / folder).mkdir()
+        with Stub() as fallback, Stub(vllm_steps=steps, vllm_counters=counters) as draft:
+            policy = tmp_path / folder / "policy.yaml"
+            policy.write_text(f"""\
+version: 1
+target: {{model: {tiny_model_dir}, device: cpu}}
+drafts:
+  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner:
+  kind: openai
+  endpoints:
+    fallback: {{base_url: '{fallback.url}', api: completions, engine: vllm}}
+    fast: {{base_url: '{draft.url}', api: completions, engine: vllm, metrics_url: '{draft.url}/metrics'}}
+load: {{concurrency: [2]}}
+workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 8, seed: 0}}
+measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null}}
+rules:
+  - {{id: acceptance, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.3}}
+  - {{id: pos3, metric: position_acceptance_rate, position: 3, aggregation: pooled, comparison: '>=', threshold: 0.5}}
+""")
+            CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / folder / "r.json"), "--no-progress"])
+        return json.loads((tmp_path / folder / "r.json").read_text())
+
+    report = run("same", (4, [3, 2, 1]))
+    outcomes = {o["rule_id"]: o for o in report["outcomes"]}
+    acceptance = outcomes["acceptance"]
+    assert acceptance["measured"] == 0.5 and acceptance["interval"]["units"] == 5, acceptance  # 6 of 12, 5 requests
+    assert outcomes["pos3"]["measured"] == 0.25 and outcomes["pos3"]["status"] == "fail", outcomes["pos3"]
+    requests = [r for r in report["measurements"]["requests"] if r["draft"] == "fast"]
+    assert all(r["server_step_proposed"] == steps[0] and r["server_step_accepted"] == steps[1] for r in requests)
+    assert not any("do not reconcile" in n for n in report["measurements"]["notes"])
+    # counters that moved by twice the requests' steps (another client on the server): said, not hidden
+    other = run("other", (8, [6, 4, 2]))
+    (note,) = [n for n in other["measurements"]["notes"] if "do not reconcile" in n]
+    assert "20 steps, 60 proposed, 30 accepted over its 5 requests; the counters moved by 40, 120, 60" in note, note

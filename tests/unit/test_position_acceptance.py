@@ -114,3 +114,22 @@ rules:
         load_policy(policy)
     shown = str(e.value)
     assert path in shown and says in shown, shown
+
+
+def test_vllms_per_request_metrics_are_read_from_the_final_usage_chunk() -> None:
+    from gate.runners.client.parse import parse_completions
+
+    sd = {"num_spec_steps": 3, "num_draft_tokens": 9, "num_accepted_draft_tokens": 4, "acceptance_histogram": [1, 0, 1, 1],
+          "mean_acceptance_length": 2.33, "draft_acceptance_rate": 0.44, "num_spec_tokens": 3}
+    ev = parse_completions({"choices": [], "usage": {"completion_tokens": 7}, "metrics": {"speculative_decoding": sd}}, 5.0)
+    assert (ev.draft_n, ev.draft_n_accepted, ev.step_drafted) == (9, 4, None)  # summary: the totals only
+    detailed = {**sd, "per_step_drafted": [3, 3, 3], "per_step_accepted": [3, 0, 1]}
+    ev = parse_completions({"choices": [], "metrics": {"speculative_decoding": detailed}}, 5.0)
+    assert ev.step_drafted == [3, 3, 3] and ev.step_accepted == [3, 0, 1]
+    # the request's counters then come from the server's steps (each commits its accepted proposals plus one)
+    r = RequestRecord("d", "greedy", "p", "qa", 7, 0, 5, list(range(7)), [1.0] * 7, None, None, None, "length", 7.0,
+                      3, None, None, None, server_step_proposed=[3, 3, 3], server_step_accepted=[3, 0, 1])
+    assert r.counters.num_accepted_tokens_per_pos == [2, 1, 1] and r.counters.num_committed_tokens == 7
+    with pytest.raises(ValueError, match="differ in length"):
+        parse_completions({"choices": [], "metrics": {"speculative_decoding": {
+            "per_step_drafted": [3, 3], "per_step_accepted": [1]}}}, 5.0)

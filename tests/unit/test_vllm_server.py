@@ -94,3 +94,28 @@ def test_extra_args_may_not_override_what_gate_sets():
 def test_synthetic_acceptance_is_not_lossless_however_it_is_asked_for():
     assert vs.VLLMServerConfig("/m", {"method": "ngram", "synthetic_acceptance_length": 2.0}).verification == "synthetic"
     assert vs.VLLMServerConfig("/m", {"method": "ngram", "rejection_sample_method": "block"}).verification == "block"
+
+
+def test_per_request_spec_decode_metrics_are_asked_of_a_vllm_that_has_them(tmp_path):
+    """The draft servers of a vLLM whose package has per-request spec-decode metrics get
+    `--per-request-spec-decode-metrics detailed` (read from its source beside the entry point);
+    an older vLLM, which would refuse the flag at start-up, and the fallback never do."""
+    def venv(name: str, source: str) -> str:
+        (tmp_path / name / "bin").mkdir(parents=True)
+        config = tmp_path / name / "lib" / "python3.12" / "site-packages" / "vllm" / "config"
+        config.mkdir(parents=True)
+        (config / "observability.py").write_text(source)
+        binary = tmp_path / name / "bin" / "vllm"
+        binary.write_text("#!/bin/sh\n")
+        return str(binary)
+
+    new = venv("new", 'per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "none"\n')
+    old = venv("old", "collect_detailed_traces = None\n")
+    assert vs.per_request_metrics(new) and not vs.per_request_metrics(old)
+    assert not vs.per_request_metrics(str(tmp_path / "nowhere" / "bin" / "vllm"))
+    servers = {"fallback": vs.VLLMServerConfig("/m"),
+               "lookup": vs.VLLMServerConfig("/m", {"method": "ngram", "num_speculative_tokens": 4})}
+    lookup = vs.VLLMServerRunner(servers, new, {2}).command_line("lookup", port=1)
+    assert lookup[lookup.index(vs.PER_REQUEST_FLAG) + 1] == "detailed"
+    assert vs.PER_REQUEST_FLAG not in vs.VLLMServerRunner(servers, new, {2}).command_line("fallback", port=1)
+    assert vs.PER_REQUEST_FLAG not in vs.VLLMServerRunner(servers, old, {2}).command_line("lookup", port=1)

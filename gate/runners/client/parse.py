@@ -27,6 +27,10 @@ class Event:
     prefill_ms: float | None = None  # llama.cpp timings.prompt_ms: the server's own prefill time
     tpot_ms: float | None = None  # llama.cpp timings.predicted_per_token_ms
     cached_tokens: int | None = None  # llama.cpp timings.cache_n: prompt tokens taken from the prefix cache
+    # vLLM's per-request spec-decode metrics (--per-request-spec-decode-metrics detailed): each verification
+    # step's proposals and accepted proposals, in order
+    step_drafted: list[int] | None = None
+    step_accepted: list[int] | None = None
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -90,4 +94,23 @@ def parse_completions(obj: dict[str, Any], t_ms: float) -> Event:
     timings = obj.get("timings")  # llama.cpp's OpenAI-compatible endpoints add timings to the last chunk
     if isinstance(timings, dict):
         _drafts(ev, timings)
+    metrics = obj.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+        _spec_decoding(ev, metrics["speculative_decoding"])
     return ev
+
+
+def _spec_decoding(ev: Event, sd: dict[str, Any]) -> None:
+    """vLLM's per-request spec-decode metrics (the final usage chunk's metrics.speculative_decoding,
+    vllm/entrypoints/generate/base/protocol.py SpeculativeDecodingMetrics; experimental there):
+    num_draft_tokens and num_accepted_draft_tokens (summary) into draft_n, draft_n_accepted;
+    per_step_drafted and per_step_accepted (detailed) into step_drafted, step_accepted. Raises
+    ValueError when the step arrays are not lists of ints of one length."""
+    drafted, accepted = sd.get("num_draft_tokens"), sd.get("num_accepted_draft_tokens")
+    if isinstance(drafted, int) and isinstance(accepted, int):
+        ev.draft_n, ev.draft_n_accepted = drafted, accepted
+    steps = _ids(sd.get("per_step_drafted")), _ids(sd.get("per_step_accepted"))
+    if steps[0] is not None and steps[1] is not None:
+        if len(steps[0]) != len(steps[1]):
+            raise ValueError("per_step_drafted and per_step_accepted differ in length")
+        ev.step_drafted, ev.step_accepted = steps

@@ -114,6 +114,7 @@ class StreamClient:
         accepted_n = next((e.draft_n_accepted for e in reversed(events) if e.draft_n_accepted is not None), None)
         if self.protocol.reports_drafts and draft_n is None:
             draft_n, accepted_n = 0, 0  # llama.cpp leaves draft_n out when no proposal was made
+        steps = next((e for e in reversed(events) if e.step_drafted is not None), None)
         return StreamResult(
             output_ids=ids,
             token_times_ms=times,
@@ -125,6 +126,8 @@ class StreamClient:
             queue_ms=queue_ms,
             server_draft_tokens=draft_n,
             server_accepted_tokens=accepted_n,
+            server_step_proposed=steps.step_drafted if steps else None,
+            server_step_accepted=steps.step_accepted if steps else None,
         )
 
     def _counted(self, carried: list[Event], usage: int | None) -> tuple[list[int], list[float]]:
