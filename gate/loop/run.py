@@ -500,11 +500,14 @@ class Loop:
         self._sample_looks(plans, seq.samples)
 
     def _sample_looks(self, plans: list[Any], undecided: Undecided) -> None:
-        """The served exactness samples of a sequential run, look by look (gate.rules.sequential.
+        """The served exactness samples of a sequential run, look by look (gate.plan.rounds.
         SAMPLE_LOOKS): each look draws its share of every plan for the runners of the cells
         `undecided` named after the last (the fallback beside any draft of its law: the
         reference), then builds the exactness records (gate.exactness.sampled) for the
-        predicate to read; m.sample_looks records how far the samples went."""
+        predicate to read; m.sample_looks records how far the samples went. Where the records
+        cannot be built (the local target's forward failed), the rest of the plan is drawn for
+        every runner, as a fixed plan would be, and a note says why; the exactness pass builds
+        them again and records its failure."""
         from gate.exactness import sampled as sampled_exactness
 
         looks = SampleLooksRecord(list(SAMPLE_LOOKS))
@@ -512,7 +515,7 @@ class Loop:
         self.m.sample_looks = looks
         known: dict[tuple[str, str, tuple[int, ...]], torch.Tensor] = {}
         active = {(n, p.law.name) for p in plans for n in p.runners}
-        before = 0.0
+        before, failed = 0.0, False
         for k, upto in enumerate(SAMPLE_LOOKS, 1):
             step = []
             for plan in plans:
@@ -530,8 +533,17 @@ class Loop:
             before = upto
             if k == len(SAMPLE_LOOKS):
                 return
-            sampled_exactness.sampled_exactness(self.session, self.m, self.exactness, laws_at=known)
-            active = undecided(self.m)
+            if failed:
+                continue  # the rest of the plan, for every runner
+            try:
+                sampled_exactness.sampled_exactness(self.session, self.m, self.exactness, laws_at=known)
+                active = undecided(self.m)
+            except Exception as e:  # noqa: BLE001 - the samples are still drawn; the exactness pass records the failure
+                self.m.notes.append(
+                    f"served exactness samples: the records after sample look {k} could not be built "
+                    f"({describe_error(e)}): the rest of the plan is drawn for every runner"
+                )
+                failed, active = True, {(n, p.law.name) for p in plans for n in p.runners}
 
     def _search(self, names: list[str], laws: list[Law]) -> None:
         """The envelope search (gate.load.search) of each runner and law, after the load points:
