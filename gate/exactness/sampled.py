@@ -38,7 +38,7 @@ from gate.load.closed import ClosedLoop
 from gate.load.interface import LoadStrategy
 from gate.load.points import describe_point
 from gate.loop import interrupt
-from gate.plan.matrix import Asked, samples_asked
+from gate.plan.matrix import AUTO_SAMPLE_BUDGET, Asked, samples_asked
 from gate.records import (
     FALLBACK,
     ExactnessRecord,
@@ -48,7 +48,9 @@ from gate.records import (
 )
 
 SAMPLE_TOKENS = 4  # output tokens per sample request: the prefill's, then positions 1-3 of the first verification steps
-MAX_PLANNED_SAMPLES = 4096  # samples per prompt, runner and law when gate chooses (a cap: beyond it, inconclusive)
+MAX_PLANNED_SAMPLES = (
+    AUTO_SAMPLE_BUDGET  # per prompt, runner and law when gate chooses, unless measurement.budget.samples
+)
 DEFAULT_SAMPLES = 1024  # per prompt when gate chooses without a local target to size the plan from
 MIN_CONTEXT = 50  # samples at an output prefix for a next-token test there (one- or two-sample)
 MAX_CONTEXTS = 4  # output prefixes tested per prompt, runner and law (the most shared)
@@ -141,11 +143,14 @@ def plan_samples(session: Any, exactness: Any, points: list[LoadStrategy], share
             samples = {p.id: max(asked.fixed, DEFAULT_SAMPLES) for p in prompts}
             why = f"{DEFAULT_SAMPLES} per prompt{at_least} (gate's default: no local target to size the plan from)"
         else:
-            samples = {p.id: asked.draw(partial(planned_samples, session, law, p, tv, power, level)) for p in prompts}
+            most = exactness.most_samples
+            samples = {
+                p.id: asked.draw(partial(planned_samples, session, law, p, tv, power, level, most)) for p in prompts
+            }
             why = (
                 f"chosen by gate from the local target's law: the claim test after one of each prompt's "
                 f"{PLANNED_FIRST_TOKENS} likeliest first tokens detects TV {tv:g} at power {power:g} at level "
-                f"{level:.3g} (at most {MAX_PLANNED_SAMPLES} per prompt{at_least})"
+                f"{level:.3g} (at most {most} per prompt, measurement.budget.samples{at_least})"
             )
         out.append(SamplePlan(law, [FALLBACK, *drafts], prompts, samples, sample_points(points), why=why))
     return out
@@ -167,7 +172,7 @@ def planned_cost(plan: Any) -> list[str]:
         if law.greedy or not drafts or asked.none:
             continue
         prompts = len(plan.workload.prompts[: ex.next_token_prompts])
-        per = max(asked.fixed, MAX_PLANNED_SAMPLES) if asked.auto else asked.fixed
+        per = max(asked.fixed, ex.most_samples) if asked.auto else asked.fixed
         most, chosen = ("at most ", "; gate sizes it from the target at check") if asked.auto else ("", "")
         if local:
             n = per * prompts * len(drafts)
@@ -186,24 +191,32 @@ def planned_cost(plan: Any) -> list[str]:
 
 
 @torch.inference_mode()
-def planned_samples(session: Any, law: Any, prompt: PlannedPrompt, tv: float, power: float, alpha: float) -> int:
+def planned_samples(
+    session: Any,
+    law: Any,
+    prompt: PlannedPrompt,
+    tv: float,
+    power: float,
+    alpha: float,
+    most: int = MAX_PLANNED_SAMPLES,
+) -> int:
     """Samples of `prompt` so that the next-token G-test at output position 1, after one of the
     target's PLANNED_FIRST_TOKENS likeliest first tokens x, the one needing the fewest samples
     (p(x) of the samples land there; sized for the lower 2.5%
     quantile of that binomial count), detects TV `tv` with probability `power` at level
     `alpha` (gate.exactness.stats: the noncentral chi-square bound, the pooled mass of
-    rare categories added), at most MAX_PLANNED_SAMPLES. Sized for the one-sample reference:
+    rare categories added), at most `most`. Sized for the one-sample reference:
     where the verdict must rest on the two-sample one (a fallback runner that fails the
     one-sample test) about twice as many are needed, and the verdict says so."""
     ids, fmt = list(prompt.token_ids), prompt.response_format
     first = session.oracle.next_token_law(ids, [], law, fmt).float()
-    best = MAX_PLANNED_SAMPLES
+    best = most
     for x in torch.topk(first, min(PLANNED_FIRST_TOKENS, first.numel())).indices.tolist():
         share = float(first[x])
         if share <= 0:
             continue
         nxt = session.oracle.next_token_law(ids, [x], law, fmt).float()
-        best = min(best, _samples_for(nxt, share, tv, power, alpha))
+        best = min(best, _samples_for(nxt, share, tv, power, alpha, most))
     return best
 
 
@@ -211,17 +224,26 @@ PLANNED_FIRST_TOKENS = 3  # first tokens whose position-1 test a plan is sized f
 
 
 @torch.inference_mode()
-def planned_first_steps(session: Any, law: Any, prompt: PlannedPrompt, tv: float, power: float, alpha: float) -> int:
+def planned_first_steps(
+    session: Any,
+    law: Any,
+    prompt: PlannedPrompt,
+    tv: float,
+    power: float,
+    alpha: float,
+    most: int = MAX_PLANNED_SAMPLES,
+) -> int:
     """Speculative first steps of `prompt` (in process: every step starts right after the
     prompt, so every sample lands at the claim position) so that the claim G-test there, whose
     law is the target's first-token law, detects TV `tv` with probability `power` at level
-    `alpha` (as planned_samples, with all the samples at that context), at most
-    MAX_PLANNED_SAMPLES."""
+    `alpha` (as planned_samples, with all the samples at that context), at most `most`."""
     first = session.oracle.next_token_law(prompt.token_ids, [], law, prompt.response_format).float()
-    return _samples_for(first, 1.0, tv, power, alpha)
+    return _samples_for(first, 1.0, tv, power, alpha, most)
 
 
-def _samples_for(nxt: torch.Tensor, share: float, tv: float, power: float, alpha: float) -> int:
+def _samples_for(
+    nxt: torch.Tensor, share: float, tv: float, power: float, alpha: float, most: int = MAX_PLANNED_SAMPLES
+) -> int:
     """Samples of a prompt so that the test after a first token of probability `share`, whose
     next-token law is `nxt` [V], reaches `tv` (see planned_samples)."""
     from gate.exactness.stats import _smallest_n, gtest_detectable
@@ -244,7 +266,7 @@ def _samples_for(nxt: torch.Tensor, share: float, tv: float, power: float, alpha
 
     if probs.numel() < 2:
         return 2 * MIN_CONTEXT  # a one-token law there: any other token fails at once
-    return min(MAX_PLANNED_SAMPLES, _smallest_n(enough, limit=MAX_PLANNED_SAMPLES))
+    return min(most, _smallest_n(enough, limit=most))
 
 
 def sample_requests(plan: SamplePlan, name: str, point: int, seed: int) -> list[Request]:

@@ -1365,17 +1365,17 @@ def _planned_first_steps(
     (next_token_samples auto): as many as the claim test at the first position needs to
     detect the most demanding rule's detect_tv at its power
     (gate.exactness.sampled.planned_first_steps), said in m.notes."""
-    from gate.exactness.sampled import MAX_PLANNED_SAMPLES, TESTS_PER_PROMPT, planned_first_steps
+    from gate.exactness.sampled import TESTS_PER_PROMPT, planned_first_steps
 
     tv, power, alpha = plan.demands.get((name, law.name), (0.1, 0.9, DEFAULT_SIGNIFICANCE))
     drafts = sum(1 for _, x in plan.pairs if x == law.name)
     # the Holm family a claim is decided in: each prompt's next-token tests and each draft's PIT
     level = alpha / max(1, (TESTS_PER_PROMPT * plan.next_token_prompts + 1) * drafts)
-    n = planned_first_steps(session, law, prompt, tv, power, level)
+    n = planned_first_steps(session, law, prompt, tv, power, level, plan.most_samples)
     m.notes.append(
         f"in-process next-token samples of {name} under {law.name} on {prompt.id}: {n} first steps, chosen by gate "
         f"(next_token_samples auto) so the claim test detects TV {tv:g} at power {power:g} at level {level:.3g} "
-        f"(at most {MAX_PLANNED_SAMPLES})"
+        f"(at most {plan.most_samples}, measurement.budget.samples)"
     )
     return n
 

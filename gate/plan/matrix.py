@@ -151,6 +151,11 @@ def cells(requests: list[Request]) -> list[list[Request]]:
     return out
 
 
+# The most next-token samples per prompt and runner gate chooses (next_token_samples auto) unless
+# measurement.budget.samples says otherwise.
+AUTO_SAMPLE_BUDGET = 4096
+
+
 @dataclass
 class ExactnessPlan:
     """Which (draft, law) pairs exactness rules need, and the samples per prompt of the
@@ -165,6 +170,8 @@ class ExactnessPlan:
     # (draft, law) -> (detect_tv, power, significance) of the most demanding rule: what a
     # sampling plan chosen by gate (next_token_samples auto) is sized for
     demands: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
+    # the most next-token samples per prompt and runner gate may choose (measurement.budget.samples)
+    most_samples: int = AUTO_SAMPLE_BUDGET
 
     def has_greedy(self, laws: Iterable[Law]) -> bool:
         """Whether a pair names a greedy law of `laws` (greedy exactness is measured)."""
@@ -204,11 +211,14 @@ def samples_asked(asked: Iterable[Asked]) -> Asked:
     return Asked(max((a.fixed for a in values), default=0), any(a.auto for a in values))
 
 
-def plan_exactness(rules: Iterable[Any], drafts: list[str], laws: list[str]) -> ExactnessPlan:
-    """The exactness measurements every rule decided on exactness raw material (level not off) needs."""
+def plan_exactness(
+    rules: Iterable[Any], drafts: list[str], laws: list[str], most_samples: int | str = "auto"
+) -> ExactnessPlan:
+    """The exactness measurements every rule decided on exactness raw material (level not off)
+    needs; `most_samples`: measurement.budget.samples (auto: AUTO_SAMPLE_BUDGET)."""
     from gate.rules.kinds import registry as rule_kinds
 
-    plan = ExactnessPlan()
+    plan = ExactnessPlan(most_samples=AUTO_SAMPLE_BUDGET if most_samples == "auto" else int(most_samples))
     for rule in rules:
         if not rule_kinds.needs_exactness(rule) or rule.level == "off":
             continue

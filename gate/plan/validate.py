@@ -95,7 +95,9 @@ def validate(path: str | Path) -> Plan:
         release = load_release(loaded)  # a missing report, or one without a probe, is bad input
     except PolicyValueError as e:
         raise loaded.error(e) from None
-    exactness = plan_exactness(policy.rules, policy.declared_drafts, [law.label for law in policy.laws])
+    exactness = plan_exactness(
+        policy.rules, policy.declared_drafts, [law.label for law in policy.laws], policy.measurement.budget.samples
+    )
     baseline = load_baseline(loaded)  # a missing or unreadable baseline report is bad input too
     plan = Plan(loaded, target, workload, laws_of(policy), exactness, baseline, tokenizer, release)
     try:  # what the runner needs that can be told without starting it (gate.runners: each kind says)

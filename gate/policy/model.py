@@ -88,6 +88,7 @@ def _auto_or(least: int, most: int) -> BeforeValidator:
 
 # Keys that take auto or a count; the JSON Schema keeps the integer's bounds.
 SampleCount = Annotated[Annotated[int, Field(ge=0, le=1_000_000)] | Literal["auto"], _auto_or(0, 1_000_000)]
+SampleBudget = Annotated[Annotated[int, Field(ge=100, le=1_000_000)] | Literal["auto"], _auto_or(100, 1_000_000)]
 RequestCount = Annotated[Annotated[int, Field(ge=1, le=1_000_000)] | Literal["auto"], _auto_or(1, 1_000_000)]
 ThreadCount = Annotated[Annotated[int, Field(ge=1, le=1024)] | Literal["auto"], _auto_or(1, 1024)]
 
@@ -888,6 +889,14 @@ class BudgetSpec(_Strict):
         "twice the fixed plan (24 prompts, one repetition: looks at 8, 16, 24, 32 and 64). Served runners at load "
         "points measure whole windows: their first look is the fixed plan's repetitions, the budget is rounded down "
         "to whole windows.",
+    )
+    samples: SampleBudget = Field(
+        "auto",
+        description="The most next-token samples per prompt and runner gate may choose for sampled exactness "
+        "(rules[].next_token_samples auto; a number a rule names is drawn as named): the plan is sized from the "
+        "target's law up to this. auto: 4096. A sequential run draws the plan in sample looks (1/8, 1/4, 1/2, all) "
+        "and stops a runner once its verdict is decided; a law whose claim test needs more than this stays "
+        "inconclusive and says how many it needs.",
     )
 
 

@@ -162,3 +162,22 @@ def test_a_thread_count_on_a_served_runner_is_warned_to_set_nothing(tmp_path, ti
     result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, text))])
     assert result.exit_code == 0 and "measurement.threads" in result.output, result.output
     assert "computes in its servers: threads sets nothing" in result.output
+
+
+def test_the_sample_budget_caps_what_gate_may_choose_and_validate_says_so(tmp_path, tiny_model_dir, prompts_file):
+    """measurement.budget.samples is the most next-token samples per prompt and runner gate may
+    choose (next_token_samples auto; 4096 when auto): gate validate prints the most it may draw
+    from it; below 100 it is one error at its YAML path."""
+    rules = "  - {id: exact, kind: exactness}\n"
+    text = stub_policy(tiny_model_dir, prompts_file, "http://127.0.0.1:9", "http://127.0.0.1:9", rules=rules,
+                       load="{concurrency: [1]}").replace("law: {temperature: 0}", "law: {temperature: 0.8}")
+    default = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path, text))])
+    assert default.exit_code == 0 and "4096 per prompt" in default.output, default.output
+    (tmp_path / "capped").mkdir()
+    capped = text.replace("max_client_lag_ms: null", "max_client_lag_ms: null, budget: {samples: 300}")
+    result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path / "capped", capped))])
+    assert result.exit_code == 0 and "300 per prompt" in result.output and "4096" not in result.output, result.output
+    (tmp_path / "low").mkdir()
+    low = text.replace("max_client_lag_ms: null", "max_client_lag_ms: null, budget: {samples: 50}")
+    result = CliRunner().invoke(cli, ["validate", str(write_policy(tmp_path / "low", low))])
+    assert result.exit_code == 2 and "measurement.budget.samples" in result.output and "Traceback" not in result.output
