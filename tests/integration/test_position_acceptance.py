@@ -109,22 +109,20 @@ rules:
     assert code == 1, shown
 
 
-def test_at_a_load_point_the_servers_per_position_counters_decide_over_its_windows(
-    tmp_path: Path, tiny_model_dir: Path, prompts_file: Path
-) -> None:
-    """A stub whose vLLM counters say every step commits its first proposal and one in four its
-    second (none its third): at concurrency 2 the guard reads the windows' counter deltas,
-    one unit per window (5 repetitions), and fails position 2 while position 1 passes."""
+def served_check(folder: Path, model: Path, prompts: Path, stub: dict, repetitions: int, rules: str) -> tuple[int, dict]:
+    """`gate check` of a vLLM-speaking stub draft (`stub`: Stub's settings; its counters scraped)
+    beside a plain stub fallback at concurrency 2, greedy; returns (exit code, JSON report)."""
     from click.testing import CliRunner
     from served_stub import Stub
 
     from gate.cli import cli
 
-    with Stub() as fallback, Stub(vllm_counters=(4, [4, 1, 0])) as draft:
-        policy = tmp_path / "policy.yaml"
+    folder.mkdir(exist_ok=True)
+    with Stub() as fallback, Stub(**stub) as draft:
+        policy = folder / "policy.yaml"
         policy.write_text(f"""\
 version: 1
-target: {{model: {tiny_model_dir}, device: cpu}}
+target: {{model: {model}, device: cpu}}
 drafts:
   fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
 law: {{temperature: 0}}
@@ -134,14 +132,25 @@ runner:
     fallback: {{base_url: '{fallback.url}', api: completions, engine: vllm}}
     fast: {{base_url: '{draft.url}', api: completions, engine: vllm, metrics_url: '{draft.url}/metrics'}}
 load: {{concurrency: [2]}}
-workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 8, seed: 0}}
-measurement: {{repetitions: 5, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null}}
+workload: {{source: jsonl, path: {prompts}, max_new_tokens: 8, seed: 0}}
+measurement: {{repetitions: {repetitions}, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null}}
 rules:
-  - {{id: pos1, metric: position_acceptance_rate, position: 1, aggregation: pooled, comparison: '>=', threshold: 0.3}}
-  - {{id: pos2, metric: position_acceptance_rate, position: 2, aggregation: pooled, comparison: '>=', threshold: 0.7}}
-""")
-        result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--no-progress"])
-    report = json.loads((tmp_path / "r.json").read_text())
+{rules}""")
+        result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(folder / "r.json"), "--no-progress"])
+    return result.exit_code, json.loads((folder / "r.json").read_text())
+
+
+def test_at_a_load_point_the_servers_per_position_counters_decide_over_its_windows(
+    tmp_path: Path, tiny_model_dir: Path, prompts_file: Path
+) -> None:
+    """A stub whose vLLM counters say every step commits its first proposal and one in four its
+    second (none its third): at concurrency 2 the guard reads the windows' counter deltas,
+    one unit per window (5 repetitions), and fails position 2 while position 1 passes."""
+    rules = ("  - {id: pos1, metric: position_acceptance_rate, position: 1, aggregation: pooled, comparison: '>=', "
+             "threshold: 0.3}\n"
+             "  - {id: pos2, metric: position_acceptance_rate, position: 2, aggregation: pooled, comparison: '>=', "
+             "threshold: 0.7}\n")
+    code, report = served_check(tmp_path, tiny_model_dir, prompts_file, {"vllm_counters": (4, [4, 1, 0])}, 5, rules)
     outcomes = {o["rule_id"]: o for o in report["outcomes"]}
     assert outcomes["pos1"]["status"] == "pass" and outcomes["pos1"]["measured"] == 1.0, outcomes["pos1"]["message"]
     pos2 = outcomes["pos2"]
@@ -150,7 +159,7 @@ rules:
     # vLLM's counters, as scraped: no per-step K, so the denominator is every step (num_drafts)
     drafted = [w["counters"] for w in report["measurements"]["runs"] if w["runner"] == "fast"]
     assert all(c["num_accepted_tokens_per_pos"] == [20, 5, 0] and c["num_drafts"] == 20 for c in drafted)
-    assert result.exit_code == 1, result.output
+    assert code == 1
 
 
 def test_vllms_per_request_metrics_make_each_request_a_unit_and_reconcile_with_its_counters(
@@ -161,37 +170,14 @@ def test_vllms_per_request_metrics_make_each_request_a_unit_and_reconcile_with_i
     chunk) and counters that move by the same steps: the acceptance verdicts at the load point
     rest on request units (one window would give one unit), and the window's counters
     reconcile with its requests' (no note). Counters that moved by more give the note."""
-    from click.testing import CliRunner
-    from served_stub import Stub
-
-    from gate.cli import cli
-
     steps = ([3, 3, 3, 3], [3, 1, 0, 2])  # per request: 4 steps, positions committed 4, 2, 1 times of 4
+    rules = ("  - {id: acceptance, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.3}\n"
+             "  - {id: pos3, metric: position_acceptance_rate, position: 3, aggregation: pooled, comparison: '>=', "
+             "threshold: 0.5}\n")
 
     def run(folder: str, counters: tuple[int, list[int]]) -> dict:
-        (tmp_path / folder).mkdir()
-        with Stub() as fallback, Stub(vllm_steps=steps, vllm_counters=counters) as draft:
-            policy = tmp_path / folder / "policy.yaml"
-            policy.write_text(f"""\
-version: 1
-target: {{model: {tiny_model_dir}, device: cpu}}
-drafts:
-  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-runner:
-  kind: openai
-  endpoints:
-    fallback: {{base_url: '{fallback.url}', api: completions, engine: vllm}}
-    fast: {{base_url: '{draft.url}', api: completions, engine: vllm, metrics_url: '{draft.url}/metrics'}}
-load: {{concurrency: [2]}}
-workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 8, seed: 0}}
-measurement: {{repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null}}
-rules:
-  - {{id: acceptance, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.3}}
-  - {{id: pos3, metric: position_acceptance_rate, position: 3, aggregation: pooled, comparison: '>=', threshold: 0.5}}
-""")
-            CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / folder / "r.json"), "--no-progress"])
-        return json.loads((tmp_path / folder / "r.json").read_text())
+        stub = {"vllm_steps": steps, "vllm_counters": counters}
+        return served_check(tmp_path / folder, tiny_model_dir, prompts_file, stub, 1, rules)[1]
 
     report = run("same", (4, [3, 2, 1]))
     outcomes = {o["rule_id"]: o for o in report["outcomes"]}
