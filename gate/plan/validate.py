@@ -88,6 +88,9 @@ def validate(path: str | Path) -> Plan:
             loaded.source.problem(at, message) for at, message in policy.runner.policy_warnings(policy)
         )
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in _threads_warnings(policy))
+        loaded.warnings.extend(
+            loaded.source.problem(at, message) for at, message in _budget_warnings(policy, workload.prompts)
+        )
         _check_positions(policy, config, max(len(p.token_ids) for p in workload.prompts))
         vocab_size = int(getattr(config, "vocab_size", None) or len(tokenizer))
         _check_logit_bias(policy, vocab_size)
@@ -281,6 +284,41 @@ def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
         raise PolicyValueError(yaml_path, str(e)) from None
     except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
         raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
+
+
+def _budget_warnings(policy: Any, prompts: list[Any]) -> list[tuple[str, str]]:
+    """(YAML path, warning) for a sequential run's measurement.budget.requests below its fixed
+    plan (verdicts are decided on at most the budget; an exactness rule's cells stop there too)
+    or below its first look (which is measured whole: the budget is exceeded)."""
+    from gate.plan.rounds import plan_rounds
+
+    ms = policy.measurement
+    budget = ms.budget.requests
+    if not ms.sequential or not isinstance(budget, int):
+        return []
+    windows = not policy.runner.runs_models_here
+    lengths = len(policy.workload.max_new_tokens_list)
+    looks = plan_rounds(prompts, lengths, ms.repetitions, budget, windows, policy.workload.seed).looks
+    per = looks.requests_per_unit
+    first, fixed = looks.schedule[0] * per, looks.fixed_plan * per
+    if budget < first:
+        return [
+            (
+                "measurement.budget.requests",
+                f"{budget} is below the first look's {first} timed requests per runner, law and load point: the "
+                f"first look is measured whole, so the budget is exceeded (the fixed plan is {fixed})",
+            )
+        ]
+    if budget < fixed:
+        return [
+            (
+                "measurement.budget.requests",
+                f"{budget} is below the fixed plan's {fixed} timed requests per runner, law and load point: "
+                "verdicts are decided on at most the budget, and an exactness rule's cells, held to the plan "
+                "otherwise, stop there too",
+            )
+        ]
+    return []
 
 
 def _threads_warnings(policy: Any) -> list[tuple[str, str]]:

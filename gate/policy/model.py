@@ -1266,8 +1266,9 @@ def _check_names(policy: Policy) -> list[tuple[str, str]]:
                 problems.append(
                     (
                         f"rules[{i}].position",
-                        f"position {rule.position} is beyond what {', '.join(short)} proposes per step: scope the "
-                        "rule to drafts that propose that many (scope: {drafts: [...]})",
+                        f"position {rule.position} is beyond what {', '.join(short)} "
+                        f"{'proposes' if len(short) == 1 else 'propose'} per step: scope the rule to drafts that "
+                        "propose that many (scope: {drafts: [...]})",
                     )
                 )
         if rule.line is not None and rule.line not in BILL_LINES:

@@ -133,3 +133,18 @@ def test_greedy_exactness_stops_its_cell_at_the_look_that_found_a_fault(tmp_path
     assert faulty["measurements"]["looks"]["taken"]["exit1/greedy"] == 1
     assert sum(r["draft"] == "exit1" for r in faulty["measurements"]["requests"]) == 8
     assert "of 8 requests committed tokens" in exact["message"], exact["message"]  # checked at the look: all 8
+
+
+def test_a_budget_below_the_plan_or_the_first_look_is_a_warning_naming_both(tmp_path, tiny_model_dir, prompts_file):
+    text = tiny_policy(tiny_model_dir, prompts_file, "", max_new_tokens=4)
+    shown = {}
+    for budget in (3, 10, 30):
+        (tmp_path / str(budget)).mkdir()
+        policy = write_policy(tmp_path / str(budget), text + f"measurement: {{repetitions: 3, budget: {{requests: {budget}}}}}\n")
+        result = CliRunner().invoke(cli, ["validate", str(policy)])
+        assert result.exit_code == 0, result.output
+        shown[budget] = result.output
+    assert "measurement.budget.requests: 3 is below the first look's 8 timed requests" in shown[3]
+    assert "the first look is measured whole, so the budget is exceeded (the fixed plan is 15)" in shown[3]
+    assert "measurement.budget.requests: 10 is below the fixed plan's 15 timed requests" in shown[10]
+    assert "is below the" not in shown[30]  # a budget over the plan warns of nothing

@@ -30,7 +30,7 @@ class EnvelopeRules(RuleKind):
     keys = ("kind", "comparison", "threshold", "relative_to", "scope", "level")
 
     def spec_problem(self, rule: Any) -> tuple[str, str] | None:
-        for key in ("metric", "line"):
+        for key in ("metric", "line", "position"):
             if getattr(rule, key) is not None:
                 return key, f"an envelope rule takes no {key}: it decides the SLO load that load.search finds"
         for key in ("aggregation", "confidence"):

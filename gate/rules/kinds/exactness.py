@@ -31,9 +31,11 @@ class ExactnessRules(RuleKind):
     needs_exactness = True
 
     def spec_problem(self, rule: Any) -> tuple[str, str] | None:
-        for key in ("metric", "comparison", "threshold", "relative_to", "line"):
+        for key in ("metric", "comparison", "threshold", "relative_to", "line", "position"):
             if getattr(rule, key) is not None:
                 return key, f"an exactness rule takes no {key}: it tests the declared law itself"
+        if "aggregation" in rule.model_fields_set:
+            return "aggregation", "an exactness rule takes no aggregation: it decides on its statistical tests"
         if rule.scope.categories or rule.scope.constraints or rule.per:
             return (
                 "per" if rule.per else "scope"

@@ -163,6 +163,11 @@ class MetricRules(RuleKind):
             positioned = " and ".join(name for name, m in METRICS.items() if m.takes_position)
             return "position", f"{positioned} need a position (1: the first proposed token), and only they take one"
         if rule.aggregation not in metric.aggregations:
+            if "aggregation" not in rule.model_fields_set:
+                return "aggregation", (
+                    f"metric {rule.metric} needs aggregation {' or '.join(metric.aggregations)} (the default, "
+                    f"{rule.aggregation}, does not apply to it)"
+                )
             return "aggregation", (
                 f"metric {rule.metric} takes aggregation {' or '.join(metric.aggregations)}, not {rule.aggregation!r}"
             )
@@ -220,6 +225,9 @@ def _threshold_problem(rule: MetricRule, dimension: Dimension) -> tuple[str, str
     if q.dimension is not None and q.dimension is not expected:
         what = "a ratio to the fallback" if rule.relative_to else f"in {expected.value}"
         return "threshold", f"threshold {shown} is in {q.dimension.value} but {rule.metric} is {what}"
+    known = METRICS.get(rule.metric)
+    if known is not None and known.share and not rule.relative_to and q.value > 1.0:
+        return "threshold", f"threshold {shown} is above 1 (100%), but {rule.metric} is a share: it is at most 1"
     return None
 
 
