@@ -133,3 +133,10 @@ def test_vllms_per_request_metrics_are_read_from_the_final_usage_chunk() -> None
     with pytest.raises(ValueError, match="differ in length"):
         parse_completions({"choices": [], "metrics": {"speculative_decoding": {
             "per_step_drafted": [3, 3], "per_step_accepted": [1]}}}, 5.0)
+
+
+def test_a_position_no_step_reached_is_an_error_saying_so() -> None:
+    m = requests([[1, 0, 1, 0], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1], [1, 1, 1, 1]])  # never past position 2
+    (o,) = evaluate([rule("conditional_acceptance_rate", 3, 0.5)], m, Settings())
+    assert o.status == Status.ERROR
+    assert "position not reached: no step of 5 requests committed every proposal before position 3" in o.message

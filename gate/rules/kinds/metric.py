@@ -48,7 +48,7 @@ from gate.rules.confidence import (
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
 from gate.rules.resampling import UnitSet
-from gate.rules.samples import WINDOW_ONLY, Selection, value
+from gate.rules.samples import POSITION_METRICS, WINDOW_ONLY, Selection, position_parts, value
 from gate.rules.scope import (
     LOAD_AXES,
     inapplicable_points,
@@ -794,7 +794,32 @@ def _missing(rule: MetricRule, m: Measurements, where: Selection, failed: list[F
     what the records tell about the absence."""
     if failed:
         return f"measurement missing ({describe_failures(failed)})"
-    return no_proposal(rule.metric, m, where) or f"measurement missing ({_no_sample(rule, m, where.runner)})"
+    return (
+        no_proposal(rule.metric, m, where)
+        or _unreached(rule.metric, m, where)
+        or f"measurement missing ({_no_sample(rule, m, where.runner)})"
+    )
+
+
+def _unreached(metric: str, m: Measurements, where: Selection) -> str | None:
+    """ "position not reached: ..." when a per-position metric has no step to divide by at its
+    position (no step proposed that far, or none committed every proposal before it: the
+    rate there is undefined, and an earlier position's rule says why); None otherwise."""
+    if metric not in POSITION_METRICS or where.position is None:
+        return None
+    reqs = [r for r in m.requests if where.takes(r) and r.counters is not None]
+    if not reqs:
+        return None
+    _, den = position_parts(metric, where.position)
+    if any(den(r) > 0 for r in reqs):
+        return None
+    k = where.position
+    why = (
+        f"no step of {len(reqs)} requests committed every proposal before position {k}"
+        if metric == "conditional_acceptance_rate"
+        else f"no step of {len(reqs)} requests proposed {k} or more tokens"
+    )
+    return f"position not reached: {why}, so the rate there is undefined (an earlier position's rule says why)"
 
 
 def no_proposal(metric: str, m: Measurements, where: Selection) -> str | None:
