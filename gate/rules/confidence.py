@@ -85,6 +85,9 @@ class Estimand:
     # counts, bytes and ratios of them are >= 0 (translation_loss, 1 - a ratio, can be negative)
     share: bool = False
     nonnegative: bool = True
+    # a share of trials (proposals accepted): a value of 0 or 1 on every unit is a sampling outcome, bounded by
+    # Clopper-Pearson (bootstrap_interval); on a share of a continuous quantity (overlap, drift) it is structural
+    trials: bool = False
 
     def value(self, *idx: np.ndarray) -> np.ndarray:
         stats_ = [s.statistic(i) for group, i in zip(self.groups, idx, strict=False) for s in group]
@@ -139,6 +142,7 @@ def estimand(metric: str, aggregation: str, m: Measurements, where: Selection) -
     return replace(
         single(u),
         share=known is not None and known.share,
+        trials=known is not None and known.share and known.of_proposals,
         nonnegative=known is None or known.dimension is not Dimension.RATIO or known.share or known.ratio_not_share,
     )
 
@@ -165,7 +169,8 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     On the value's own scale the interval keeps to the value's natural range (Estimand.share,
     .nonnegative). None with fewer than MIN_UNITS units in a group.
     Raises nothing for degenerate data: every unit giving the same value is a point interval,
-    but for a share at 0 or 1, whose bound is Clopper-Pearson's over the units as trials."""
+    but for a share of trials (acceptance) at 0 or 1, whose bound is Clopper-Pearson's over the
+    units as trials."""
     if any(g[0].n < MIN_UNITS for g in est.groups):
         return None
     n = min(g[0].n for g in est.groups)
@@ -175,10 +180,12 @@ def bootstrap_interval(est: Estimand, level: float, resamples: int, seed: int) -
     rng = np.random.default_rng(seed)
     draws = np.asarray(est.value(*[rng.integers(0, g[0].n, size=(resamples, g[0].n)) for g in est.groups]), float)
     if np.all(draws == point):  # every unit gives the same value (an infinity included)
-        if est.share and point in (0.0, 1.0):
-            # a share at the end of its range (every proposal accepted, or none): the bootstrap has no spread to
-            # show, so the bound is Clopper-Pearson's with each unit one trial, which holds however correlated a
-            # unit's own counts are (Clopper & Pearson 1934; at n units all 1, the lower bound (alpha/2)^(1/n))
+        if est.trials and point in (0.0, 1.0):
+            # a share of trials at the end of its range (every proposal accepted, or none): the bootstrap has no
+            # spread to show, so the bound is Clopper-Pearson's with each unit one trial, which holds however
+            # correlated a unit's own counts are (Clopper & Pearson 1934; at n units all 1, the lower bound
+            # (alpha/2)^(1/n)). A continuous share at 0 or 1 everywhere (overlap of a draft that is the target,
+            # drift of an unchanged target) is structural, and keeps its point interval.
             bound = ((1 - level) / 2) ** (1 / n)
             low, high = (bound, 1.0) if point == 1.0 else (0.0, 1.0 - bound)
             why = f"every unit at {point:g}: Clopper-Pearson bound over its {n} units as trials"
