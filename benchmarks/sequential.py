@@ -53,6 +53,7 @@ pass of a fault whose TV is at least detect_tv, at most 1 - power = 10%), and th
 samples per runner.
 
     python benchmarks/sequential.py [--runs 500] [--seed 0] [--part speedup|exactness|all] [--laws t0.5-k5,t1-v48]
+                                       [--faults none,residual_p,...]
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--part", choices=["speedup", "exactness", "all"], default="all")
     ap.add_argument("--laws", default="t0.5-k5,t1-v48", help="the exactness part's laws, comma-separated")
+    ap.add_argument("--faults", default=None, help="the exactness part's sampler faults, comma-separated (all)")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     print(f"load average at start {load:.2f} on {os.cpu_count()} cores")
@@ -265,7 +267,7 @@ def exactness_rows(args: argparse.Namespace) -> None:
             (o,) = evaluate_exactness(rule, m, ["d"], [law_name])
             return o.status
 
-        for fault in faults:
+        for fault in (f for f in faults if args.faults is None or f in args.faults.split(",")):
             law1 = sampler.first_step_law(ids + [x], law, fault)
             if fault == "batch_residual":  # half the samples batched: the mixture of the two laws
                 law1 = 0.5 * law1 + 0.5 * sampler.first_step_law(ids + [x], law, "residual_p")
