@@ -138,6 +138,14 @@ def position_parts(metric: str, k: int) -> tuple[Callable[[Any], float], Callabl
 POSITION_METRICS = frozenset({"position_acceptance_rate", "conditional_acceptance_rate"})
 
 
+def position_denominator(metric: str, k: int) -> str:
+    """What the steps a per-position metric at position `k` divides by did, for messages
+    ("proposed 3 or more tokens")."""
+    if metric == "conditional_acceptance_rate":
+        return f"committed every proposal before position {k}"
+    return f"proposed {k} or more tokens"
+
+
 def pooled_parts(metric: str, sel: Selection) -> tuple[Callable[[Any], float], Callable[[Any], float], float] | None:
     """(numerator, denominator, offset) per request of a pooled metric for `sel` (its
     position for a per-position metric); None for a metric pooled otherwise (speedup)."""
@@ -420,6 +428,7 @@ __all__ = [
     "paired_speedups",
     "pooled",
     "pooled_parts",
+    "position_denominator",
     "register_metric",
     "request_key",
     "samples",

@@ -48,7 +48,14 @@ from gate.rules.confidence import (
 from gate.rules.kinds.interface import RuleKind, Settings, shown_threshold
 from gate.rules.outcome import Outcome
 from gate.rules.resampling import UnitSet
-from gate.rules.samples import POSITION_METRICS, WINDOW_ONLY, Selection, position_parts, value
+from gate.rules.samples import (
+    POSITION_METRICS,
+    WINDOW_ONLY,
+    Selection,
+    position_denominator,
+    position_parts,
+    value,
+)
 from gate.rules.scope import (
     LOAD_AXES,
     inapplicable_points,
@@ -813,12 +820,7 @@ def _unreached(metric: str, m: Measurements, where: Selection) -> str | None:
     _, den = position_parts(metric, where.position)
     if any(den(r) > 0 for r in reqs):
         return None
-    k = where.position
-    why = (
-        f"no step of {len(reqs)} requests committed every proposal before position {k}"
-        if metric == "conditional_acceptance_rate"
-        else f"no step of {len(reqs)} requests proposed {k} or more tokens"
-    )
+    why = f"no step of {len(reqs)} requests {position_denominator(metric, where.position)}"
     return f"position not reached: {why}, so the rate there is undefined (an earlier position's rule says why)"
 
 
