@@ -289,11 +289,19 @@ def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
 def _budget_warnings(policy: Any, prompts: list[Any]) -> list[tuple[str, str]]:
     """(YAML path, warning) for a sequential run's measurement.budget.requests below its fixed
     plan (verdicts are decided on at most the budget; an exactness rule's cells stop there too)
-    or below its first look (which is measured whole: the budget is exceeded)."""
+    or below its first look (which is measured whole: the budget is exceeded), and for one
+    given to a fixed plan (sequential: false), where it sets nothing."""
     from gate.plan.rounds import plan_rounds
 
     ms = policy.measurement
     budget = ms.budget.requests
+    if not ms.sequential and "requests" in ms.budget.model_fields_set:
+        return [
+            (
+                "measurement.budget.requests",
+                "sequential: false measures the fixed plan (measurement.repetitions): the budget sets nothing",
+            )
+        ]
     if not ms.sequential or not isinstance(budget, int):
         return []
     windows = not policy.runner.runs_models_here

@@ -148,3 +148,7 @@ def test_a_budget_below_the_plan_or_the_first_look_is_a_warning_naming_both(tmp_
     assert "the first look is measured whole, so the budget is exceeded (the fixed plan is 15)" in shown[3]
     assert "measurement.budget.requests: 10 is below the fixed plan's 15 timed requests" in shown[10]
     assert "is below the" not in shown[30]  # a budget over the plan warns of nothing
+    fixed = write_policy(tmp_path, text + "measurement: {sequential: false, budget: {requests: 30}}\n")
+    result = CliRunner().invoke(cli, ["validate", str(fixed)])
+    assert result.exit_code == 0 and "measurement.budget.requests: sequential: false measures the fixed plan" \
+        in result.output, result.output
