@@ -38,6 +38,7 @@ from gate.policy.reader import LoadedPolicy, load_policy
 from gate.records import DID_NOT_SPECULATE, FALLBACK, DraftInfo, Failure, FailureStage, Measurements, SpeculationStatus
 from gate.report.document import Report, make_report
 from gate.rules.evaluate import evaluate, exit_code, settings_for
+from gate.rules.kinds import registry as rule_kinds
 from gate.rules.outcome import Outcome
 from gate.rules.status import Status
 
@@ -221,9 +222,10 @@ def unsettled_samples(loaded: LoadedPolicy, options: Options) -> Undecided:
     settle it. The samples' plan is what the policy asked for every exactness rule, warn-level
     ones too: the looks only stop it early where the verdict is already decided; a waived
     outcome is not extended."""
+    rules = [r for r in loaded.policy.rules if rule_kinds.needs_exactness(r)]  # only their verdicts can settle here
 
     def cells(m: Measurements) -> set[tuple[str, str]]:
-        outcomes = evaluate(loaded.policy.rules, m, settings_for(loaded.policy, None, waivers=options.waivers))
+        outcomes = evaluate(rules, m, settings_for(loaded.policy, None, waivers=options.waivers))
         return {(o.draft, o.law) for o in outcomes if o.tests_law and o.status == Status.INCONCLUSIVE}
 
     return cells

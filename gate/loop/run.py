@@ -1310,8 +1310,8 @@ def _exactness(
         progress("exactness", i, len(pairs))
         law = laws[law_name]
         # a greedy record checked at an earlier look goes on from the requests it has not seen
-        kept = [x for x in m.exactness if (x.draft, x.law) == (name, law_name) and x.greedy]
-        rec = kept[0] if kept and law.greedy else ExactnessRecord(name, law_name, law.greedy)
+        earlier = next((x for x in m.exactness if (x.draft, x.law) == (name, law_name)), None) if law.greedy else None
+        rec = earlier or ExactnessRecord(name, law_name, law.greedy)
         m.exactness = [x for x in m.exactness if (x.draft, x.law) != (name, law_name)]
         try:
             for r in (r for r in m.requests if r.draft == name and r.law == law_name and r.output_ids):

@@ -23,9 +23,7 @@ from gate.records import Measurements
 from gate.rules.samples import (
     CONTINUATION_SAMPLES,
     DRIFT_SAMPLES,
-    POSITION_METRICS,
     REQUEST_SAMPLES,
-    WINDOW_POOLED,
     Key,
     Selection,
     aggregate,
@@ -135,12 +133,9 @@ def units(metric: str, aggregation: str, m: Measurements, sel: Selection) -> Uni
                 out.keys.append((d.prompt_id, seen[d.prompt_id]))
                 out.values.append(vals)
         return out
-    if (
-        aggregation == "pooled"
-        and (metric in WINDOW_POOLED or metric in POSITION_METRICS)
-        and uses_windows(metric, m, sel)
-    ):
-        num_w, den_w = window_parts(metric, sel)  # one unit per measured window, paired by load point and repetition
+    by_window = window_parts(metric, sel) if aggregation == "pooled" else None
+    if by_window is not None and uses_windows(metric, m, sel):
+        num_w, den_w = by_window  # one unit per measured window, paired by load point and repetition
         ws = [w for w in windows(m, sel, metric) if den_w(w) > 0 and num_w(w) == num_w(w)]
         return UnitSet(
             "pooled",

@@ -155,12 +155,15 @@ def pooled_parts(metric: str, sel: Selection) -> tuple[Callable[[Any], float], C
     return POOLED.get(metric)
 
 
-def window_parts(metric: str, sel: Selection) -> tuple[Callable[[RunRecord], float], Callable[[RunRecord], float]]:
+def window_parts(
+    metric: str, sel: Selection
+) -> tuple[Callable[[RunRecord], float], Callable[[RunRecord], float]] | None:
     """(numerator, denominator) per measured window of a window-pooled metric for `sel`
-    (WINDOW_POOLED, or a per-position metric at sel.position from the server's counters)."""
+    (WINDOW_POOLED, or a per-position metric at sel.position from the server's counters);
+    None for a metric not pooled over windows."""
     if metric in POSITION_METRICS:
         return position_parts(metric, sel.position or 1)
-    return WINDOW_POOLED[metric]
+    return WINDOW_POOLED.get(metric)
 
 
 def has_counts(metric: str, r: RequestRecord) -> bool:
@@ -370,7 +373,10 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
     request has none (a runner without step counters)."""
     if uses_windows(metric, m, sel):
         ws = windows(m, sel, metric)
-        w_num, w_den = window_parts(metric, sel)
+        parts_w = window_parts(metric, sel)
+        if parts_w is None:
+            raise KeyError(f"metric {metric!r} is not pooled over windows")
+        w_num, w_den = parts_w
         w_total = sum(w_den(w) for w in ws)
         return (sum(w_num(w) for w in ws) / w_total if w_total > 0 else float("nan")), sum(w.requests for w in ws)
     reqs = _requests(m, sel)
@@ -397,11 +403,9 @@ def pooled(metric: str, m: Measurements, sel: Selection) -> tuple[float, int]:
         return counters.acceptance_rate, len(reqs)
     if metric == "mean_acceptance_length":
         return counters.mean_acceptance_length, len(reqs)
-    if metric in POSITION_METRICS:
-        num, den = position_parts(metric, sel.position or 1)
-        return (num(counters) / den(counters) if den(counters) > 0 else float("nan")), len(reqs)
-    if metric in POOLED:  # a ratio of per-request totals (translation_loss)
-        num, den, offset = POOLED[metric]
+    parts = pooled_parts(metric, sel)
+    if parts is not None:  # a ratio of per-request totals (translation_loss, the per-position rates)
+        num, den, offset = parts
         total = sum(den(r) for r in reqs)
         return (offset + sum(num(r) for r in reqs) / total if total > 0 else float("nan")), len(reqs)
     raise KeyError(f"metric {metric!r} has no pooled aggregation")
