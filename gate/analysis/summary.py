@@ -12,18 +12,21 @@ from dataclasses import dataclass, field, replace
 
 from gate.metrics.catalogue import (
     COMMITTED_TOKENS_PER_S,
+    DEVICE_PEAK_ALLOCATED_BYTES,
+    DEVICE_PEAK_RESERVED_BYTES,
     ITL_MS,
     KV_CACHE_BYTES,
     OVERLAP,
     REQUEST_ACCEPTANCE_RATE,
     REQUEST_SPEEDUP,
+    SERVER_DEVICE_BYTES,
     TOP1_AGREEMENT,
     TPOT_MS,
     TTFT_MS,
     Metric,
 )
 from gate.records import FALLBACK, Measurements, RequestRecord, SpecDecodeCounters
-from gate.rules.samples import Selection, aggregate, pooled, samples
+from gate.rules.samples import Selection, aggregate, device_memory_unmeasured, pooled, samples
 
 
 @dataclass
@@ -70,6 +73,11 @@ class SummaryRow:
     request_acceptance_rate_p50: float | None = None
     slower_than_fallback: float | None = None  # share of paired requests slower than their fallback request
     request_speedup_p10: float | None = None  # the slowest decile of per-request speedups
+    # the accelerator's measured peak beside the bill (in-process: the allocator's allocated and reserved peaks over
+    # the runner's requests; served: the server's NVML figure); None: not measured, device_memory_note says why
+    device_peak_bytes: int | None = None
+    device_reserved_bytes: int | None = None
+    device_memory_note: str | None = None
     by_category: dict[str, Breakdown] = field(default_factory=dict)
     by_context_length: dict[str, Breakdown] = field(default_factory=dict)
     by_constraint: dict[str, Breakdown] = field(
@@ -147,6 +155,7 @@ def summarize(m: Measurements) -> list[SummaryRow]:
             itl = samples(ITL_MS.name, m, sel)
             bill = next((b.total_bytes for b in m.bills if b.draft == runner), None)
             kv = samples(KV_CACHE_BYTES.name, m, sel)
+            peak, reserved, note = _device_memory(m, sel)
             rows.append(
                 SummaryRow(
                     runner=runner,
@@ -181,6 +190,25 @@ def summarize(m: Measurements) -> list[SummaryRow]:
                         for n in sorted({r.context_length for r in reqs if r.context_length is not None})
                     },
                     by_constraint=_by_constraint(m, sel, reqs),
+                    device_peak_bytes=peak,
+                    device_reserved_bytes=reserved,
+                    device_memory_note=note,
                 )
             )
     return rows
+
+
+def _device_memory(m: Measurements, sel: Selection) -> tuple[int | None, int | None, str | None]:
+    """The runner's measured device peak: (allocated or the server's, reserved, None), or
+    (None, None, why not measured)."""
+    allocated = samples(DEVICE_PEAK_ALLOCATED_BYTES.name, m, sel)
+    if allocated:
+        reserved = samples(DEVICE_PEAK_RESERVED_BYTES.name, m, sel)
+        return int(max(allocated)), int(max(reserved)) if reserved else None, None
+    served = samples(SERVER_DEVICE_BYTES.name, m, sel)
+    if served:
+        return int(max(served)), None, None
+    why = device_memory_unmeasured(
+        SERVER_DEVICE_BYTES.name if m.servers else DEVICE_PEAK_ALLOCATED_BYTES.name, m, sel.runner
+    )
+    return None, None, why[1] if why is not None else None

@@ -133,6 +133,7 @@ def measure(
     m.workload = session.workload
     if session.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(session.device)
+        m.accelerator = m.environment.device_name
 
     def peaks() -> None:
         record_load(m.environment, m.requests)  # the machine's CPU pressure over the timed requests (contention)
@@ -140,6 +141,8 @@ def measure(
         if session.device.type == "cuda":
             m.cuda_max_memory_allocated_bytes = int(torch.cuda.max_memory_allocated(session.device))
             m.cuda_max_memory_reserved_bytes = int(torch.cuda.max_memory_reserved(session.device))
+        # per runner and law (the runner resets the allocator's peak before each of its requests)
+        m.device_memory = session.runner.device_memory()
 
     loop = Loop(session, m, settings, progress, exactness or ExactnessPlan())
     names = [FALLBACK, *m.drafts]
@@ -206,6 +209,7 @@ def measure_more(
     with interrupt.deferred():
         record_load(m.environment, m.requests)
         m.servers = _servers(session.runner, [FALLBACK, *m.drafts]) or m.servers
+        m.device_memory = session.runner.device_memory() or m.device_memory
 
 
 # Once this many consecutive cells stayed contended through their first attempt and every

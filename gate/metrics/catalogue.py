@@ -57,7 +57,9 @@ class Metric:
     tokens, which a client that stamps late can make look shorter. of_proposals: its
     denominator is the draft's proposals, so it is undefined where the draft made none.
     counts: what a dimensionless count counts ("sequences"; None: not a count). share: a
-    share of something, in [0, 1] by its definition (its intervals keep to that range)."""
+    share of something, in [0, 1] by its definition (its intervals keep to that range).
+    on_accelerator: measured only on an accelerator (device memory); without one a rule on
+    it is skipped, saying "not measured: no accelerator", and nothing fails for it."""
 
     name: str
     dimension: Dimension
@@ -81,6 +83,7 @@ class Metric:
     between_tokens: bool = False
     of_proposals: bool = False
     counts: str | None = None
+    on_accelerator: bool = False
 
     @property
     def computed_once(self) -> bool:
@@ -463,6 +466,74 @@ PROCESS_PEAK_RSS_BYTES = Metric(
     better="lower",
 )
 
+# The accelerator's measured peak (gate.measure.device_memory), beside the bill's prediction.
+DEVICE_PEAK_ALLOCATED_BYTES = Metric(
+    "device_peak_allocated_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one peak per runner and law",
+    True,
+    "highest torch.cuda.max_memory_allocated over the runner's requests (reset before each), less the weights of "
+    "drafts loaded beside it that it does not use: what the bill's total predicts (CUDA, in-process)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.DEVICE_MEMORY,
+    better="lower",
+    measured_by="in_process",
+    on_accelerator=True,
+)
+
+DEVICE_PEAK_RESERVED_BYTES = Metric(
+    "device_peak_reserved_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one peak per runner and law",
+    True,
+    "highest torch.cuda.max_memory_reserved over the runner's requests (the caching allocator's segments, "
+    "including blocks cached by earlier requests), less the weights of drafts it does not use (CUDA, in-process)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.DEVICE_MEMORY,
+    better="lower",
+    measured_by="in_process",
+    on_accelerator=True,
+)
+
+UNACCOUNTED_DEVICE_BYTES = Metric(
+    "unaccounted_device_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one peak per runner and law",
+    True,
+    "device_peak_allocated_bytes minus the bill's total: what the bill did not predict (negative: it over-predicts)",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.DEVICE_MEMORY,
+    better="lower",
+    measured_by="in_process",
+    on_accelerator=True,
+)
+
+SERVER_DEVICE_BYTES = Metric(
+    "server_device_bytes",
+    Dimension.BYTES,
+    ("max",),
+    "one server per runner",
+    True,
+    "device memory NVML says the process tree of a server gate started uses (highest sample: at ready, after "
+    "each run, before each stop), beside the served bill",
+    sampling="once",
+    timed=False,
+    repeatable=False,
+    failure_stage=FailureStage.DEVICE_MEMORY,
+    better="lower",
+    measured_by="load_points",
+    on_accelerator=True,
+)
+
 # Cross-tokenizer drafts (gate.drafts.cross_tokenizer): the mapping cost measured apart from the draft's
 # forwards.
 MAPPING_MS = Metric(
@@ -597,6 +668,10 @@ METRICS: dict[str, Metric] = {
         EXTRA_SEQUENCES,
         KV_CACHE_BYTES,
         PROCESS_PEAK_RSS_BYTES,
+        DEVICE_PEAK_ALLOCATED_BYTES,
+        DEVICE_PEAK_RESERVED_BYTES,
+        UNACCOUNTED_DEVICE_BYTES,
+        SERVER_DEVICE_BYTES,
         MAPPING_MS,
         MAPPING_SHARE,
         TRANSLATION_LOSS,
@@ -657,6 +732,8 @@ PER_REQUEST = MetricNames(lambda m: m.sampling == "request")
 PER_TOKEN = MetricNames(lambda m: m.sampling == "token")
 # Metrics that are a draft's ratio to the fallback by definition (paired requests).
 FALLBACK_RATIOS = MetricNames(lambda m: m.ratio_to_fallback)
+# Measured only on an accelerator: without one their rules are skipped, not failed.
+ON_ACCELERATOR = MetricNames(lambda m: m.on_accelerator)
 
 
 def compares_with_fallback(metric: str, relative_to: str | None) -> bool:

@@ -31,7 +31,14 @@ from gate.records.run import (
     describe_failures,
 )
 from gate.records.speculation import DID_NOT_SPECULATE, SpeculationRecord, SpeculationStatus
-from gate.records.windows import ClientWorkerRecord, OfferedLoad, RunRecord, ServerRecord, busy_seconds
+from gate.records.windows import (
+    ClientWorkerRecord,
+    DeviceMemoryRecord,
+    OfferedLoad,
+    RunRecord,
+    ServerRecord,
+    busy_seconds,
+)
 
 __all__ = [
     "BillLine",
@@ -39,6 +46,7 @@ __all__ = [
     "Budget",
     "ClientWorkerRecord",
     "DID_NOT_SPECULATE",
+    "DeviceMemoryRecord",
     "Divergence",
     "DraftInfo",
     "DriftRecord",
@@ -95,6 +103,9 @@ class Measurements:
     process_peak_rss_bytes: int | None = field(default=None, metadata=PEAK)
     cuda_max_memory_allocated_bytes: int | None = field(default=None, metadata=PEAK)
     cuda_max_memory_reserved_bytes: int | None = field(default=None, metadata=PEAK)
+    # per runner and law, in-process on an accelerator (gate.measure.device_memory); served: ServerRecord.device_bytes
+    device_memory: list[DeviceMemoryRecord] = field(default_factory=list)
+    accelerator: str | None = None  # the accelerator's name; None: none (device memory rules are skipped)
     failures: list[Failure] = field(default_factory=list)
     drafts: dict[str, DraftInfo] = field(default_factory=dict)  # name -> what the draft is
     workload: WorkloadInfo | None = None

@@ -23,6 +23,7 @@ class FailureStage(str, Enum):
     IDENTITY = "target identity"  # the target's identity against the pinned release (probe, release model)
     DRIFT = "target drift"  # the updated target's law against the release's along the workload
     VERIFICATION = "verification"  # a draft's server verifies with a method that does not keep the target's law
+    DEVICE_MEMORY = "device memory"  # the accelerator's memory could not be read (gate.measure.device_memory)
 
     def __str__(self) -> str:
         return self.value

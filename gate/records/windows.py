@@ -163,3 +163,26 @@ class ServerRecord:
     kv_pool_bytes: int | None = None
     served_dtype: str | None = None
     slots: int | None = None  # requests the server admits at once (llama.cpp slots, vLLM max-num-seqs), where known
+    # the device memory NVML says the server's process tree used, bytes, highest sample (ready, after each run,
+    # before each stop; gate.measure.device_memory); None: not measured, and device_memory_note says why
+    device_bytes: int | None = None
+    device_memory_note: str | None = None
+
+
+@dataclass
+class DeviceMemoryRecord:
+    """The accelerator's peak memory over one runner's requests under one law, in-process
+    (gate.measure.device_memory): `allocated_bytes` / `reserved_bytes`, the CUDA caching
+    allocator's peaks (max_memory_allocated / max_memory_reserved, reset before each of its
+    requests), highest over `requests` requests, less `others_bytes`: the weights of the
+    drafts loaded beside it that this runner does not use (resident during its requests,
+    counted from their storages). `device`: the device's name. Served engines' device memory
+    is on their ServerRecord (device_bytes)."""
+
+    runner: str
+    law: str
+    device: str
+    allocated_bytes: int
+    reserved_bytes: int
+    others_bytes: int = 0
+    requests: int = 0

@@ -45,6 +45,31 @@ def _percent(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
+def device_peak_cell(r: Any) -> str:
+    """A summary row's measured device peak, with the bill's ratio to it ("2.10 GiB (bill
+    0.97x)"); "-" where not measured."""
+    if r.device_peak_bytes is None:
+        return "-"
+    cell = format_value(r.device_peak_bytes, Dimension.BYTES)
+    if r.memory_bill_bytes and r.device_peak_bytes > 0:
+        cell += f" (bill {r.memory_bill_bytes / r.device_peak_bytes:.2f}x)"
+    return cell
+
+
+def device_peak_shown(report: Report) -> bool:
+    """Whether any summary row has a measured device peak (the reports add a column for it)."""
+    return any(r.device_peak_bytes is not None for r in report.summary)
+
+
+def device_peak_note(report: Report) -> str | None:
+    """Where no row has a measured device peak: "device peak memory: not measured: ..." with
+    the reasons the rows give (e.g. "no accelerator"); None where one has, or none says."""
+    if device_peak_shown(report):
+        return None
+    notes = dict.fromkeys(r.device_memory_note for r in report.summary if r.device_memory_note)
+    return "device peak memory: " + "; ".join(notes) if notes else None
+
+
 class ConsoleReport(ReportFormat):
     """Human-readable tables; `render` returns plain text (no colour) for files and tests."""
 
@@ -67,8 +92,11 @@ class ConsoleReport(ReportFormat):
             "ITL p50",
             "ITL p99",
             "bill",
+            *(["device peak"] if device_peak_shown(report) else []),
         ):
             summary.add_column(col, justify="left" if col in ("draft", "law") else "right")
+        summary.caption = device_peak_note(report)
+        summary.caption_justify = "left"
         for r in report.summary:
             summary.add_row(
                 escape(r.runner + did_not_speculate(report, r.runner, r.law)),
@@ -85,6 +113,7 @@ class ConsoleReport(ReportFormat):
                 _f(r.itl_p50_ms, ".1f") + (" ms" if r.itl_p50_ms is not None else ""),
                 _f(r.itl_p99_ms, ".1f") + (" ms" if r.itl_p99_ms is not None else ""),
                 format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-",
+                *([device_peak_cell(r)] if device_peak_shown(report) else []),
             )
         slices = [
             t

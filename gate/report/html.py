@@ -53,6 +53,9 @@ from gate.report.console import (
     client_warnings,
     constraint_labels,
     constraint_rows,
+    device_peak_cell,
+    device_peak_note,
+    device_peak_shown,
     envelope_rows,
     prediction_rows,
     schedule_rows,
@@ -230,6 +233,7 @@ def _summary_rows(report: Report) -> list[dict[str, Any]]:
             f(r.ttft_p50_ms, ".0f", " ms"),
             f(r.itl_p99_ms, ".1f", " ms"),
             bill,
+            *([device_peak_cell(r)] if device_peak_shown(report) else []),
         ]
         out.append({"cls": cls, "cells": cells})
     return out
@@ -361,6 +365,8 @@ class HtmlReport(ReportFormat):
             grid=_grid(report, not_passed) if not_passed else None,
             passed=len(report.outcomes) - len(not_passed),
             summary=_summary_rows(report),
+            device_peak=device_peak_shown(report),
+            device_peak_note=device_peak_note(report),
             constraints=_constraints(report),
             mapping=mapping_lines(report.measurements),  # cross-tokenizer drafts (gate.drafts.cross_tokenizer)
             crossovers=[c.message for c in report.crossovers],

@@ -17,6 +17,9 @@ from gate.report.console import (
     client_rows,
     client_warnings,
     constraint_rows,
+    device_peak_cell,
+    device_peak_note,
+    device_peak_shown,
     envelope_rows,
     load_rows,
     prediction_rows,
@@ -80,10 +83,11 @@ class MarkdownReport(ReportFormat):
             [""] if identity else []
         )
         if report.summary and report.measurements.requests:
+            peak = device_peak_shown(report)
             out += [
                 "| draft | law | overlap | accept rate | mean acc len | tokens/s | speedup | slower | TTFT p50 | ITL "
-                "p99 | bill |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "p99 | bill |" + (" device peak |" if peak else ""),
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if peak else ""),
             ]
             for r in report.summary:
                 bill = format_value(r.memory_bill_bytes, Dimension.BYTES) if r.memory_bill_bytes is not None else "-"
@@ -94,8 +98,11 @@ class MarkdownReport(ReportFormat):
                     f"{_f(r.speedup, '.2f', 'x')} | "
                     f"{_f(None if r.slower_than_fallback is None else 100 * r.slower_than_fallback, '.0f', '%')} | "
                     f"{_f(r.ttft_p50_ms, '.0f', ' ms')} | {_f(r.itl_p99_ms, '.1f', ' ms')} | {bill} |"
+                    + (f" {_cell(device_peak_cell(r))} |" if peak else "")
                 )
             out.append("")
+            if note := device_peak_note(report):
+                out += [_cell(note[0].upper() + note[1:]) + ".", ""]
         for by, title in (("category", "By category"), ("context_length", "By context length (tokens)")):
             rows = breakdown_rows(report, by)
             if rows and (by != "category" or len({row[2] for row in rows}) > 1):

@@ -19,9 +19,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gate.measure.device_memory import NO_ACCELERATOR, no_accelerator
 from gate.metrics.catalogue import METRICS, Metric, add
 from gate.records import (
     FALLBACK,
+    DeviceMemoryRecord,
     DriftRecord,
     Measurements,
     OverlapRecord,
@@ -277,6 +279,33 @@ def _per_position(get: Callable[[OverlapRecord], Sequence[float | bool | None]])
     return lambda m, sel, line: [float(v) for o in m.overlaps if sel.takes(o) for v in get(o) if v is not None]
 
 
+def _device_peaks(m: Measurements, sel: Selection) -> list[DeviceMemoryRecord]:
+    return [d for d in m.device_memory if d.runner == sel.runner and d.law == sel.law]
+
+
+def _unaccounted(m: Measurements, sel: Selection) -> list[float]:
+    """The runner's allocated peak less its bill's total (one bill per runner)."""
+    bill = next((b.total_bytes for b in m.bills if b.draft == sel.runner), None)
+    return [float(d.allocated_bytes - bill) for d in _device_peaks(m, sel)] if bill is not None else []
+
+
+def device_memory_unmeasured(metric: str, m: Measurements, runner: str) -> tuple[bool, str] | None:
+    """Why a device-memory metric (Metric.on_accelerator) has no value for `runner`: (skip,
+    reason), skip True where there is no accelerator (the rule is skipped, nothing fails:
+    gate.measure.device_memory); None for any other metric, or where it has a value."""
+    if not METRICS[metric].on_accelerator:
+        return None
+    if metric == "server_device_bytes":
+        server = next((x for x in m.servers if x.runner == runner), None)
+        note = server.device_memory_note if server is not None else None
+        if note is None:
+            return None if server is not None and server.device_bytes is not None else (False, "not measured")
+        return no_accelerator(note), f"not measured: {note}"
+    if m.accelerator is None:
+        return True, f"not measured: {NO_ACCELERATOR}"
+    return None
+
+
 def _budgets(m: Measurements, sel: Selection) -> list[Any]:
     return [b.budget for b in m.bills if b.draft == sel.runner and b.budget is not None]
 
@@ -312,6 +341,12 @@ SAMPLES: dict[str, Extractor | None] = {
     "process_peak_rss_bytes": lambda m, sel, line: (
         [float(m.process_peak_rss_bytes)] if m.process_peak_rss_bytes is not None else []
     ),
+    "device_peak_allocated_bytes": lambda m, sel, line: [float(d.allocated_bytes) for d in _device_peaks(m, sel)],
+    "device_peak_reserved_bytes": lambda m, sel, line: [float(d.reserved_bytes) for d in _device_peaks(m, sel)],
+    "unaccounted_device_bytes": lambda m, sel, line: _unaccounted(m, sel),
+    "server_device_bytes": lambda m, sel, line: [
+        float(x.device_bytes) for x in m.servers if x.runner == sel.runner and x.device_bytes is not None
+    ],
 }
 
 

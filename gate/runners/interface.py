@@ -24,7 +24,7 @@ from gate.runners.result import StreamResult
 
 if TYPE_CHECKING:  # annotations only
     from gate.constraints.interface import ResponseFormat
-    from gate.records import ClientWorkerRecord, ServerRecord
+    from gate.records import ClientWorkerRecord, DeviceMemoryRecord, ServerRecord
     from gate.runners.engines.interface import ServerSnapshot
 
 
@@ -232,6 +232,12 @@ class Runner(ABC):
         (endpoint, command line, version, peak RSS), or None where there is no server
         (default). Never raises: what cannot be told is None."""
         return None
+
+    def device_memory(self) -> list[DeviceMemoryRecord]:
+        """The accelerator's peak memory per runner and law over the requests run so far, where
+        this runner measures it in this process (gate.measure.device_memory); [] where it does
+        not (default: a served engine's is on its ServerRecord, describe())."""
+        return []
 
     def server_info(self, runner: str) -> str | None:
         """The engine's own identity for `runner` (e.g. "llama.cpp b4567"), recorded with each

@@ -32,10 +32,11 @@ import httpx
 
 from gate.core.requests import Request
 from gate.load.interface import LoadStrategy
+from gate.measure.device_memory import no_accelerator, nvml_process_bytes
 from gate.runners.client.transport import ServedError
 from gate.runners.interface import Done, Ended, RequestResult
 from gate.runners.openai import Endpoint, OpenAIRunner
-from gate.runners.process import HOST, Exited, NotOurs, ServerProcess, free_port
+from gate.runners.process import HOST, Exited, NotOurs, ServerProcess, free_port, process_tree
 from gate.runners.server_metrics import ServerSnapshot
 
 
@@ -90,6 +91,8 @@ class ManagedServerRunner(OpenAIRunner):
         self._up: str | None = None  # the runner it serves
         self._commands: dict[str, list[str]] = {}
         self._peak_rss: dict[str, int] = {}
+        self._device_bytes: dict[str, int] = {}  # runner -> its server tree's highest device memory (NVML)
+        self._device_note: dict[str, str] = {}  # runner -> why its device memory is not measured
         self._startup_s: dict[str, float] = {}
         self._start_failed: dict[str, ServedError] = {}
         self._tmp_logs: tempfile.TemporaryDirectory[str] | None = None
@@ -178,6 +181,15 @@ class ManagedServerRunner(OpenAIRunner):
         if self._server is not None and self._up == runner:
             self._sample_rss(runner, self._server)
         return self._peak_rss.get(runner)
+
+    def device_memory_bytes(self, runner: str) -> tuple[int | None, str | None]:
+        """The device memory NVML says `runner`'s server process tree used, highest over the
+        samples so far (at ready, after each run, before each stop: gate.measure.device_memory),
+        and None; or None and why it is not measured ("no accelerator (...)": the machine has
+        no NVIDIA GPU, or NVML's error)."""
+        if self._server is not None and self._up == runner:
+            self._sample_device(runner, self._server)
+        return self._device_bytes.get(runner), (None if runner in self._device_bytes else self._device_note.get(runner))
 
     def startup_s(self, runner: str) -> float | None:
         """Seconds from spawn to /health 200 at `runner`'s last start; None before one."""
@@ -373,6 +385,18 @@ class ManagedServerRunner(OpenAIRunner):
         rss = server.sample_rss()
         if rss is not None:
             self._peak_rss[runner] = max(rss, self._peak_rss.get(runner, 0))
+        self._sample_device(runner, server)
+
+    def _sample_device(self, runner: str, server: ServerProcess) -> None:
+        """Keep the highest device memory of the server's process tree (NVML); once NVML says
+        the machine has no accelerator, it is not asked again."""
+        if no_accelerator(self._device_note.get(runner, "")):
+            return
+        used, why = nvml_process_bytes(process_tree(server.pid))
+        if used is not None:
+            self._device_bytes[runner] = max(used, self._device_bytes.get(runner, 0))
+        elif why is not None:
+            self._device_note[runner] = why
 
     def _stop_current(self) -> None:
         server, runner = self._server, self._up

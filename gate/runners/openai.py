@@ -357,6 +357,7 @@ class OpenAIRunner(Runner):
 
         method = safe(lambda: self.verification(runner))
         pool = safe(lambda: self.kv_pool(runner)) or {}
+        device_bytes, device_note = safe(lambda: self.device_memory_bytes(runner)) or (None, None)
         return ServerRecord(
             runner,
             self.kind,
@@ -370,6 +371,8 @@ class OpenAIRunner(Runner):
             pool.get("bytes"),
             pool.get("dtype"),
             safe(lambda: self.server_slots(runner)),
+            device_bytes,
+            device_note,
         )
 
     def server_slots(self, runner: str) -> int | None:
@@ -410,6 +413,11 @@ class OpenAIRunner(Runner):
     def peak_rss_bytes(self, runner: str) -> int | None:
         """Peak resident set size of `runner`'s server in bytes (None: not known to gate)."""
         return None
+
+    def device_memory_bytes(self, runner: str) -> tuple[int | None, str | None]:
+        """The device memory `runner`'s server used and None, or None and why it is not
+        measured: gate reads it only for a server it started (a managed runner)."""
+        return None, "gate did not start this server: it has no process whose device memory to read"
 
     def __init__(
         self,

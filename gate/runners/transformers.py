@@ -34,10 +34,11 @@ from gate.core.speculative import Verdict, sample, verify
 from gate.drafts.interface import Draft, Proposal
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe, cpu_quota, fitted_threads, runnable_elsewhere
+from gate.measure.device_memory import CudaPeaks, others_bytes, storage_bytes
 from gate.measure.environment import cpu_count
 from gate.metrics.catalogue import MetricNames
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
-from gate.records import FALLBACK
+from gate.records import FALLBACK, DeviceMemoryRecord
 from gate.runners.interface import (
     Capabilities,
     Done,
@@ -110,6 +111,10 @@ class TransformersRunner(Runner):
         # compute threads (measurement.threads): a number, "auto" (fit_threads), or None (torch's, untouched)
         self.threads = threads
         self._most = torch.get_num_threads()  # what the process was given: auto never goes above it
+        # on CUDA: the allocator's peaks per (runner, law), reset before each request (device_memory())
+        self._peaks = CudaPeaks(device) if device.type == "cuda" else None
+        self._device_memory: dict[tuple[str, str], DeviceMemoryRecord] = {}
+        self._others: dict[str, int] = {}  # runner -> resident bytes of the drafts it does not use
         if isinstance(threads, int):
             torch.set_num_threads(threads)
         elif threads == "auto":
@@ -183,14 +188,45 @@ class TransformersRunner(Runner):
                 ended(i)
         return out
 
+    def device_memory(self) -> list[DeviceMemoryRecord]:
+        """On CUDA, the allocator's peak per runner and law over its requests so far, less the
+        resident weights of the drafts the runner does not use (gate.measure.device_memory);
+        [] on other devices."""
+        return list(self._device_memory.values())
+
+    def _others_bytes(self, runner: str) -> int:
+        """Resident bytes of the drafts loaded here that `runner` does not use (counted once)."""
+        if runner not in self._others:
+            mine = [self.model, *([] if runner == FALLBACK else self.drafts[runner].modules())]
+            every = [self.model, *(m for d in self.drafts.values() for m in d.modules())]
+            self._others[runner] = others_bytes(storage_bytes(mine, self.device), storage_bytes(every, self.device))
+        return self._others[runner]
+
+    def _record_peak(self, req: Request) -> None:
+        """Keep the highest allocator peak of `req`'s runner and law (after the request)."""
+        assert self._peaks is not None
+        peak, others = self._peaks.read(), self._others_bytes(req.draft)
+        key = (req.draft, req.law.name)
+        rec = self._device_memory.get(key) or DeviceMemoryRecord(
+            req.draft, req.law.name, self._peaks.name(), 0, 0, others
+        )
+        rec.allocated_bytes = max(rec.allocated_bytes, peak.allocated - others)
+        rec.reserved_bytes = max(rec.reserved_bytes, peak.reserved - others)
+        rec.requests += 1
+        self._device_memory[key] = rec
+
     def _request(self, req: Request) -> StreamResult:
         draft = None if req.draft == FALLBACK else self.drafts[req.draft]
         probe = self._probe or Probe()
+        if self._peaks is not None:
+            self._peaks.reset()  # before the probe: the reset is not the request's time
         started = probe.start()
         prompt = list(req.prompt.token_ids)
         law = bind(req.law, len(prompt), req.prompt.response_format, self.grammars)
         g = self._generate(prompt, draft, law, req.max_new_tokens, self._generator(req.seed))
         load = probe.stop(started)
+        if self._peaks is not None:
+            self._record_peak(req)
         return replace(
             g,
             cpu_time_ms=load.cpu_time_ms,

@@ -69,6 +69,8 @@ rules:
     assert "-md" in exit1["command"] and exit1["command"][exit1["command"].index("-md") + 1].endswith(".gguf")
     assert exit1["command"][exit1["command"].index("-md") + 1].startswith(str(tmp_path / "gguf"))
     assert exit1["peak_rss_bytes"] > 0 and "llama-server" in exit1["version"]
+    # no NVIDIA GPU here: the server's device memory is not measured, and says why (gate.measure.device_memory)
+    assert exit1["device_bytes"] is None and exit1["device_memory_note"].startswith("no accelerator")
     speedups = {o["scope"] for o in report["outcomes"] if o["rule_id"] == "speedup"}
     assert speedups == {f"{d}/greedy/concurrency={c}" for d in ("exit1", "lookup") for c in (1, 2)}
     assert {p["runner"] for p in report["load"]} == {"fallback", "exit1", "lookup"}

@@ -56,7 +56,7 @@ def test_window_throughput_equals_the_pooled_figure_under_sequential_load_only()
 
 def test_failure_stages_are_an_enum_equal_to_todays_strings() -> None:
     assert [s.value for s in FailureStage] == ["request", "warm-up", "overlap", "exactness", "bill", "run", "target identity",
-                                              "target drift", "verification"]
+                                              "target drift", "verification", "device memory"]
     f = Failure("request", "d", "greedy", "request p", "boom")
     assert f.stage is FailureStage.REQUEST and f.stage == "request" and f"{f.stage}" == "request" and str(f.stage) == "request"
     assert f.stage in ("exactness", "run", "request")

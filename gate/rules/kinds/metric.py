@@ -52,6 +52,7 @@ from gate.rules.samples import (
     POSITION_METRICS,
     WINDOW_ONLY,
     Selection,
+    device_memory_unmeasured,
     position_denominator,
     position_parts,
     value,
@@ -762,14 +763,25 @@ def _computed(
             reference, ref_n = value(rule.metric, rule.aggregation, ref_m, where.of(ref_runner), rule.line)
             measured = measured / reference if reference and not math.isnan(reference) else float("nan")
             n = min(n, ref_n)
+    unmeasured = device_memory_unmeasured(rule.metric, m, where.runner) if not failed and n == 0 else None
+    if unmeasured is not None and unmeasured[0]:  # no accelerator: nothing to measure, and nothing fails for it
+        return Outcome(
+            **base,
+            status=Status.SKIPPED,
+            measured=None,
+            samples=0,
+            fallback_value=None,
+            message=f"{what}: {unmeasured[1]}; not evaluated",
+        )
     if failed or n == 0 or math.isnan(measured):
+        missing = unmeasured[1] if unmeasured is not None else _missing(rule, m, where, failed)
         return Outcome(
             **base,
             status=Status.ERROR,
             measured=None if math.isnan(measured) else measured,
             samples=n,
             fallback_value=reference,
-            message=f"{what}: {_missing(rule, m, where, failed)} vs threshold {bound}",
+            message=f"{what}: {missing} vs threshold {bound}",
         )
     shown = format_value(measured, dim) + ("x" if rule.relative_to else "")
     if rule.relative_to and reference is not None:
