@@ -4,8 +4,8 @@ In-process (CUDA): the caching allocator's own peaks, `torch.cuda.max_memory_all
 `max_memory_reserved`, reset before each request and read after it, so each runner and law
 gets the highest peak over its own requests. Every draft of a policy is loaded in the same
 process, so the weights of the drafts a runner does not use are resident during its
-requests too: they are counted exactly (the unique storages of their parameters and
-buffers on the device, shared tensors once) and subtracted, so a runner's peak is what the
+requests too: they are counted exactly (gate.models.loading.weight_bytes: the unique
+storages of their parameters and buffers, shared tensors once) and subtracted, so a runner's peak is what the
 target and its own draft needed, which is what the bill predicts.
 
 Served (a server process gate started): the device memory NVML (`nvidia-ml-py`) says the
@@ -33,27 +33,6 @@ def no_accelerator(why: str) -> bool:
     """Whether a reason a device memory figure is missing (nvml_process_bytes) is that the
     machine has no accelerator: its rules are then skipped, not failed."""
     return why.startswith(NO_ACCELERATOR)
-
-
-def storage_bytes(modules: Iterable[torch.nn.Module], device: torch.device) -> dict[int, int]:
-    """The unique storages of `modules`' parameters and buffers on `device`: data pointer ->
-    bytes. A tensor shared between modules (tied embeddings, an early-exit draft's layers)
-    is one storage, counted once."""
-    out: dict[int, int] = {}
-    for module in modules:
-        for t in (*module.parameters(), *module.buffers()):
-            if t.device != device or t.is_meta:
-                continue
-            s = t.untyped_storage()
-            out[s.data_ptr()] = s.nbytes()
-    return out
-
-
-def others_bytes(mine: dict[int, int], resident: dict[int, int]) -> int:
-    """Bytes of the storages in `resident` (every model loaded on the device) that are not in
-    `mine` (the runner's own: the target and its draft): what to subtract from the device's
-    peak to get the runner's."""
-    return sum(n for ptr, n in resident.items() if ptr not in mine)
 
 
 @dataclass

@@ -34,10 +34,11 @@ from gate.core.speculative import Verdict, sample, verify
 from gate.drafts.interface import Draft, Proposal
 from gate.load.interface import LoadStrategy
 from gate.measure.contention import Probe, cpu_quota, fitted_threads, runnable_elsewhere
-from gate.measure.device_memory import CudaPeaks, others_bytes, storage_bytes
+from gate.measure.device_memory import CudaPeaks
 from gate.measure.environment import cpu_count
 from gate.metrics.catalogue import MetricNames
 from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
+from gate.models.loading import weight_bytes
 from gate.records import FALLBACK, DeviceMemoryRecord
 from gate.runners.interface import (
     Capabilities,
@@ -199,7 +200,7 @@ class TransformersRunner(Runner):
         if runner not in self._others:
             mine = [self.model, *([] if runner == FALLBACK else self.drafts[runner].modules())]
             every = [self.model, *(m for d in self.drafts.values() for m in d.modules())]
-            self._others[runner] = others_bytes(storage_bytes(mine, self.device), storage_bytes(every, self.device))
+            self._others[runner] = weight_bytes(*every, exclude=mine)
         return self._others[runner]
 
     def _record_peak(self, req: Request) -> None:

@@ -13,7 +13,8 @@ from gate.cli import cli
 from gate.core.requests import Request
 from gate.drafts.model import ModelDraft
 from gate.load.sequential import SEQUENTIAL
-from gate.measure.device_memory import CudaPeaks, storage_bytes
+from gate.measure.device_memory import CudaPeaks
+from gate.models.loading import weight_bytes
 from gate.records import FALLBACK
 from gate.runners.transformers import TransformersRunner
 from unit.test_device_memory import FakeCuda
@@ -36,8 +37,8 @@ def test_each_runner_gets_its_own_peak_less_the_drafts_it_does_not_use() -> None
     assert cuda.resets == 3  # before every request
     records = {(d.runner, d.law): d for d in runner.device_memory()}
     assert set(records) == {(FALLBACK, GREEDY.name), ("near", GREEDY.name)}
-    one_draft = sum(storage_bytes([near], CPU).values())
-    assert sum(storage_bytes([far], CPU).values()) == one_draft  # same architecture
+    one_draft = weight_bytes(near)
+    assert weight_bytes(far) == one_draft > 0  # same architecture
     assert records["near", GREEDY.name].others_bytes == one_draft  # "far" is resident, not used
     assert records[FALLBACK, GREEDY.name].others_bytes == 2 * one_draft  # both drafts
     assert records["near", GREEDY.name].allocated_bytes == 7 * GiB - one_draft

@@ -19,8 +19,6 @@ from gate.measure.device_memory import (
     CudaPeaks,
     no_accelerator,
     nvml_process_bytes,
-    others_bytes,
-    storage_bytes,
 )
 from gate.metrics.catalogue import (
     DEVICE_PEAK_ALLOCATED_BYTES,
@@ -34,19 +32,6 @@ from gate.rules.samples import Selection, device_memory_unmeasured, samples
 
 CPU = torch.device("cpu")
 GiB = 2**30
-
-
-def test_storages_shared_between_modules_count_once() -> None:
-    shared = torch.nn.Linear(4, 4, bias=False)  # 64 bytes of float32
-    a = torch.nn.Sequential(shared, torch.nn.Linear(4, 2, bias=False))  # + 32 bytes
-    b = torch.nn.Sequential(shared)  # an early-exit draft on the target's own layers
-    assert sum(storage_bytes([a], CPU).values()) == 96
-    assert sum(storage_bytes([a, b], CPU).values()) == 96
-    other = torch.nn.Linear(8, 8, bias=False)  # 256 bytes: a draft the runner does not use
-    every = storage_bytes([a, b, other], CPU)
-    assert others_bytes(storage_bytes([a, b], CPU), every) == 256
-    assert others_bytes(every, every) == 0
-    assert storage_bytes([a], torch.device("meta")) == {}  # only tensors on the device asked
 
 
 class FakeCuda:
