@@ -100,7 +100,7 @@ from gate.measure.tokenizers import (
     special_ids,
     token_texts,
 )
-from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
+from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache, record_past
 from gate.records import TokenizerComparison
 
 Mapping = Literal["retokenize", "shared_vocab"]
@@ -289,11 +289,12 @@ class CrossTokenizerDraft(Draft):
         if self._cache is None:
             self.start()
         keep = min(_common_prefix(self._fed, draft_ids), len(draft_ids) - 1)  # at least one token for fresh logits
-        if keep < len(self._fed):
-            crop_to(self._cache, keep)
-            self._fed = self._fed[:keep]
+        crop_to(self._cache, keep)  # also restricts sliding-window layers back to their window
+        self._fed = self._fed[:keep]
         new = draft_ids[keep:]
         logits = forward(self.model, torch.tensor([new], device=self.device), self._cache, 1)[0, -1]
+        if not self._fed:  # after the prefill: later proposals may be rolled back (gate.models.cache.record_past)
+            record_past(self._cache)
         self._fed += new
         return logits
 

@@ -31,7 +31,7 @@ from gate.drafts.interface import (
     VLLMDraft,
     model_info,
 )
-from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
+from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache, record_past
 
 
 class ModelDraft(Draft):
@@ -69,14 +69,15 @@ class ModelDraft(Draft):
             self.start()
         keep = _common_prefix(self._fed, context)
         keep = min(keep, len(context) - 1)  # at least one token to feed for fresh logits
-        if keep < len(self._fed):
-            crop_to(self._cache, keep)
-            self._fed = self._fed[:keep]
+        crop_to(self._cache, keep)  # also restricts sliding-window layers back to their window
+        self._fed = self._fed[:keep]
         new = context[keep:]
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         for _ in range(n):
             logits = forward(self.model, torch.tensor([new], device=self.device), self._cache, 1)
+            if not self._fed:  # after the prefill: later proposals may be rolled back (gate.models.cache.record_past)
+                record_past(self._cache)
             self._fed += new
             q = law_probs(self._aligned(logits[0, -1]), law, context + tokens)
             x = sample(q, generator)

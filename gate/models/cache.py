@@ -40,10 +40,30 @@ def _cache_tensors(cache: Any) -> list[Any]:
 
 def crop_to(cache: Any, length: int) -> None:
     """Drop cached positions beyond `length` (rejected proposals). A negative argument to
-    DynamicCache.crop means 'remove that many', which every transformers release accepts."""
+    DynamicCache.crop means 'remove that many', which every transformers release accepts.
+    A cache recording its past (record_past) is cropped even with nothing to drop: crop(0)
+    restricts its sliding-window layers back to their window."""
     extra = int(cache.get_seq_length()) - length
     if extra > 0:
         cache.crop(-extra)
+    elif _recording(cache):
+        cache.crop(0)
+
+
+def record_past(cache: Any) -> None:
+    """After a prefill: make the cache's fixed-size layers (sliding-window attention, linear
+    attention) keep the states a rejected proposal must be rolled back to, until crop_to
+    restricts them again (transformers' activate_past_recording, which its own assisted
+    generation calls after the prefill: before it, a long prefill would keep every state).
+    Without it, cropping a sliding layer past its window raises. Nothing for a cache without
+    such layers, or a transformers release without the method."""
+    activate = getattr(cache, "activate_past_recording", None)
+    if activate is not None:
+        activate()
+
+
+def _recording(cache: Any) -> bool:
+    return any(getattr(layer, "record_past", False) for layer in getattr(cache, "layers", []))
 
 
 def forward(

@@ -37,7 +37,7 @@ from gate.measure.contention import Probe, cpu_quota, fitted_threads, runnable_e
 from gate.measure.device_memory import CudaPeaks
 from gate.measure.environment import cpu_count
 from gate.metrics.catalogue import MetricNames
-from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache
+from gate.models.cache import cache_tensor_bytes, crop_to, forward, new_cache, record_past
 from gate.models.loading import weight_bytes
 from gate.records import FALLBACK, DeviceMemoryRecord
 from gate.runners.interface import (
@@ -305,6 +305,7 @@ class TransformersRunner(Runner):
 
         # Prefill: the first token comes from the target alone (TTFT).
         logits, hidden = self._score(context, cache, 1, draft)
+        record_past(cache)  # rejected proposals roll back: sliding-window layers keep what that needs
         if hidden is not None:  # the state whose logits give the first token
             draft.observe_target_hidden(hidden[-1])
         stop = commit([sample(law_probs(logits[-1], law, context), generator)], 0, 0)
@@ -391,6 +392,7 @@ class TransformersRunner(Runner):
         hidden = None
         if len(prompt) > 1:
             _, hidden = self._score(prompt[:-1], cache, 1, draft)
+        record_past(cache)
         base = int(cache.get_seq_length())
         draft.start()
         if hidden is not None:  # every sample starts after the prompt: one state for all

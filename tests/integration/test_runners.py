@@ -149,3 +149,30 @@ def test_the_in_process_runner_fits_its_threads_to_the_cpus_left_free(runner, mo
         assert torch.get_num_threads() == 1 and fixed.observed().notes == []
     finally:
         torch.set_num_threads(given)
+
+
+def test_a_sliding_window_target_speculates_past_its_window_and_keeps_greedy_outputs() -> None:
+    """transformers' sliding-window layers cannot be cropped once the window is reached unless they
+    record their past (gate.models.cache.record_past, after the prefill): gate's loop on such a target
+    with a context beyond the window rolls rejected proposals back and commits the target's own greedy
+    tokens (found by benchmarks/gpu_bill.py's GQA target, which failed with `crop` raising)."""
+    from transformers import MistralConfig, MistralForCausalLM
+    from gate.drafts.early_exit import early_exit_draft
+
+    config = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=64, sliding_window=6, max_position_embeddings=128)
+    torch.manual_seed(0)
+    target, other = MistralForCausalLM(config).eval(), MistralForCausalLM(config).eval()
+    drafts = {"exit": early_exit_draft("exit", target, 1, 4, CPU, "drafts.exit"),
+              "other": ModelDraft("other", "model", other, 3, CPU)}
+    runner = TransformersRunner(target, set(), CPU, drafts=drafts)
+    prompt = PROMPT.__class__("long", "c", tuple(range(3, 23)))  # 20 tokens: past the window of 6
+    with runner:
+        results = runner.run([Request(name, GREEDY, prompt, 16, 0, 1) for name in (FALLBACK, "exit", "other")],
+                             SEQUENTIAL)
+    fallback, exit_, other_ = results
+    assert all(isinstance(r, StreamResult) for r in results), results
+    reference = target.generate(torch.tensor([prompt.token_ids]), max_new_tokens=16, do_sample=False, pad_token_id=0,
+                                eos_token_id=None)[0, len(prompt.token_ids):].tolist()
+    assert fallback.output_ids == exit_.output_ids == other_.output_ids == reference
+    assert sum(exit_.step_proposed) > sum(exit_.step_accepted)  # some proposals were rolled back
