@@ -195,18 +195,18 @@ class HeadsDraft(Draft):
                 continue
             rows = hidden[first - j - 1 : len(ids) - j - 1]
             logits = head_logits(self.heads, self.lm_head, rows, j)[j - 1]
-            q = law_probs(_fit(logits, vocab_size), law, ids, first).cpu()
+            q = law_probs(fit_vocab(logits, vocab_size), law, ids, first).cpu()
             out[j - 1, first - start :] = q
         return out
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits if self.vocab_size is None else _fit(logits, self.vocab_size)
+        return logits if self.vocab_size is None else fit_vocab(logits, self.vocab_size)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.heads]
 
 
-def _fit(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits [..., V'] on the verifier's vocabulary [..., vocab_size] (extra ids dropped,
     missing ones at -inf: q = 0)."""
     v = logits.shape[-1]

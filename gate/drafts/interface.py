@@ -59,6 +59,9 @@ class Draft(ABC):
     # True: the runner passes the target's hidden state to observe_target_hidden after the
     # prefill and after every verification (draft heads on the target's backbone, gate.drafts.heads)
     uses_target_hidden: bool = False
+    # True (with uses_target_hidden): the runner passes the hidden states of every position whose logits gave a
+    # committed token, not only the last (an EAGLE draft's layer attends over all of them, gate.drafts.eagle)
+    target_hidden_history: bool = False
 
     def start(self) -> None:
         """Forget any state of a previous request (caches)."""
@@ -67,6 +70,14 @@ class Draft(ABC):
         """The target's last-layer hidden state [H] (the input of its lm_head, after the final
         norm) at the position whose logits gave the last committed token; called by the runner
         before the next propose when `uses_target_hidden` is True. Ignored by default."""
+
+    def observe_target_states(self, states: torch.Tensor) -> None:
+        """The target's hidden states [n, H] (as observe_target_hidden's) at the positions whose
+        logits gave the tokens committed since the last call, in order: after the prefill every
+        prompt position when `target_hidden_history` is True (else the last), after a step the
+        accepted proposals' positions and the one that gave the next token. Called by the
+        runner when `uses_target_hidden` is True. Default: observe_target_hidden(states[-1])."""
+        self.observe_target_hidden(states[-1])
 
     @abstractmethod
     def propose(self, context: list[int], n: int, law: Law, generator: torch.Generator | None) -> Proposal:
@@ -153,11 +164,12 @@ class ConfigContext:
     """What a kind may read to cost a draft without loading weights: the target's
     transformers config and dtype name, and `read_config(model, gguf_file, yaml_path)`, which
     resolves a model source named in the policy and returns its config (raising
-    PolicyValueError at yaml_path when it cannot)."""
+    PolicyValueError at yaml_path when it cannot), and the policy's folder."""
 
     target_config: Any
     target_dtype: str
     read_config: Callable[[str, str | None, str], Any]
+    policy_dir: Path = Path(".")  # the policy file's folder: relative paths of files a kind reads (a checkpoint)
 
 
 @dataclass(frozen=True)
@@ -175,6 +187,9 @@ class DraftModelConfig:
     own_vocab_size: int | None = (
         None  # a draft with its own tokenizer (cross_tokenizer): its logits' width, billed apart
     )
+    # the draft's own weight bytes where the config would miscount them (an EAGLE layer: its config's embeddings and
+    # head are the target's); None: counted from the config
+    own_weight_bytes: int | None = None
 
     @property
     def cache_dtype(self) -> str:

@@ -42,6 +42,7 @@ BUILTIN = (
     "gate.drafts.early_exit",
     "gate.drafts.cross_tokenizer",
     "gate.drafts.heads",
+    "gate.drafts.eagle",
 )
 
 

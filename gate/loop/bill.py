@@ -43,7 +43,13 @@ def policy_bills(loaded: Any) -> list[BillRecord]:
             own = draft_kinds.file_weight_bytes(name, d, loaded.path.parent)
             drafts.append(DraftBill(name, d.num_draft_tokens, None, own, draft_kinds.has_distribution(d)))
             continue
-        own = 0 if m.shares_target_weights else weights_of(m.config, m.dtype, m.quantization, at)
+        own = (
+            m.own_weight_bytes
+            if m.own_weight_bytes is not None
+            else 0
+            if m.shares_target_weights
+            else weights_of(m.config, m.dtype, m.quantization, at)
+        )
         drafts.append(
             DraftBill(
                 name,
@@ -129,7 +135,7 @@ def config_context(loaded: Any, target_config: Any) -> ConfigContext:
     def read(model: str, gguf_file: str | None, yaml_path: str) -> Any:
         return read_config(resolve_source(model, gguf_file, loaded.path.parent, yaml_path), yaml_path)
 
-    return ConfigContext(target_config, loaded.policy.target.dtype, read)
+    return ConfigContext(target_config, loaded.policy.target.dtype, read, loaded.path.parent)
 
 
 def _longest(plan: Any) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -67,7 +67,11 @@ def _recording(cache: Any) -> bool:
 
 
 def forward(
-    model: torch.nn.Module, input_ids: torch.Tensor, cache: Any = None, logits_to_keep: int = 0, hidden: bool = False
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    cache: Any = None,
+    logits_to_keep: int = 0,
+    hidden: bool | Literal["all"] = False,
 ) -> Any:
     """Logits [batch, positions, V] of a causal LM, feeding `cache` when given.
 
@@ -75,16 +79,24 @@ def forward(
     logits_to_keep=0 keeps every position. hidden=True returns (logits, hidden states)
     instead, the hidden states [batch, positions, H] being the input of the model's output
     embeddings (lm_head) at the kept positions: the last layer's state after the final norm,
-    captured by a forward hook, so no extra forward and no per-layer states are kept."""
+    captured by a forward hook, so no extra forward and no per-layer states are kept.
+    hidden="all": the same states at every fed position, whatever logits_to_keep keeps (the
+    output of the decoder's final norm, `model.get_decoder().norm`; ValueError without one)."""
     kwargs: dict[str, Any] = {"use_cache": cache is not None}
     if cache is not None:
-        kwargs[_cache_kwarg(type(model))] = cache
+        kwargs[cache_kwarg(type(model))] = cache
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
     if not hidden:
         return model(input_ids=input_ids, **kwargs).logits
     seen: list[torch.Tensor] = []
-    handle = model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    if hidden == "all":
+        norm = getattr(model.get_decoder(), "norm", None)
+        if norm is None:
+            raise ValueError(f"{type(model).__name__} has no final norm (model.norm) to read every hidden state from")
+        handle = norm.register_forward_hook(lambda m, args, out: seen.append(out))
+    else:
+        handle = model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0]))
     try:
         logits = model(input_ids=input_ids, **kwargs).logits
     finally:
@@ -95,7 +107,8 @@ def forward(
 _KWARG: dict[type, str] = {}
 
 
-def _cache_kwarg(cls: type) -> str:
+def cache_kwarg(cls: type) -> str:
+    """The name a model class's forward takes its KV cache by: "cache" (newer transformers) or "past_key_values"."""
     if cls not in _KWARG:
         import inspect
 

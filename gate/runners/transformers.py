@@ -255,8 +255,11 @@ class TransformersRunner(Runner):
         (else None)."""
         if draft is None or not draft.uses_target_hidden:
             return self._forward(tokens, cache, keep), None
-        logits, hidden = forward(self.model, torch.tensor([tokens], device=self.device), cache, keep, hidden=True)
-        return logits[0, -keep:], hidden[0, -keep:]
+        every = draft.target_hidden_history  # the hidden states of every fed position (an EAGLE draft's history)
+        logits, hidden = forward(
+            self.model, torch.tensor([tokens], device=self.device), cache, keep, hidden="all" if every else True
+        )
+        return logits[0, -keep:], hidden[0] if every else hidden[0, -keep:]
 
     @torch.inference_mode()
     def _generate(
@@ -306,8 +309,8 @@ class TransformersRunner(Runner):
         # Prefill: the first token comes from the target alone (TTFT).
         logits, hidden = self._score(context, cache, 1, draft)
         record_past(cache)  # rejected proposals roll back: sliding-window layers keep what that needs
-        if hidden is not None:  # the state whose logits give the first token
-            draft.observe_target_hidden(hidden[-1])
+        if hidden is not None:  # the state whose logits give the first token (and, for a history, every prompt's)
+            draft.observe_target_states(hidden)
         stop = commit([sample(law_probs(logits[-1], law, context), generator)], 0, 0)
         while not stop:
             remaining = max_new_tokens - len(out)
@@ -319,8 +322,8 @@ class TransformersRunner(Runner):
             scored, hidden = self._score(feed, cache, k + 1, draft)
             p = law_probs(scored, law, context + (proposal.tokens.tolist() if k else []), len(context))
             verdict = verify(p, proposal.q, proposal.tokens, generator) if k else Verdict(0, sample(p[0], generator))
-            if hidden is not None:  # the row whose p gave next_token
-                draft.observe_target_hidden(hidden[verdict.accepted])
+            if hidden is not None:  # the rows whose p gave the committed tokens, the last one next_token's
+                draft.observe_target_states(hidden[: len(hidden) - k + verdict.accepted])
             crop_to(cache, len(context) + verdict.accepted)
             tokens = (proposal.tokens[: verdict.accepted].tolist() if k else []) + [verdict.next_token]
             stop = commit(tokens, verdict.accepted, k, proposal)
@@ -395,8 +398,8 @@ class TransformersRunner(Runner):
         record_past(cache)
         base = int(cache.get_seq_length())
         draft.start()
-        if hidden is not None:  # every sample starts after the prompt: one state for all
-            draft.observe_target_hidden(hidden[-1])
+        if hidden is not None:  # every sample starts after the prompt: one state (or history) for all
+            draft.observe_target_states(hidden)
         steps: list[list[int]] = []
         for _ in range(n):
             crop_to(cache, base)
