@@ -23,9 +23,11 @@ token's), from the forwards it runs anyway: no extra target forward. A rejected 
 speculative entries of the draft's cache are rolled back at the next proposal.
 
 Checkpoint: vLLM's EAGLE-1 format for Llama targets, a folder with `config.json` (a LlamaConfig
-with num_hidden_layers 1, architectures ["LlamaForCausalLMEagle"]) and `model.safetensors`
+with num_hidden_layers 1, architectures ["LlamaForCausalLM"], which vLLM's EAGLEConfig renames
+EagleLlamaForCausalLM) and `model.safetensors`
 (`fc.weight` [H, 2H] and `layers.0.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
-post_attention_layernorm}.weight`; no embeddings and no lm_head: vLLM then shares the target's),
+post_attention_layernorm}.weight`; no embeddings and no lm_head: vLLM then shares the target's; no
+input norm and no fc bias: vLLM refuses the one and silently drops the other),
 which `{"method": "eagle", "model": DIR}` serves; gate's provenance (the base's fingerprint, the
 training) in `gate-eagle.json` beside them. gate runs method eagle in its own loop; method eagle3
 (EAGLE-3: features from three target layers, a draft vocabulary) is declared for served engines
@@ -67,7 +69,7 @@ from gate.models.cache import cache_kwarg, crop_to, forward, new_cache
 CONFIG = "config.json"
 TENSORS = "model.safetensors"
 PROVENANCE = "gate-eagle.json"
-ARCHITECTURE = "LlamaForCausalLMEagle"
+ARCHITECTURE = "LlamaForCausalLM"  # vLLM's EAGLEConfig renames it EagleLlamaForCausalLM
 LAYER_KEYS = (
     "self_attn.q_proj.weight",
     "self_attn.k_proj.weight",
@@ -441,19 +443,27 @@ class EagleDraftSpec(DraftSpecBase):
     )
 
 
+def _not_in_process(name: str, spec: EagleDraftSpec) -> tuple[str, str] | None:
+    if spec.method == "eagle":
+        return None
+    return (
+        f"drafts.{name}.method",
+        f"gate's own loop runs EAGLE-1 drafts (method eagle); method {spec.method} is served by an engine "
+        "(runner.kind vllm, or openai against one)",
+    )
+
+
 def _build(name: str, spec: EagleDraftSpec, ctx: BuildContext) -> BuiltDraft:
     at = f"drafts.{name}"
-    if spec.method != "eagle":
-        raise PolicyValueError(
-            f"{at}.method",
-            f"gate's own loop runs EAGLE-1 drafts (method eagle); method {spec.method} is served by an engine "
-            "(runner.kind vllm, or openai against one)",
-        )
+    refused = _not_in_process(name, spec)
+    if refused is not None:
+        raise PolicyValueError(*refused)
     try:
         output_head(ctx.target)
     except ValueError as e:
         raise PolicyValueError(at, str(e)) from None
     folder = checkpoint_folder(spec.checkpoint, ctx.policy_dir)
+    _check_method(name, spec, folder, int(ctx.target.config.hidden_size))
     module = load_module(folder, ctx.target, f"{at}.checkpoint")
     draft = EagleDraft(name, ctx.target, module, spec.num_draft_tokens, ctx.device, vocab_size=ctx.vocab_size)
     from gate.models.loading import dtype_name
@@ -496,15 +506,53 @@ def _itemsize(dtype: str) -> int:
     return {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1, "F8_E5M2": 1}.get(dtype, 4)
 
 
+def checkpoint_method(folder: Path, hidden_size: int, yaml_path: str) -> tuple[str, str] | None:
+    """The method a checkpoint's tensors imply, read from its safetensors header (no tensor
+    read), and the evidence: EAGLE-3's layout (`midlayer.*`, the `d2t` vocabulary map, or an fc
+    over three or more layers' features: fc.weight [H, kH], k >= 3) or EAGLE-1's (fc.weight
+    [H, 2H], the token's embedding and one feature). None when the tensors say neither. Raises
+    PolicyValueError at `yaml_path` when the file cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    file = folder / TENSORS
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            shapes = {key: list(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise PolicyValueError(yaml_path, f"cannot read {file}: {e}") from None
+    if "d2t" in shapes or any(k.startswith("midlayer.") for k in shapes):
+        return "eagle3", "its tensors have EAGLE-3's layout (midlayer.*, d2t)"
+    fc = shapes.get("fc.weight")
+    if fc is not None and len(fc) == 2 and fc[1] == 2 * hidden_size:
+        return "eagle", f"fc.weight {fc}: the token's embedding and one layer's feature (EAGLE-1)"
+    if fc is not None and len(fc) == 2 and fc[1] >= 3 * hidden_size and fc[1] % hidden_size == 0:
+        return "eagle3", f"fc.weight {fc}: {fc[1] // hidden_size} layers' features (EAGLE-3)"
+    return None
+
+
+def _check_method(name: str, spec: EagleDraftSpec, folder: Path, hidden_size: int) -> None:
+    """The declared method against the one the checkpoint's tensors imply: a mismatch is the
+    SGLang #21272 case (an EAGLE-3 checkpoint served as EAGLE: acceptance length 1.0, no
+    warning; vLLM refuses it at start). Raises PolicyValueError at drafts.<name>.method."""
+    implied = checkpoint_method(folder, hidden_size, f"drafts.{name}.checkpoint")
+    if implied is not None and implied[0] != spec.method:
+        raise PolicyValueError(
+            f"drafts.{name}.method",
+            f"method {spec.method}, but the checkpoint is an {implied[0]} draft ({implied[1]}): served as "
+            f"{spec.method} it proposes tokens the target rejects (SGLang #21272) or does not load (vLLM); "
+            f"set method: {implied[0]}",
+        )
+
+
 def _check_files(name: str, spec: EagleDraftSpec, policy_dir: Path, config: Any) -> None:
-    """gate validate: config.json against the target's config and the tensor names in the
-    safetensors header (method eagle), without reading tensors."""
+    """gate validate: the declared method against the checkpoint's tensors, and config.json
+    against the target's config, without reading tensors."""
     at = f"drafts.{name}.checkpoint"
     folder = checkpoint_folder(spec.checkpoint, policy_dir)
     draft_config = read_config(folder, at)
+    _check_method(name, spec, folder, int(config.hidden_size))
     if spec.method == "eagle":
         check_config(draft_config, config, at)
-        _file_bytes(name, spec, policy_dir)  # the header reads
 
 
 def _loaded_bill(name: str, draft: Draft, target: torch.nn.Module, kv_format_of: Any) -> DraftBill:
@@ -525,6 +573,15 @@ def _vllm(name: str, spec: EagleDraftSpec, ctx: VLLMContext) -> VLLMDraft:
     return VLLMDraft({"method": spec.method, "model": str(folder), "num_speculative_tokens": spec.num_draft_tokens})
 
 
+def _low_acceptance_cause(spec: EagleDraftSpec) -> str:
+    other = "eagle3" if spec.method == "eagle" else "eagle"
+    return (
+        f"the likely cause is the declared method ({spec.method}): a checkpoint trained as {other} and served as "
+        f"{spec.method} proposes tokens the target rejects, slower than no speculation and without a warning "
+        f"(SGLang #21272); check drafts.<name>.method against how the checkpoint was trained"
+    )
+
+
 KIND = DraftKind(
     name="eagle",
     spec=EagleDraftSpec,
@@ -534,4 +591,6 @@ KIND = DraftKind(
     loaded_bill=_loaded_bill,
     check_files=_check_files,
     vllm=_vllm,
+    low_acceptance_cause=_low_acceptance_cause,
+    not_in_process=_not_in_process,
 )

@@ -320,6 +320,12 @@ class DraftKind:
       without loading them, for `gate bill`; raises PolicyValueError.
     - `proposal_floor(spec) -> ProposalFloor`: the fewest proposing steps its outputs imply if
       speculation ran (gate.measure.speculation; default: a proposal at every step).
+    - `not_in_process(name, spec) -> (YAML path, why) | None`: why gate's own loop cannot run
+      this draft (an EAGLE-3 checkpoint: served engines only); gate validate refuses it with
+      an in-process runner. Default: None (it can).
+    - `low_acceptance_cause(spec) -> str | None`: what a draft of this kind accepting almost
+      nothing most likely means (an EAGLE checkpoint served under the wrong method); the
+      acceptance rules that fail on such a draft say it. Default: None.
     - `modifies_target`: True for a kind whose draft ships a changed target (a jointly
       fine-tuned backbone, merged adapters): the policy must pin `target.release`, and the
       reports call the run's target an updated target for that draft (gate.loop.identity).
@@ -343,5 +349,7 @@ class DraftKind:
     check_files: Callable[[str, Any, Path, Any], None] = _no_files
     file_weight_bytes: Callable[[str, Any, Path], int] = _no_file_weights
     proposal_floor: Callable[[Any], ProposalFloor] = _every_step
+    low_acceptance_cause: Callable[[Any], str | None] = lambda spec: None
+    not_in_process: Callable[[str, Any], tuple[str, str] | None] = lambda name, spec: None
     modifies_target: bool = False
     translates_tokenizer: bool = False

@@ -14,7 +14,6 @@ from typing import Any
 
 from gate.core.errors import PolicyValueError
 from gate.drafts import registry as draft_kinds
-from gate.measure.kv import sliding_window
 from gate.models.loading import (
     ModelSource,
     check_tokenizers,
@@ -242,6 +241,9 @@ def _check_config(loaded: LoadedPolicy, config: Any) -> None:
     policy = loaded.policy
     limit = getattr(config, "max_position_embeddings", None) or 10**12
     for name, d in policy.drafts.items():
+        refused = draft_kinds.get(d.kind).not_in_process(name, d) if policy.runner.runs_models_here else None
+        if refused is not None:
+            raise PolicyValueError(*refused)
         draft_kinds.check_target_config(name, d, config)
         draft_kinds.check_files(name, d, loaded.path.parent, config)
     if policy.resources.context_tokens and policy.resources.context_tokens > limit:
@@ -252,21 +254,11 @@ def _check_config(loaded: LoadedPolicy, config: Any) -> None:
 
 
 def _check_positions(policy: Any, config: Any, longest: int) -> None:
-    """The longest prompt plus max_new_tokens (plus num_draft_tokens of verification room)
-    must fit the target's positions, and stay below a sliding window: gate's loop rolls the
-    target's cache back after rejected proposals, which transformers' sliding-window cache
-    cannot do once its window is full."""
+    """The longest prompt plus max_new_tokens must fit the target's positions. (A sliding
+    window bounds nothing: gate's loop rolls sliding-window layers back past their window,
+    gate.models.cache.record_past.)"""
     limit = getattr(config, "max_position_embeddings", None) or 10**12
     need = longest + max(policy.workload.max_new_tokens_list)
-    window = sliding_window(config)
-    positions = need + max(d.num_draft_tokens for d in policy.drafts.values())
-    if window is not None and positions >= window - 1:
-        raise PolicyValueError(
-            "workload.max_new_tokens",
-            f"the target has sliding-window layers (window {window}) and "
-            f"this workload needs {positions} positions: gate's speculative loop cannot roll back a full "
-            "sliding-window cache yet; keep prompt + max_new_tokens + num_draft_tokens below the window",
-        )
     if need > limit:
         raise PolicyValueError(
             "workload.max_new_tokens",

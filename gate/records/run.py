@@ -162,6 +162,8 @@ class DraftInfo:
     modifies_target: bool = False  # its kind ships a changed target (gate.drafts.interface.DraftKind.modifies_target)
     sweep_of: str | None = None  # a num_draft_tokens_sweep's runner: the declared draft it varies (None: declared)
     swept: bool = False  # a declared draft with a num_draft_tokens_sweep (its K is compared with the sweep's and K=0)
+    # what a draft of its kind accepting almost nothing most likely means (DraftKind.low_acceptance_cause)
+    low_acceptance_cause: str | None = None
 
 
 @dataclass

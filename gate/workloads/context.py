@@ -190,13 +190,10 @@ class ContextBuilder:
 
 def check_fits(lengths: list[int], max_new_tokens: int, num_draft_tokens: int, config: Any) -> None:
     """Every requested context length plus the longest max_new_tokens must fit the target's
-    positions (config.max_position_embeddings) and, with sliding-window layers, stay below
-    the window with num_draft_tokens of verification room (gate's loop cannot roll back a
-    full sliding-window cache). Raises PolicyValueError at workload.context_lengths[i]."""
-    from gate.measure.kv import sliding_window
-
+    positions (config.max_position_embeddings). A sliding window bounds nothing: gate's loop
+    rolls sliding-window layers back past their window (gate.models.cache.record_past).
+    Raises PolicyValueError at workload.context_lengths[i]."""
     limit = getattr(config, "max_position_embeddings", None)
-    window = sliding_window(config)
     for i, length in enumerate(lengths):
         need = length + max_new_tokens
         where = f"workload.context_lengths[{i}]"
@@ -206,12 +203,4 @@ def check_fits(lengths: list[int], max_new_tokens: int, num_draft_tokens: int, c
                 f"context length {length} does not fit the target: with max_new_tokens {max_new_tokens} "
                 f"it needs {need} positions and the target has {limit} (max_position_embeddings); "
                 f"the longest context that fits is {limit - max_new_tokens} tokens",
-            )
-        if window is not None and need + num_draft_tokens >= window - 1:
-            raise PolicyValueError(
-                where,
-                f"context length {length} does not fit the target's sliding window ({window}): "
-                f"with max_new_tokens {max_new_tokens} and num_draft_tokens {num_draft_tokens} it needs "
-                f"{need + num_draft_tokens} positions, and gate's speculative loop cannot roll back a full "
-                "sliding-window cache yet",
             )

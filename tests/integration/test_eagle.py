@@ -134,7 +134,7 @@ def test_the_checkpoint_is_vllms_eagle_format_and_round_trips(tmp_path, target, 
     module = trained[0]
     folder = save_checkpoint(tmp_path / "eagle", module, base_identity(target, "tiny"), {"steps": 150})
     config = json.loads((folder / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLMEagle"] and config["num_hidden_layers"] == 1
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
     from safetensors import safe_open
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
@@ -192,3 +192,67 @@ def test_vllm_runs_it_as_its_eagle_method(tmp_path):
     served = KIND.vllm("e", spec, VLLMContext(None, tmp_path, tmp_path))
     assert served.speculative_config == {"method": "eagle3", "model": str(tmp_path / "ckpt"),
                                          "num_speculative_tokens": 4}
+
+
+def _save_eagle3_shaped(folder, base) -> None:
+    """A checkpoint whose fc reads three layers' features (EAGLE-3's fc.weight [H, 3H])."""
+    from safetensors.torch import load_file, save_file
+    module = EagleModule(eagle_config(base.config), base.get_input_embeddings())
+    save_checkpoint(folder, module, base_identity(base, "tiny"))
+    tensors = load_file(str(folder / "model.safetensors"))
+    h = base.config.hidden_size
+    tensors["fc.weight"] = torch.zeros(h, 3 * h)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_a_checkpoint_declared_with_the_wrong_method_is_refused_naming_it(tmp_path, tiny_model_dir, prompts_file):
+    """SGLang #21272: an EAGLE-3 checkpoint loaded as EAGLE gives acceptance length 1.0 with no
+    warning (vLLM 0.32 refuses it at start). gate validate reads the method off the tensors."""
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    _save_eagle3_shaped(tmp_path / "e3", base)
+    drafts = f"  e:\n    kind: eagle\n    checkpoint: {tmp_path / 'e3'}\n    method: eagle\n"
+    policy = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, drafts=drafts))
+    result = CliRunner().invoke(cli, ["validate", str(policy)])
+    assert result.exit_code == 2 and "drafts.e.method" in result.output, result.output
+    assert "method eagle, but the checkpoint is an eagle3 draft" in result.output
+    assert "fc.weight [32, 96]" in result.output and "set method: eagle3" in result.output
+    fixed = write_policy(tmp_path, tiny_policy(tiny_model_dir, prompts_file, drafts=drafts.replace(
+        "method: eagle\n", "method: eagle3\n")), "fixed.yaml")
+    result = CliRunner().invoke(cli, ["validate", str(fixed)])  # in-process: eagle3 is served only
+    assert result.exit_code == 2 and "gate's own loop runs EAGLE-1 drafts" in result.output, result.output
+
+
+def test_a_served_eagle_draft_accepting_nothing_fails_naming_the_declared_method(tmp_path, tiny_model_dir, prompts_file):
+    """The case the tensors cannot tell (a server that loads whatever it is given): a served EAGLE
+    draft whose counters say it accepted nothing fails the acceptance rule, saying the likely cause."""
+    from served_stub import Stub
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    save_checkpoint(tmp_path / "e", EagleModule(eagle_config(base.config), base.get_input_embeddings()),
+                    base_identity(base, "tiny"))
+    with Stub() as fallback, Stub(vllm_counters=(4, [0, 0, 0]), vllm_steps=([3] * 4, [0] * 4)) as draft:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(f"""\
+version: 1
+target: {{model: {tiny_model_dir}, device: cpu}}
+drafts:
+  e: {{kind: eagle, checkpoint: {tmp_path / 'e'}, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner:
+  kind: openai
+  endpoints:
+    fallback: {{base_url: '{fallback.url}', api: completions, engine: vllm}}
+    e: {{base_url: '{draft.url}', api: completions, engine: vllm, metrics_url: '{draft.url}/metrics'}}
+load: {{concurrency: [2]}}
+workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 8, seed: 0}}
+measurement: {{repetitions: 3, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null}}
+rules:
+  - {{id: acceptance, metric: acceptance_rate, aggregation: pooled, comparison: '>=', threshold: 0.3}}
+""")
+        result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(tmp_path / "r.json"), "--no-progress"])
+    report = json.loads((tmp_path / "r.json").read_text())
+    (o,) = [o for o in report["outcomes"] if o["rule_id"] == "acceptance"]
+    assert o["status"] == "fail" and o["measured"] == 0.0, o["message"]
+    assert "it accepted 0.0% of its proposals: the likely cause is the declared method (eagle)" in o["message"]
+    assert "SGLang #21272" in o["message"] and result.exit_code == 1

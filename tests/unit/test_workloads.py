@@ -193,15 +193,17 @@ def test_a_longer_context_extends_the_shorter_one_further_back():
     assert ContextBuilder(pool, tok, encoder(tok, True), seed=2).build(pool[0], 200) != long
 
 
-def test_a_sliding_window_bounds_the_context_length():
+def test_a_sliding_window_does_not_bound_the_context_length_but_the_positions_do():
+    """gate's loop rolls sliding-window layers back past their window (gate.models.cache.record_past;
+    tests/integration/test_runners.py speculates past one)."""
     from transformers import MistralConfig
 
     config = MistralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                           num_key_value_heads=2, max_position_embeddings=4096, sliding_window=256)
-    check_fits([128], 64, 4, config)
+                           num_key_value_heads=2, max_position_embeddings=512, sliding_window=256)
+    check_fits([128, 300], 64, 4, config)
     with pytest.raises(PolicyValueError) as info:
-        check_fits([128, 200], 64, 4, config)
-    assert info.value.path == "workload.context_lengths[1]" and "sliding window (256)" in info.value.message
+        check_fits([128, 500], 64, 4, config)
+    assert info.value.path == "workload.context_lengths[1]" and "max_position_embeddings" in info.value.message
 
 
 # --- end to end -------------------------------------------------------------------------------

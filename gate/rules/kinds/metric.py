@@ -20,6 +20,7 @@ from gate.core.units import Dimension, format_value, parse_quantity
 from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
 from gate.metrics.catalogue import (
+    ACCEPTANCE_RATE,
     COMPUTED_ONCE,
     FALLBACK_RATIOS,
     METRICS,
@@ -53,6 +54,7 @@ from gate.rules.samples import (
     WINDOW_ONLY,
     Selection,
     device_memory_unmeasured,
+    pooled,
     position_denominator,
     position_parts,
     value,
@@ -524,6 +526,8 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         else:
             status = Status.INCONCLUSIVE
             note += f"; {said}: a slower configuration than the machine's, so not this draft's verdict"
+    if status == Status.FAIL:
+        note += _low_acceptance_cause(rule, m, where)
     if status == Status.FAIL and rule.level == "warn":
         status = Status.WARN
     return Outcome(
@@ -536,6 +540,24 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         interval=interval,
         exceedance=exc,
     )
+
+
+# Below this acceptance rate a draft accepts "almost nothing": its kind's likely cause is named (SGLang #21272: an
+# EAGLE-3 checkpoint served as EAGLE-1 gives acceptance length 1.0, slower than no speculation, with no warning).
+NEARLY_NOTHING_ACCEPTED = 0.1
+
+
+def _low_acceptance_cause(rule: MetricRule, m: Measurements, where: Selection) -> str:
+    """ "; likely cause: ..." for a failed acceptance rule (Metric.of_proposals) on a draft that
+    accepted almost nothing in the rule's scope and whose kind names a likely cause
+    (DraftInfo.low_acceptance_cause); "" otherwise."""
+    info = m.drafts.get(where.runner)
+    if not METRICS[rule.metric].of_proposals or info is None or not info.low_acceptance_cause:
+        return ""
+    rate, _ = pooled(ACCEPTANCE_RATE.name, m, where)
+    if math.isnan(rate) or rate >= NEARLY_NOTHING_ACCEPTED:
+        return ""
+    return f"; it accepted {rate:.1%} of its proposals: {info.low_acceptance_cause}"
 
 
 def _estimands(
