@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: lint setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
+.PHONY: lint docs docs-screenshots setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -118,5 +118,22 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The documentation site (mkdocs.yml, docs/): the docs extra, then a strict build into site/ (any
+# warning fails it). The reference pages are generated from the code as it builds (scripts/docs_reference.py).
+$(BIN)/mkdocs: pyproject.toml constraints-cpu.txt | $(BIN)/gate
+	$(BIN)/python -m pip install --quiet $(CONSTRAINTS) -e '.[docs]'
+	touch $(BIN)/mkdocs
+
+docs: setup $(BIN)/mkdocs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
+# The docs' screenshot of the HTML report (docs/report-screenshot.png), never made by hand: a real run of
+# the embedded default (about 5 min on 2 cores) in headless Chromium (scripts/install-chromium.sh);
+# from a saved report instead: make docs-screenshots REPORT=out/gate-report.json
+REPORT ?=
+docs-screenshots: setup
+	@scripts/install-chromium.sh >/dev/null
+	$(BIN)/python scripts/docs-screenshots.py $(if $(REPORT),--report $(REPORT))
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out site

@@ -1,7 +1,8 @@
 """Errors that the CLI turns into one clear message and an exit code, never a traceback.
 
-Exit codes (documented in the README): 0 every error-level rule passed, 1 a rule failed,
-2 invalid policy, input or usage, 3 a measurement could not be made.
+Exit codes (EXIT_CODES below, from which the docs' exit-code page is generated): 0 every
+error-level rule passed, 1 a rule failed, 2 invalid policy, input or usage, 3 a measurement
+could not be made; 130 and 143 interrupted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,22 @@ EXIT_PASS = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_MEASUREMENT = 3
+EXIT_SIGINT = 130  # 128 + the signal (gate.loop.interrupt.exit_code)
+EXIT_SIGTERM = 143
+
+# Every exit code gate returns and what it means: the one table the docs' exit-code page is
+# generated from (each command's help says what the codes mean for it).
+EXIT_CODES: dict[int, str] = {
+    EXIT_PASS: "pass: every error-level rule passed (gate validate: the policy is valid)",
+    EXIT_FAIL: "fail: an error-level rule failed (a warn-level one too with --fail-on-warn; an inconclusive "
+    "verdict with measurement.inconclusive: fail or --fail-on-inconclusive)",
+    EXIT_USAGE: "invalid policy, input or usage: every problem names the file, the YAML path and the line",
+    EXIT_MEASUREMENT: "not decided: a measurement could not be made or is missing, or an error-level verdict is "
+    "inconclusive with measurement.inconclusive: error (the default)",
+    EXIT_SIGINT: "interrupted by SIGINT (Ctrl-C), not a verdict: gate check writes its reports with what was "
+    "measured first",
+    EXIT_SIGTERM: "interrupted by SIGTERM (a CI system's cancel), not a verdict: as for SIGINT",
+}
 
 
 class GateError(Exception):
