@@ -60,7 +60,17 @@ from gate.core.dtypes import DTYPES
 from gate.core.errors import PolicyValueError
 from gate.core.law import Law, law_probs
 from gate.core.speculative import sample
-from gate.drafts.interface import BuildContext, BuiltDraft, Draft, DraftKind, DraftSpecBase, Proposal, model_info
+from gate.drafts.interface import (
+    BuildContext,
+    BuiltDraft,
+    Draft,
+    DraftKind,
+    DraftSpecBase,
+    Proposal,
+    VLLMContext,
+    VLLMDraft,
+    model_info,
+)
 from gate.measure.bill import DraftBill
 from gate.models.cache import forward
 
@@ -626,6 +636,86 @@ def _file_weight_bytes(name: str, spec: HeadsDraftSpec, policy_dir: Path) -> int
     return heads_weight_bytes(read_header(checkpoint_folder(spec.checkpoint, policy_dir), f"drafts.{name}.checkpoint"))
 
 
+def medusa_directory(folder: Path, header: dict[str, Any], target_dir: Path, num_heads: int, cache_dir: Path) -> Path:
+    """The heads of checkpoint `folder` in vLLM's Medusa format, written once under `cache_dir`
+    (a folder named by the heads' and target's files, never containing "eagle": vLLM reads a
+    path holding "eagle-" or "eagle3" as an EAGLE draft whatever the method):
+
+    - config.json: {"architectures": ["MedusaModel"], "model_type": "medusa", hidden_size,
+      vocab_size, "num_heads": num_heads, "num_hidden_layers": 1, "truncated_vocab_size":
+      vocab_size, "medusa_fc_bias": true, "original_lm_head": true};
+    - model.safetensors: blocks.{k}.layers.0.{weight, bias} (W_k, b_k) for the first
+      `num_heads` heads, and lm_head.weight, the target's own (read from `target_dir`, its
+      Hugging Face directory: lm_head.weight, or the tied embeddings).
+
+    vLLM's ResidualBlock computes x + SiLU(W x + b) and original_lm_head shares one lm_head
+    among the heads: the heads' logits are gate's (module docstring). Raises OSError or
+    ValueError for files that cannot be read or written."""
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    key = hashlib.sha256(
+        f"{folder.resolve()}|{(folder / TENSORS).stat().st_mtime_ns}|{target_dir}|{num_heads}".encode()
+    )
+    out = Path(cache_dir) / f"medusa-{key.hexdigest()[:16]}"
+    if (out / "model.safetensors").is_file():
+        return out
+    tensors = load_file(str(folder / TENSORS))
+    head = None
+    for file in sorted(Path(target_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+            for name in ("lm_head.weight", "model.embed_tokens.weight"):
+                if name in names:
+                    head = f.get_tensor(name)
+                    break
+        if head is not None:
+            break
+    if head is None:
+        raise ValueError(f"no lm_head.weight or model.embed_tokens.weight in {target_dir}")
+    weights = {"lm_head.weight": head.to(tensors["weight"].dtype).contiguous()}
+    for k in range(num_heads):
+        weights[f"blocks.{k}.layers.0.weight"] = tensors["weight"][k].contiguous()
+        weights[f"blocks.{k}.layers.0.bias"] = tensors["bias"][k].contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": header["hidden_size"],
+        "vocab_size": int(head.shape[0]),
+        "num_heads": num_heads,
+        "num_hidden_layers": 1,
+        "truncated_vocab_size": int(head.shape[0]),
+        "medusa_fc_bias": True,
+        "original_lm_head": True,
+        "torch_dtype": header["dtype"],
+    }
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def _vllm(name: str, spec: HeadsDraftSpec, ctx: VLLMContext) -> VLLMDraft:
+    """vLLM's Medusa proposer on the heads, exported to its format (medusa_directory). vLLM's
+    Medusa proposes each head's top-1 token: its q is a point mass there (gate's own loop
+    samples each head's law), so at temperature > 0 the served acceptance is lower and
+    exactness still holds (Leviathan et al. 2023, Thm 1, with q a point mass)."""
+    from gate.models.hf_export import hf_directory
+
+    at = f"drafts.{name}.checkpoint"
+    folder = checkpoint_folder(spec.checkpoint, Path(ctx.policy_dir))
+    header = read_header(folder, at)
+    _check_heads(name, spec, header)
+    try:
+        target_dir = hf_directory(ctx.target, cache_dir=ctx.cache_dir)
+        out = medusa_directory(folder, header, target_dir, spec.num_draft_tokens, Path(ctx.cache_dir))
+    except (OSError, ValueError) as e:
+        raise PolicyValueError(at, f"cannot write the heads in vLLM's Medusa format: {e}") from None
+    return VLLMDraft({"method": "medusa", "model": str(out), "num_speculative_tokens": spec.num_draft_tokens})
+
+
 KIND = DraftKind(
     name="heads",
     spec=HeadsDraftSpec,
@@ -634,4 +724,5 @@ KIND = DraftKind(
     loaded_bill=_loaded_bill,
     check_files=_check_files,
     file_weight_bytes=_file_weight_bytes,
+    vllm=_vllm,
 )
