@@ -42,6 +42,71 @@ def cli() -> None:
     check them against a YAML policy."""
 
 
+@cli.command("init")
+@click.argument("path", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--for",
+    "use_case",
+    metavar="[ci|release|quantized-audit|served]",
+    help="The use case: ci (the draft-change gate), release (pre-release approval), quantized-audit (a "
+    "quantized draft against the released one), served (a served engine at load points).",
+)
+@click.option(
+    "--target",
+    metavar="MODEL",
+    help="The target model as a policy names it: a packaged name (smollm2-135m-instruct), a local "
+    "directory, a .gguf file or a hub id.",
+)
+@click.option(
+    "--draft",
+    "drafts",
+    multiple=True,
+    metavar="NAME:KIND",
+    help="A draft to gate (repeatable); KIND a draft kind, e.g. prompt_lookup, model, early_exit (an unknown one "
+    "lists them all). Default: lookup:prompt_lookup (ci, served), candidate:model (release), released:model and "
+    "quantized:model (quantized-audit).",
+)
+@click.option(
+    "--runner",
+    metavar="KIND",
+    help="transformers (gate's in-process loop; the default), or a served engine: llama_server (the default "
+    "for --for served), vllm, openai.",
+)
+def init_command(
+    path: Path | None, use_case: str | None, target: str | None, drafts: tuple[str, ...], runner: str | None
+) -> None:
+    """Write a commented starting policy to PATH (default gate.yaml) for a use case, a target,
+    drafts and a runner: the rules that use case needs, every threshold marked `# set:` for the
+    team to set. It validates as written (read back through gate's policy loader first);
+    `# TODO: set` marks what gate cannot know and `gate validate` asks for until set: a model
+    draft's files (on llama_server or vllm), a trained draft's checkpoint, an openai runner's server URLs.
+
+    Never overwrites a file (exit 2). Without --for and --target in a terminal it asks for
+    them (with no argument at all: for everything); elsewhere they are required (exit 2)."""
+    from gate.commands import init as do_init
+
+    def ask(text: str, default: str, choices: Any, check: Any) -> Any:
+        def value(answer: str) -> Any:
+            try:
+                return check(answer)
+            except GateError as e:
+                raise click.UsageError(str(e)) from None
+
+        return click.prompt(text, default=default, value_proc=value)
+
+    try:
+        written = do_init.run(path, use_case, target, drafts, runner, ask if _stdin_is_terminal() else None)
+    except GateError as e:
+        _fail(e)
+    for line in do_init.summary(written):
+        click.echo(line)
+
+
+def _stdin_is_terminal() -> bool:
+    """Whether gate may ask questions (gate init): stdin is a terminal."""
+    return sys.stdin.isatty()
+
+
 @cli.command()
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 def validate(policy: Path) -> None:
