@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU machines: the constraints file pins the CPU build of torch. With a GPU: make CONSTRAINTS= ...
 CONSTRAINTS ?= -c constraints-cpu.txt
 
-.PHONY: lint docs docs-screenshots setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
+.PHONY: lint docs docs-screenshots eagle example-eagle setup example example-served example-envelope example-envelope-vllm example-vllm example-sampled test clean llama-server vllm heads example-heads example-gemma example-constrained
 
 $(BIN)/gate: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,22 @@ example-heads: heads
 	@$(BIN)/gate check examples/heads/policy.yaml --junit out/heads-junit.xml --json out/heads-report.json \
 	  --html out/heads-report.html --markdown out/heads-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
+
+# An EAGLE draft for SmolLM2 (docs, guides/eagle.md): trained once into ~/.cache/gate by
+# examples/eagle/train_eagle.py (a few minutes on 2 CPU cores), in vLLM's EAGLE format; then
+# examples/eagle/policy.yaml in gate's own loop and examples/eagle/vllm.yaml on vLLM (with the heads).
+EAGLE := $(HOME)/.cache/gate/eagle/smollm2-135m-instruct-eagle1-v1
+$(EAGLE)/model.safetensors: examples/eagle/train_eagle.py | $(BIN)/gate
+	OMP_NUM_THREADS=2 $(BIN)/python examples/eagle/train_eagle.py --out $(EAGLE)
+
+eagle: setup $(EAGLE)/model.safetensors
+
+example-eagle: eagle heads vllm
+	@code=0; $(BIN)/gate check examples/eagle/policy.yaml --junit out/eagle-junit.xml --json out/eagle-report.json \
+	  --html out/eagle-report.html --markdown out/eagle-summary.md || code=$$?; \
+	GATE_VLLM="$$($(VLLM))" $(BIN)/gate check examples/eagle/vllm.yaml --junit out/eagle-vllm-junit.xml \
+	  --json out/eagle-vllm-report.json --html out/eagle-vllm-report.html --markdown out/eagle-vllm-summary.md \
+	  || code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # The whole declared law and a JSON-schema workload (README, "Declared law and constraints").
 example-constrained: setup

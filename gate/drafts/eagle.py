@@ -288,13 +288,14 @@ def train_eagle(
     teacher_top_k: int = 32,
     cls_positions: int = 64,
     noise: float = 0.1,
+    cls_weight: float = 0.1,
 ) -> tuple[EagleModule, EagleTraining]:
     """An EAGLE module for `target` (frozen) trained on token `sequences` (each at least 3
     tokens): one target forward per sequence gives its features f (after the final norm) and its
     top-`teacher_top_k` next-token probabilities; each step feeds `batch` sequences' true pairs
     (e(x_{r+1}), f_r + U(-noise, noise)) through the module and minimises EAGLE's loss
-    (Li et al. 2024, Sec. 4.2): smooth L1 between the predicted and the true f_{r+1}, plus 0.1 x
-    the soft cross-entropy of lm_head(predicted) against the target's law at r + 1 (on
+    (Li et al. 2024, Sec. 4.2): smooth L1 between the predicted and the true f_{r+1}, plus
+    `cls_weight` (EAGLE's 0.1) x the soft cross-entropy of lm_head(predicted) against the target's law at r + 1 (on
     `cls_positions` random pairs per sequence: the lm_head is the costly part). AdamW, float32,
     seeded. Returns the module (eval, no grad) and its EagleTraining."""
     started = time.perf_counter()
@@ -329,7 +330,7 @@ def train_eagle(
             rows = torch.randperm(pairs, generator=generator)[:cls_positions].to(device)
             logq = torch.nn.functional.linear(predicted[rows], weight).log_softmax(dim=-1)
             cls = -(top_p[rows + 1] * logq.gather(-1, top_ids[rows + 1])).sum(-1).mean()
-            total = total + reg + 0.1 * cls
+            total = total + reg + cls_weight * cls
         optimizer.zero_grad()
         (total / batch).backward()
         optimizer.step()
@@ -428,7 +429,10 @@ class EagleDraftSpec(DraftSpecBase):
 
     Gives a full distribution q: exact under rejection sampling (Leviathan et al. 2023, Thm 1).
     Embeddings and lm_head are the target's (billed once); fc and the layer are the draft's
-    weights; its KV cache is one layer's. gate's loop runs method eagle; vLLM serves both."""
+    weights; its KV cache is one layer's. gate's loop runs method eagle. Engines: vLLM
+    {"method": "eagle" | "eagle3", "model": DIR}; SGLang --speculative-algorithm EAGLE | EAGLE3
+    --speculative-draft-model-path DIR; TensorRT-LLM speculative_config {decoding_type: Eagle,
+    speculative_model_dir: DIR, eagle3_one_model: false for eagle}."""
 
     model_config = ConfigDict(title="EagleDraft")
 

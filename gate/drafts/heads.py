@@ -549,7 +549,8 @@ class HeadsDraftSpec(DraftSpecBase):
     Gives a full distribution q per head: exact under rejection sampling (Leviathan et al.
     2023, Thm 1). The backbone and lm_head are the target's (billed once); the heads' own
     weights are the draft's; no draft KV cache. num_draft_tokens must not exceed the
-    checkpoint's num_heads."""
+    checkpoint's num_heads. Engines: vLLM's Medusa proposer (gate exports the heads to its
+    format; it proposes each head's top-1 token); TensorRT-LLM decoding_type Medusa."""
 
     model_config = ConfigDict(title="HeadsDraft")
 

@@ -43,6 +43,7 @@ BUILTIN = (
     "gate.drafts.cross_tokenizer",
     "gate.drafts.heads",
     "gate.drafts.eagle",
+    "gate.drafts.mtp",
 )
 
 
