@@ -26,7 +26,7 @@ example: setup
 	  --html out/gate-report.html --markdown out/gate-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
-# Trained draft heads for SmolLM2 (README, "Trained draft heads"): trained once into ~/.cache/gate
+# Trained draft heads for SmolLM2 (docs/guides/heads.md): trained once into ~/.cache/gate
 # by examples/heads/train_heads.py (a few minutes on 2 CPU cores), then examples/heads/policy.yaml.
 HEADS := $(HOME)/.cache/gate/heads/smollm2-135m-instruct-medusa3-v1
 $(HEADS)/heads.json: examples/heads/train_heads.py | $(BIN)/gate
@@ -39,7 +39,7 @@ example-heads: heads
 	  --html out/heads-report.html --markdown out/heads-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
-# An EAGLE draft for SmolLM2 (docs, guides/eagle.md): trained once into ~/.cache/gate by
+# An EAGLE draft for SmolLM2 (docs/guides/eagle.md): trained once into ~/.cache/gate by
 # examples/eagle/train_eagle.py (a few minutes on 2 CPU cores), in vLLM's EAGLE format; then
 # examples/eagle/policy.yaml in gate's own loop and examples/eagle/vllm.yaml on vLLM (with the heads).
 EAGLE := $(HOME)/.cache/gate/eagle/smollm2-135m-instruct-eagle1-v1
@@ -55,19 +55,19 @@ example-eagle: eagle heads vllm
 	  --json out/eagle-vllm-report.json --html out/eagle-vllm-report.html --markdown out/eagle-vllm-summary.md \
 	  || code=$$?; echo "gate exit code: $$code"; exit $$code
 
-# The whole declared law and a JSON-schema workload (README, "Declared law and constraints").
+# The whole declared law and a JSON-schema workload (docs/guides/law-and-constraints.md).
 example-constrained: setup
 	@$(BIN)/gate check examples/constrained/policy.yaml --junit out/constrained-junit.xml --json out/constrained-report.json \
 	  --html out/constrained-report.html --markdown out/constrained-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
-# Cross-tokenizer drafts (README, "Drafts with another tokenizer"): Gemma 3 270M drafting for SmolLM2 and the reverse.
+# Cross-tokenizer drafts (docs/guides/cross-tokenizer.md): Gemma 3 270M drafting for SmolLM2 and the reverse.
 example-gemma: setup
 	@code=0; for p in smollm2-target gemma-target; do $(BIN)/gate check examples/gemma/$$p.yaml --junit out/gemma-$$p-junit.xml \
 	  --json out/gemma-$$p-report.json --html out/gemma-$$p-report.html --markdown out/gemma-$$p-summary.md || code=$$?; done; \
 	echo "gate exit code: $$code"; exit $$code
 
-# The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (README, "Served engines").
+# The served example: SmolLM2 under llama.cpp's llama-server at concurrency 1, 2 and 4 (docs/guides/served.md).
 # The operating envelope (load.search) of prompt lookup against the fallback on llama-server.
 example-envelope: setup llama-server
 	@GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/gate check \
@@ -109,7 +109,7 @@ example-vllm: setup vllm
 	  --html out/vllm-report.html --markdown out/vllm-summary.md; \
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
-# Sampled-law exactness of the served drafts (README, "Exactness of what the server samples"):
+# Sampled-law exactness of the served drafts (docs/guides/sampled-exactness.md):
 # llama-server and vLLM, about 10-20 min each on 2 cores.
 example-sampled: setup llama-server vllm
 	@GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" $(BIN)/gate check examples/sampled/llama-server.yaml \

@@ -585,7 +585,7 @@ def _roofline_options(
 )
 def exactness(policy: Path, samples: Path, junit_path: Path, json_path: Path, seed: int, reference: str | None) -> None:
     """Test recorded SAMPLES (JSONL of prompt_ids, output_ids, law) against the target law of
-    POLICY, with the policy's exactness rules (or the defaults: significance 0.01, power 0.9,
+    POLICY, with the policy's exactness rules (or the defaults: significance 0.001, power 0.9,
     detect_tv 0.1). Exit 0 pass, 1 fail, 2 bad input, 3 inconclusive or not measured."""
     from gate.commands.exactness import check_samples
 

@@ -102,7 +102,7 @@ class ExactnessTest:
 # A correct engine sits exactly on the null, so it fails a run at this rate per exactness outcome:
 # a gate that runs on every change (some 500 runs a year, a few sampled outcomes each) fails a
 # correct engine about 1.5 times a year at 0.001, where 0.01 failed it about 15 times; the
-# samples a test needs for the same power grow by about 1.4x (README, "Exactness").
+# samples a test needs for the same power grow by about 1.4x (docs/concepts/statistics.md).
 DEFAULT_SIGNIFICANCE = 0.001
 
 # A two-sample test's permutation p-value draws tables until this many are as extreme as the

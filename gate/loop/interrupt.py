@@ -5,7 +5,7 @@ thread, which gate.loop.run records as a failure, keeping every record made so f
 on, and whenever the measurement is already over, a signal is only recorded, so the
 reports are written whole; a third signal abandons them (os._exit). The process exits
 128 + the signal (130 for SIGINT, 143 for SIGTERM), never 0, 1, 2 or 3: an interrupted run
-is not a verdict (README, exit codes).
+is not a verdict (docs/reference/exit-codes.md).
 
 The same module keeps the run's wall-time budget (measurement.max_wall_s): once it has run
 out, check_budget() raises OutOfTime between requests, load points and phases, and the run

@@ -200,7 +200,7 @@ def describe(share: float | None, contended: int, total: int, unit: str) -> str:
     return f"machine contended: {pct} on {contended} of {total} {unit}"
 
 
-# Defaults of policy.measurement's contention fields (see the README and gate.policy.model).
+# Defaults of policy.measurement's contention fields (see docs/concepts/contention.md and gate.policy.model).
 DEFAULT_MAX_CPU_STALL = 0.1
 DEFAULT_MAX_CONTENDED = 0.5
 DEFAULT_CONTENTION_RERUNS = 2

@@ -6,7 +6,7 @@ both depend only on the
 policy, so they are stable from run to run, and unique (GitLab drops duplicate names).
 Passing cases are always present (message in system-out).
 
-Mapping (documented in the README):
+Mapping (documented in docs/concepts/reports.md):
 - pass: a passing case; fail: a failure; error (measurement missing): an error;
 - warn: skipped by default ("warning: ..."); `warn_as` "failure" (--fail-on-warn or
   --junit-warn failure) or "passed";
