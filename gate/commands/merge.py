@@ -4,8 +4,10 @@ A long matrix can be split across CI jobs: `gate check POLICY --shard I/N` measu
 of N shards, a shard being a set of (law, load point) cells, dealt to the shards in turn in
 plan order (gate.loop.run.Loop.mine): every runner of a cell (the fallback and every draft, all
 repetitions) runs in the same shard, so paired comparisons never pair requests measured on two
-machines. What is not split (the overlap and exactness passes, the bill, the target identity
-check, served exactness samples) runs in shard 1, and a law's envelope search in the shard of
+machines. Each shard checks its own requests' outputs (greedy equality with the target or the
+fallback, PIT values; joined per draft and law by combined_exactness) and computes the overlap
+of the laws whose first cell it measures; what is not split (speculative first steps, the bill,
+the target identity check, served exactness samples) runs in shard 1, and a law's envelope search in the shard of
 its first load point; measurement.extra_repetitions are not run in a shard. `gate merge POLICY
 SHARD.json...` checks that the reports are the N shards of one run of POLICY (each once, the
 same policy and gate version), joins their raw measurements and decides every rule once, on
@@ -23,7 +25,7 @@ from gate.core.errors import InputError, Problem
 from gate.policy.baseline import load_baseline
 from gate.policy.reader import load_policy
 from gate.policy.saved import read_report
-from gate.records import PEAK, Measurements
+from gate.records import PEAK, ExactnessRecord, Measurements
 
 # Fields every shard records alike (the session's): shard 1's stand. Peaks (gate.records.PEAK): the highest.
 FIRST = ("environment", "laws", "tokenizers", "workload", "target_identity")
@@ -60,7 +62,35 @@ def join(parts: list[Measurements]) -> Measurements:
                 setattr(out, f.name, {**theirs, **mine})
             elif mine is None:
                 setattr(out, f.name, copy.deepcopy(theirs))
+    out.exactness = combined_exactness(out.exactness)
     return out
+
+
+def combined_exactness(records: list[ExactnessRecord]) -> list[ExactnessRecord]:
+    """One ExactnessRecord per (draft, law) from the shards' (each checks its own requests'
+    outputs): compared summed; divergences, PIT values, next-token and two-sample counts
+    joined in shard order; sample costs summed; the fallback's numerical tolerance the
+    largest; notes joined. In the order each pair first appears."""
+    out: dict[tuple[str, str], ExactnessRecord] = {}
+    for r in records:
+        key = (r.draft, r.law)
+        if key not in out:
+            out[key] = copy.deepcopy(r)
+            continue
+        into = out[key]
+        into.compared += r.compared
+        into.divergences += copy.deepcopy(r.divergences)
+        into.pit += list(r.pit)
+        into.next_token += copy.deepcopy(r.next_token)
+        into.two_sample += copy.deepcopy(r.two_sample)
+        into.sample_requests += r.sample_requests
+        into.sample_tokens += r.sample_tokens
+        into.sample_wall_s += r.sample_wall_s
+        tolerances = [t for t in (into.numerical_tolerance, r.numerical_tolerance) if t is not None]
+        into.numerical_tolerance = max(tolerances) if tolerances else None
+        into.note = "; ".join(dict.fromkeys(n for n in (into.note, r.note) if n)) or None
+        into.speculative_from = max(into.speculative_from, r.speculative_from)
+    return list(out.values())
 
 
 def merge(policy_path: str | Path, shard_paths: list[Path], options: Options | None = None) -> CheckResult:

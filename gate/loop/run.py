@@ -153,14 +153,21 @@ def measure(
         m.looks = replace(rounds.looks, taken={f"{n}/{law.name}": 1 for n in names for law in session.laws})
         phases = [loop.phase(names, session.laws, units=rounds.units(1))]
     first = settings.first_shard  # what is not split runs in the first shard (gate.commands.merge)
-    if session.drafts and first:  # the drafts are loaded here: overlap along the fallback's outputs
-        phases.append(Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress)))
+    if session.drafts and loop.overlap_laws():  # the drafts are loaded here: overlap along the fallback's outputs
+        laws = loop.overlap_laws()
+        phases.append(
+            Phase("the overlap pass", FailureStage.OVERLAP, lambda: _overlaps(session, m, progress, laws=laws))
+        )
     if rounds is not None:
         phases.append(
             Phase("the further looks", FailureStage.REQUEST, lambda: loop.further(rounds), lambda why, when: [])
         )
+    # every shard checks its own requests' outputs (greedy equality, PIT); what does not split (first steps,
+    # served samples) runs in the first
+    phases += _exactness_phases(
+        session, m, exactness or ExactnessPlan(), settings.seed, progress, loop.checked, per_request_only=not first
+    )
     if first:
-        phases += _exactness_phases(session, m, exactness or ExactnessPlan(), settings.seed, progress, loop.checked)
         phases.append(Phase("the bill", FailureStage.BILL, lambda: _bill(session, m, settings), after_stop=True))
     phases += [
         # bookkeeping on what was measured; before the identity check: the release model (a
@@ -267,6 +274,17 @@ class Loop:
         self.ended: Counter = Counter()
         # sharding (gate.commands.merge): the (law, load point) cells in plan order, the k-th in shard k % n + 1
         self._cells = [(law.name, point_of(p)) for law in session.laws for p in self.points] if settings.shard else []
+
+    def overlap_laws(self) -> set[str]:
+        """The laws whose overlap pass this run computes, along its own fallback outputs: every
+        law, unless settings.shard splits the run: then the shard that measures a law's first
+        (law, load point) cell computes it (its greedy continuations are the law's; a sampling
+        law's are those of that load point)."""
+        laws = {law.name for law in self.session.laws}
+        if self.s.shard is None:
+            return laws
+        i, n = self.s.shard
+        return {law for law in laws if next(k for k, c in enumerate(self._cells) if c[0] == law) % n == i - 1}
 
     def mine(self, law: str, load: LoadStrategy) -> bool:
         """Whether this run measures `law` at `load` (always, unless settings.shard splits the
@@ -1147,6 +1165,7 @@ def _exactness_phases(
     seed: int,
     progress: Progress,
     checked: set[tuple[Any, ...]] | None = None,
+    per_request_only: bool = False,
 ) -> list[Phase]:
     """The exactness pass of the plan's (draft, law) pairs. A runner of the local target
     (session.local): each output against the target's own law (greedy argmax,
@@ -1154,7 +1173,9 @@ def _exactness_phases(
     fallback runner, divergences weighed by the local target's logit gap where it is loaded
     (gate.exactness.fallback.greedy_exactness), and for sampling laws the one- and
     two-sample counts of the samples the requests phase drew (gate.exactness.sampled).
-    `checked`: the greedy requests a sequential run's looks already checked (_exactness)."""
+    `checked`: the greedy requests a sequential run's looks already checked (_exactness).
+    `per_request_only`: only the checks of this run's own requests (a shard but the first:
+    greedy equality, PIT), not the first steps or served samples the first shard draws."""
     if session.local:
         if not plan.pairs:
             return []
@@ -1162,7 +1183,7 @@ def _exactness_phases(
             Phase(
                 "the exactness pass",
                 FailureStage.EXACTNESS,
-                lambda: _exactness(session, m, plan, seed, progress, checked),
+                lambda: _exactness(session, m, plan, seed, progress, checked, first_steps=not per_request_only),
             )
         ]
     from gate.exactness import fallback as fallback_exactness
@@ -1173,7 +1194,7 @@ def _exactness_phases(
 
     def served() -> None:
         fallback_exactness.greedy_exactness(session, m, plan, progress)
-        if sampled_pairs:
+        if sampled_pairs and not per_request_only:
             sampled_exactness.sampled_exactness(session, m, plan, progress)
 
     return [
@@ -1222,11 +1243,13 @@ def _bound(session: Session, law: Law, prompt: PlannedPrompt) -> RequestLaw:
 
 
 @torch.inference_mode()
-def _overlaps(session: Session, m: Measurements, progress: Progress, only: set[str] | None = None) -> None:
+def _overlaps(
+    session: Session, m: Measurements, progress: Progress, only: set[str] | None = None, laws: set[str] | None = None
+) -> None:
     """Teacher-forced overlap along every fallback continuation of the first repetition:
     one forward of the target and one of each draft per sequence. `only`: these drafts, along
     the continuations of prompts they have no overlap on yet (a sequential run's further looks);
-    None: every draft, every continuation."""
+    None: every draft, every continuation. `laws`: under these laws only (a shard's, Loop.overlap_laws)."""
     prompts = {p.id: p for p in session.prompts}
     laws = {law.name: law for law in session.laws}
     done: set[tuple[str, str]] = set()
@@ -1236,7 +1259,15 @@ def _overlaps(session: Session, m: Measurements, progress: Progress, only: set[s
     def drafts_for(rec: RequestRecord) -> list[str]:
         return [name for name in wanted if (name, rec.prompt_id, rec.law) not in had]
 
-    runs = [r for r in m.requests if r.draft == FALLBACK and r.repetition == 0 and r.output_ids and drafts_for(r)]
+    runs = [
+        r
+        for r in m.requests
+        if r.draft == FALLBACK
+        and r.repetition == 0
+        and r.output_ids
+        and (laws is None or r.law in laws)
+        and drafts_for(r)
+    ]
     for i, rec in enumerate(runs):
         progress(FailureStage.OVERLAP, i, len(runs))
         interrupt.check_budget()
@@ -1294,6 +1325,7 @@ def _exactness(
     progress: Progress,
     checked: set[tuple[Any, ...]] | None = None,
     only_greedy: bool = False,
+    first_steps: bool = True,
 ) -> None:
     """Raw material of the exactness tests: for greedy laws every committed token checked
     against the target's argmax on the output's own prefix (one teacher-forced forward per
@@ -1302,7 +1334,8 @@ def _exactness(
     next_token_prompts prompts (next-token tests at the first position and after shared prefixes).
     `checked`: (runner, law, request key) of the greedy requests already checked into
     m.exactness (a sequential run checks them after each look, `only_greedy`, so that a
-    fault stops its cell at the look that found it); they are not checked again."""
+    fault stops its cell at the look that found it); they are not checked again. `first_steps`
+    False: no speculative first steps (a shard but the first: they are drawn once, in the first)."""
     laws = {law.name: law for law in session.laws}
     prompts = {p.id: p for p in session.prompts}
     pit_generator = torch.Generator().manual_seed(seed)
@@ -1339,7 +1372,8 @@ def _exactness(
                     )
                     rec.pit += [None if v != v else float(v) for v in u.tolist()]
             asked = plan.next_token_samples.get((name, law_name), Asked())
-            if session.runner.capabilities.first_steps and not asked.none and not law.greedy and not only_greedy:
+            draws = first_steps and not only_greedy and not law.greedy and not asked.none
+            if session.runner.capabilities.first_steps and draws:
                 for prompt in session.prompts[: plan.next_token_prompts]:
                     interrupt.check_budget()
                     ids = list(prompt.token_ids)

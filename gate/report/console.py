@@ -163,7 +163,11 @@ class ConsoleReport(ReportFormat):
         return tables
 
     def footer(self, report: Report) -> str:
-        counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or "no rules"
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(report.status_counts.items())) or (
+            f"shard {report.shard} measured, no rule decided here (gate merge decides them)"
+            if report.shard is not None
+            else "no rules"
+        )
         spent = f"\n{report.cost.describe()}" if report.cost is not None else ""
         return f"gate: {counts}; exit code {report.exit_code}{spent}"
 

@@ -70,7 +70,7 @@ _VERDICT = {
     0: "passed",
     1: "failed",
     2: "invalid input",
-    3: "could not measure everything",
+    3: "not decided (a verdict inconclusive or a measurement missing)",
     130: "interrupted (SIGINT), not a verdict",
     143: "interrupted (SIGTERM), not a verdict",
 }

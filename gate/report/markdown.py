@@ -61,7 +61,7 @@ class MarkdownReport(ReportFormat):
         verdict = {
             0: "passed",
             1: "failed",
-            3: "could not measure everything",
+            3: "not decided (a verdict inconclusive or a measurement missing)",
             130: "interrupted (SIGINT), not a verdict",
             143: "interrupted (SIGTERM), not a verdict",
         }.get(report.exit_code, f"exit {report.exit_code}")

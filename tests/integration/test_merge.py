@@ -85,3 +85,59 @@ def test_a_merge_refuses_what_is_not_every_shard_of_one_run(tmp_path: Path, tiny
     assert code == 2 and "measured under another policy" in output and "workload" in output
     code, output = run("check", str(policy), "--shard", "3/2")
     assert code == 2 and "I must be between 1 and N" in output
+
+
+def test_every_shard_checks_its_own_outputs_so_a_later_shards_divergence_is_in_the_merged_verdict(
+    tmp_path: Path, tiny_model_dir: Path, prompts_file: Path
+) -> None:
+    """Greedy exactness is per request: each shard compares its own draft outputs with its own fallback
+    outputs, and the merge joins the counts. A draft server that changes its output between shard 1
+    (c=1) and shard 2 (c=2) fails the merged verdict; it once passed on shard 1's requests alone."""
+    with Stub() as fallback, Stub(draft_n=8, draft_n_accepted=4) as draft:
+        policy = write_policy(tmp_path, stub_policy(
+            tiny_model_dir, prompts_file, fallback.url, draft.url, rules="  - {id: exact, kind: exactness}\n",
+            measurement="repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, "
+                        "sequential: false"))
+        shards = []
+        for i in (1, 2):
+            if i == 2:
+                draft.cycle = 3  # the draft's server answers other tokens from now on: shard 2's outputs diverge
+            out = tmp_path / f"s{i}.json"
+            code, output = run("check", str(policy), "--shard", f"{i}/2", "--json", str(out), "--no-progress")
+            assert code == 0, output
+            shards.append(out)
+    merged = tmp_path / "merged.json"
+    code, output = run("merge", str(policy), *map(str, shards), "--json", str(merged))
+    doc = json.loads(merged.read_text())
+    (record,) = [r for r in doc["measurements"]["exactness"] if r["draft"] == "fast"]
+    assert record["compared"] == 2 * 5 and record["divergences"], record  # both shards' requests, one record
+    (exact,) = [o for o in doc["outcomes"] if o["rule_id"] == "exact"]
+    assert exact["status"] in ("fail", "inconclusive") and code in (1, 3), exact["message"]
+
+
+def test_in_process_shards_each_compute_the_overlap_and_exactness_of_their_laws(
+    tmp_path: Path, tiny_model_dir: Path, prompts_file: Path
+) -> None:
+    """In gate's own loop a shard is a law: the shard that measures a law computes its overlap along its
+    own fallback outputs and checks its own outputs, so the merge decides every law's rules."""
+    from conftest import tiny_policy
+
+    text = tiny_policy(tiny_model_dir, prompts_file, "  - {id: exact, kind: exactness, next_token_samples: 0}\n",
+                       drafts="  exit1: {kind: early_exit, num_layers: 1, num_draft_tokens: 2}\n",
+                       laws="  - temperature: 0\n  - temperature: 0.7\n")
+    policy = write_policy(tmp_path, text.replace("chat_template: true\n", "chat_template: true\n"
+                                                 "measurement: {sequential: false, warmup_requests: 0}\n"))
+    shards = []
+    for i in (1, 2):
+        out = tmp_path / f"s{i}.json"
+        code, output = run("check", str(policy), "--shard", f"{i}/2", "--json", str(out), "--no-progress")
+        assert code == 0, output
+        shards.append(out)
+    assert {o["law"] for o in json.loads(shards[1].read_text())["measurements"]["overlaps"]} == {"t0.7"}
+    merged = tmp_path / "merged.json"
+    run("merge", str(policy), *map(str, shards), "--json", str(merged))
+    doc = json.loads(merged.read_text())
+    overlap = {o["law"]: o["status"] for o in doc["outcomes"] if o["rule_id"] == "overlap-floor"}
+    assert overlap == {"greedy": "pass", "t0.7": "pass"}, doc["outcomes"]
+    records = {(r["draft"], r["law"]): r for r in doc["measurements"]["exactness"]}
+    assert records[("exit1", "greedy")]["compared"] == 5 and len(records[("exit1", "t0.7")]["pit"]) > 0

@@ -177,7 +177,7 @@ def test_empty_report_still_renders_a_page():
     report = make_report("p.yaml", {}, m, [], [], 3)
     text = HtmlReport().render(report)
     page = Page(text)
-    assert page.headings[0] == "gate: could not measure everything" and page.plots() == {}
+    assert page.headings[0] == "gate: not decided (a verdict inconclusive or a measurement missing)" and page.plots() == {}
     assert "No rule outcome" in text
 
 
