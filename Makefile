@@ -41,14 +41,14 @@ example-heads: heads
 
 # An EAGLE draft for SmolLM2 (docs/guides/eagle.md): trained once into ~/.cache/gate by
 # examples/eagle/train_eagle.py (a few minutes on 2 CPU cores), in vLLM's EAGLE format; then
-# examples/eagle/policy.yaml in gate's own loop and examples/eagle/vllm.yaml on vLLM (with the heads).
+# examples/eagle/policy.yaml in gate's own loop and examples/eagle/vllm.yaml on vLLM.
 EAGLE := $(HOME)/.cache/gate/eagle/smollm2-135m-instruct-eagle1-v1
 $(EAGLE)/model.safetensors: examples/eagle/train_eagle.py | $(BIN)/gate
 	OMP_NUM_THREADS=2 $(BIN)/python examples/eagle/train_eagle.py --out $(EAGLE)
 
 eagle: setup $(EAGLE)/model.safetensors
 
-example-eagle: eagle heads vllm
+example-eagle: eagle vllm
 	@code=0; $(BIN)/gate check examples/eagle/policy.yaml --junit out/eagle-junit.xml --json out/eagle-report.json \
 	  --html out/eagle-report.html --markdown out/eagle-summary.md || code=$$?; \
 	GATE_VLLM="$$($(VLLM))" $(BIN)/gate check examples/eagle/vllm.yaml --junit out/eagle-vllm-junit.xml \
