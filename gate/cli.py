@@ -77,9 +77,10 @@ def init_command(
 ) -> None:
     """Write a commented starting policy to PATH (default gate.yaml) for a use case, a target,
     drafts and a runner: the rules that use case needs, every threshold marked `# set:` for the
-    team to set. It validates as written (read back through gate's policy loader first);
-    `# TODO: set` marks what gate cannot know and `gate validate` asks for until set: a model
-    draft's files (on llama_server or vllm), a trained draft's checkpoint, an openai runner's server URLs.
+    team to set. gate's policy loader reads it back before it is written. `# TODO: set` marks
+    what gate cannot know: files (a model draft's on llama_server or vllm, a trained draft's
+    checkpoint) fail `gate validate` until set; placeholders that are valid values (an openai
+    runner's server URLs) validate as they are and must be set by hand.
 
     Never overwrites a file (exit 2). Without --for and --target in a terminal it asks for
     them (with no argument at all: for everything); elsewhere they are required (exit 2)."""
@@ -107,6 +108,11 @@ def _stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 draft', '2 drafts'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 @cli.command()
 @click.argument("policy", type=click.Path(dir_okay=False, path_type=Path))
 def validate(policy: Path) -> None:
@@ -122,8 +128,9 @@ def validate(policy: Path) -> None:
         _err.print(f"gate: warning: {w}", markup=False, soft_wrap=True)
     swept = f" and {len(p.sweep)} num_draft_tokens_sweep runners" if p.sweep else ""
     click.echo(
-        f"{policy}: valid (version {p.version}; {len(p.declared_drafts)} drafts{swept}, {len(p.laws)} laws, "
-        f"{len(p.rules)} rules)" + (f", {len(loaded.warnings)} warning(s)" if loaded.warnings else "")
+        f"{policy}: valid (version {p.version}; {_count(len(p.declared_drafts), 'draft')}{swept}, "
+        f"{_count(len(p.laws), 'law')}, {_count(len(p.rules), 'rule')})"
+        + (f", {_count(len(loaded.warnings), 'warning')}" if loaded.warnings else "")
     )
     from gate.exactness.sampled import planned_cost
     from gate.plan.rounds import planned_looks

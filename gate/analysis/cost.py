@@ -32,7 +32,7 @@ class Cost:
         cells = (
             f"; measured past the first look: {', '.join(f'{c} (look {self.looks[c]})' for c in further)}"
             if further
-            else "; every cell decided at the first look"
+            else "; every cell stopped at the first look"
         )
         samples = (
             f"; {self.samples} served exactness samples, {self.samples / max(self.samples_planned, 1):.2f}x their "

@@ -1066,7 +1066,8 @@ def summary(written: Written) -> list[str]:
     if written.todo:
         lines.append(
             f'todo: {len(written.todo)} values marked "# {TODO.strip()}" that gate cannot know '
-            f"(lines {', '.join(map(str, written.todo))}); gate validate says what is missing until they are set"
+            f"(lines {', '.join(map(str, written.todo))}): set each; gate validate refuses a missing file, "
+            "not a placeholder URL"
         )
     lines.append(f"next: gate validate {written.path}, then gate check {written.path}")
     return lines

@@ -29,7 +29,7 @@ def test_the_base_policy_is_valid(tmp_path: Path, base: str) -> None:
     assert set(validate(policy).policy.drafts) == {"same_bf16", "lookup", "exit1"}
     result = CliRunner().invoke(cli, ["validate", str(policy)])
     assert result.exit_code == 0, result.output
-    assert "valid (version 1; 3 drafts, 1 laws, 2 rules)" in result.output
+    assert "valid (version 1; 3 drafts, 1 law, 2 rules)" in result.output
 
 
 # --- malformed YAML -----------------------------------------------------------------------
