@@ -323,8 +323,8 @@ class DraftKind:
     - `not_in_process(name, spec) -> (YAML path, why) | None`: why gate's own loop cannot run
       this draft (an EAGLE-3 checkpoint: served engines only); gate validate refuses it with
       an in-process runner. Default: None (it can).
-    - `low_acceptance_cause(spec) -> str | None`: what a draft of this kind accepting almost
-      nothing most likely means (an EAGLE checkpoint served under the wrong method); the
+    - `low_acceptance_cause(spec) -> str | None`: what a served draft of this kind accepting
+      almost nothing most likely means (an EAGLE checkpoint served under the wrong method); the
       acceptance rules that fail on such a draft say it. Default: None.
     - `modifies_target`: True for a kind whose draft ships a changed target (a jointly
       fine-tuned backbone, merged adapters): the policy must pin `target.release`, and the

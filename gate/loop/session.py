@@ -140,7 +140,6 @@ def open_session(plan: Plan, step: Any = None) -> Session:
             d.probability_info,
             draft_kinds.get(d.kind).modifies_target,
             **policy.sweep_fields(name),
-            low_acceptance_cause=draft_kinds.get(d.kind).low_acceptance_cause(policy.drafts[name]),
         )
         for name, d in drafts.items()
     }
@@ -191,6 +190,7 @@ def _served_session(plan: Plan, cls: type[Runner], step: Any) -> Session:
             draft_kinds.get(d.kind).probability_info,
             draft_kinds.get(d.kind).modifies_target,
             **policy.sweep_fields(name),
+            # a served engine loads the checkpoint as it is told (gate's own loop checks what it loads)
             low_acceptance_cause=draft_kinds.get(d.kind).low_acceptance_cause(d),
         )
         for name, d in policy.drafts.items()

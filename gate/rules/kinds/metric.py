@@ -544,7 +544,7 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
 
 # Below this acceptance rate a draft accepts "almost nothing": its kind's likely cause is named (SGLang #21272: an
 # EAGLE-3 checkpoint served as EAGLE-1 gives acceptance length 1.0, slower than no speculation, with no warning).
-NEARLY_NOTHING_ACCEPTED = 0.1
+NEARLY_NOTHING_ACCEPTED = 0.02
 
 
 def _low_acceptance_cause(rule: MetricRule, m: Measurements, where: Selection) -> str:
