@@ -49,7 +49,7 @@ from pydantic import ConfigDict, Field
 from gate.core.errors import PolicyValueError
 from gate.core.law import Law, law_probs
 from gate.core.speculative import sample
-from gate.drafts.heads import fit_vocab, output_head
+from gate.drafts.heads import checkpoint_folder, fit_vocab, output_head
 from gate.drafts.interface import (
     BuildContext,
     BuiltDraft,
@@ -367,11 +367,6 @@ def save_checkpoint(
     provenance = {"format": "gate-eagle", "version": 1, "method": "eagle", "base": base, "training": training or {}}
     (folder / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
     return folder
-
-
-def checkpoint_folder(checkpoint: str, policy_dir: Path) -> Path:
-    path = Path(checkpoint).expanduser()
-    return path if path.is_absolute() else policy_dir / path
 
 
 def read_config(folder: Path, yaml_path: str) -> Any:

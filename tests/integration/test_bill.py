@@ -19,9 +19,9 @@ def _real_cache_bytes(model, tokens: int) -> int:
 
 
 def _kw(model):
-    from gate.models.cache import _cache_kwarg
+    from gate.models.cache import cache_kwarg
 
-    return _cache_kwarg(type(model))
+    return cache_kwarg(type(model))
 
 
 @pytest.mark.parametrize("name, overrides", [

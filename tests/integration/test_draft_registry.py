@@ -33,7 +33,7 @@ TOY = DraftKind("toy", ToyDraftSpec, "point_mass", build=lambda name, spec, ctx:
 
 
 def test_builtin_kinds_in_registration_order() -> None:
-    assert registry.names() == ["model", "prompt_lookup", "early_exit", "cross_tokenizer", "heads"]
+    assert registry.names() == ["model", "prompt_lookup", "early_exit", "cross_tokenizer", "heads", "eagle", "mtp"]
 
 
 def test_policy_union_and_schema_come_from_the_registry() -> None:
@@ -55,9 +55,9 @@ def test_a_registered_kind_is_listed_parsed_and_unregistered() -> None:
     try:
         assert registry.names()[-1] == "toy"
         message = policy_load._message(_tag_error("toi"))
-        assert "expected one of: model, prompt_lookup, early_exit, cross_tokenizer, heads, toy" in message and "did you mean 'toy'?" in message
+        assert "expected one of: model, prompt_lookup, early_exit, cross_tokenizer, heads, eagle, mtp, toy" in message and "did you mean 'toy'?" in message
         missing = policy_load._message({"type": "union_tag_not_found", "msg": "", "input": {}, "loc": ("drafts", "x")})
-        assert missing == "a draft needs a 'kind': model, prompt_lookup, early_exit, cross_tokenizer, heads or toy"
+        assert missing == "a draft needs a 'kind': model, prompt_lookup, early_exit, cross_tokenizer, heads, eagle, mtp or toy"
 
         class Drafts(BaseModel):  # a union built after registering parses the new kind
             drafts: dict[str, registry.draft_spec_union()]  # type: ignore[valid-type]
@@ -73,7 +73,7 @@ def test_a_registered_kind_is_listed_parsed_and_unregistered() -> None:
             registry.register(TOY)
     finally:
         registry.unregister("toy")
-    assert registry.names() == ["model", "prompt_lookup", "early_exit", "cross_tokenizer", "heads"]
+    assert registry.names() == ["model", "prompt_lookup", "early_exit", "cross_tokenizer", "heads", "eagle", "mtp"]
     assert "toy" not in policy_load._message(_tag_error("toi"))
 
 
@@ -160,8 +160,8 @@ def test_one_module_plus_its_registration_line_is_a_new_kind(tmp_path: Path) -> 
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["kind"] == "ToyDraftSpec" and out["gamma"] == 2
-    assert out["schema"] == ["cross_tokenizer", "early_exit", "heads", "model", "prompt_lookup", "toy"]
-    assert "expected one of: model, prompt_lookup, early_exit, cross_tokenizer, heads, toy (did you mean 'toy'?)" in out["error"]
+    assert out["schema"] == ["cross_tokenizer", "eagle", "early_exit", "heads", "model", "mtp", "prompt_lookup", "toy"]
+    assert "expected one of: model, prompt_lookup, early_exit, cross_tokenizer, heads, eagle, mtp, toy (did you mean 'toy'?)" in out["error"]
 
 
 def test_policy_draft_specs_are_strict() -> None:

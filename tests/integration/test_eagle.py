@@ -48,7 +48,7 @@ def trained(target):
     runner = TransformersRunner(target, set(), CPU)
     texts = [cycle_text(i, 12) + runner._generate(cycle_text(i, 12), None, GREEDY, 48, None).output_ids
              for i in range(len(CYCLE))]
-    module, training = train_eagle(target, texts, steps=150, batch=4, lr=3e-3, seed=0)
+    module, training = train_eagle(target, texts, steps=100, batch=4, lr=3e-3, seed=0)
     return module, training, texts
 
 
@@ -69,7 +69,7 @@ def test_training_raises_the_overlap_and_is_deterministic(target, trained):
     means = {label: float(overlap(p, EagleDraft("e", target, m, 3, CPU).teacher_forced(ids, 12, T1, 96)).mean())
              for label, m in (("untrained", untrained), ("trained", module))}
     assert means["trained"] > means["untrained"] + 0.2 and means["trained"] > 0.5, means
-    again, _ = train_eagle(target, texts, steps=150, batch=4, lr=3e-3, seed=0)
+    again, _ = train_eagle(target, texts, steps=100, batch=4, lr=3e-3, seed=0)
     assert all(torch.equal(a, b) for a, b in zip(again.eagle_state_dict().values(), module.eagle_state_dict().values()))
 
 
@@ -132,7 +132,7 @@ def test_the_first_committed_token_follows_the_target_law(target, trained, law):
 
 def test_the_checkpoint_is_vllms_eagle_format_and_round_trips(tmp_path, target, trained):
     module = trained[0]
-    folder = save_checkpoint(tmp_path / "eagle", module, base_identity(target, "tiny"), {"steps": 150})
+    folder = save_checkpoint(tmp_path / "eagle", module, base_identity(target, "tiny"), {"steps": 100})
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
     from safetensors import safe_open
