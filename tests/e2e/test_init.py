@@ -2,7 +2,7 @@
 lookup:prompt_lookup`, run as a user runs it (the installed CLI, stdin not a terminal), writes
 gate.yaml; `gate validate` accepts it without a warning, and `gate check` runs it as written
 on the real SmolLM2 to a report: every rule decided or honestly inconclusive, no measurement
-failure, greedy output exact. The suite runs it on a cut of the template's plan (8 MT-bench
+failure, greedy output exact. The suite runs it on a cut of the template's plan (4 MT-bench
 prompts of 8 tokens, a fixed plan, for the suite's 10 minutes); the plan as written (24 prompts
 of 24 tokens, looks up to 32) took 3 min 0 s on a busy 2-core machine."""
 
@@ -40,7 +40,7 @@ def test_gate_init_for_ci_writes_a_policy_gate_check_runs_to_a_report(tmp_path):
     assert "warning" not in valid.stdout + valid.stderr
 
     policy = (tmp_path / "gate.yaml").read_text()
-    for full, cut in (("per_category: 3 ", "per_category: 1 "), ("max_new_tokens: 24 ", "max_new_tokens: 8 "),
+    for full, cut in (("per_category: 3 ", "num_prompts: 4 "), ("max_new_tokens: 24 ", "max_new_tokens: 8 "),
                       ("budget: {requests: 32}", "sequential: false")):
         assert full in policy, full
         policy = policy.replace(full, cut)

@@ -113,7 +113,7 @@ def test_the_first_committed_token_follows_the_target_law(target, trained, law):
         p_all = law_probs(forward(target, torch.tensor([text[:-1]]))[0, 11:], law)
     beta = overlap(p_all, runner.drafts["e"].teacher_forced(text, 12, law, 96))
     prompt = text[:12 + int((beta - 0.6).abs().argmin())]  # accepted often, rejected often
-    n = 4000
+    n = 2500
     steps = runner.first_steps(prompt, "e", law, n, 7)
     counts = np.bincount([s[0] for s in steps], minlength=96)
     with torch.no_grad():
