@@ -235,7 +235,7 @@ class EagleDraft(Draft):
         out = torch.zeros(width, vocab_size, dtype=torch.float32)
         if width <= 0 or len(ids) < 3:
             return out
-        _, features = forward(self.target, torch.tensor([ids[:-2]], device=self.device), hidden="all")
+        _, features = forward(self.target, torch.tensor([ids[:-2]], device=self.device), None, 1, hidden="all")
         tokens = torch.tensor([ids[1:-1]], device=self.device)  # pair r: (ids[r + 1], f_r)
         predicted = self.module(tokens, features, None)[0]  # row r predicts the feature giving ids[r + 2]
         first = max(start, 2)
