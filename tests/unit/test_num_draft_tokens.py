@@ -17,8 +17,10 @@ SPEEDS = {"fallback": (1, 0.008), "fast.k1": (2, 0.010), "fast.k3": (3, 0.012), 
 DRAFT = "{kind: prompt_lookup, max_ngram_size: 2, num_draft_tokens: 6, num_draft_tokens_sweep: [0, 1, 3, 6]}"
 
 
+# 1.5x leaves K=3 (1.93x) and K=6 (1.80x) a margin that one stalled request of 10 on a busy CI runner cannot close
+# (at 1.7x, K=3 at concurrency 1 was left inconclusive by the project's CI on 2026-12-06); K=1 (1.54x) is no candidate
 BEST_RULES = """\
-  - {id: pays, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.7x,
+  - {id: pays, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 1.5x,
      per: concurrency}
   - {id: pays-2.5x, kind: best_num_draft_tokens, metric: speedup, aggregation: pooled, comparison: '>=', threshold: 2.5x,
      scope: {concurrency: [2]}}
