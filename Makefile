@@ -40,15 +40,16 @@ example-heads: heads
 	code=$$?; echo "gate exit code: $$code"; exit $$code
 
 # An EAGLE draft for SmolLM2 (docs/guides/eagle.md): trained once into ~/.cache/gate by
-# examples/eagle/train_eagle.py (a few minutes on 2 CPU cores), in vLLM's EAGLE format; then
-# examples/eagle/policy.yaml in gate's own loop and examples/eagle/vllm.yaml on vLLM.
+# examples/eagle/train_eagle.py (about 12 min on 2 CPU cores), in vLLM's EAGLE format; then, with
+# the trained heads (make heads), examples/eagle/policy.yaml in gate's own loop and
+# examples/eagle/vllm.yaml on vLLM (the heads as its Medusa).
 EAGLE := $(HOME)/.cache/gate/eagle/smollm2-135m-instruct-eagle1-v1
 $(EAGLE)/model.safetensors: examples/eagle/train_eagle.py | $(BIN)/gate
 	OMP_NUM_THREADS=2 $(BIN)/python examples/eagle/train_eagle.py --out $(EAGLE)
 
 eagle: setup $(EAGLE)/model.safetensors
 
-example-eagle: eagle vllm
+example-eagle: eagle heads vllm
 	@code=0; $(BIN)/gate check examples/eagle/policy.yaml --junit out/eagle-junit.xml --json out/eagle-report.json \
 	  --html out/eagle-report.html --markdown out/eagle-summary.md || code=$$?; \
 	GATE_VLLM="$$($(VLLM))" $(BIN)/gate check examples/eagle/vllm.yaml --junit out/eagle-vllm-junit.xml \
