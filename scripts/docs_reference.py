@@ -327,6 +327,12 @@ _METRIC_WORDS: dict[str, Callable[[Any], str | None]] = {
         if v
         else None
     ),
+    "includes_server_headers": lambda v: (
+        "Served, it includes the server's time to its response headers (`server_headers_ms`), which each verdict "
+        "states beside it."
+        if v
+        else None
+    ),
 }
 
 

@@ -1148,6 +1148,7 @@ def client_fields(g: StreamResult) -> dict[str, Any]:
         schedule_lag_ms=c.schedule_lag_ms,
         send_ms=c.send_ms,
         connect_ms=c.connect_ms,
+        headers_ms=c.headers_ms,
         loop_lag_ms=c.loop_lag_ms,
         client_worker=c.worker,
         server_output_tokens=c.server_output_tokens,

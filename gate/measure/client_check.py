@@ -8,6 +8,11 @@ load run, each a warning that names what it saw:
 - schedule lag and event-loop lag (median, p99, max), the workers' CPU (a worker near one
   CPU is saturated), requests delayed beyond the bound;
 - client vs server token counts per request (usage.completion_tokens / tokens_predicted);
+- the server's time to answer each request's headers (RequestRecord.server_headers_ms: from
+  the request leaving to its response's headers, where they came before the first token): a
+  thread-per-connection server under a burst holds requests in its accept queue, an API
+  server validates and tokenizes before it streams; TTFT includes it, and it is the server's,
+  not the client's;
 - where the server times itself, gate's TTFT minus the server's: per request against
   llama.cpp's timings.prompt_ms (network, queueing and the client), per window against the
   means of vLLM's TTFT and inter-token-latency histograms; never below zero by more than
@@ -46,6 +51,7 @@ LOCKSTEP_MS = 1.0  # requests that began closer than this are in step
 LOCKSTEP_SHARE = 0.5  # beyond this share of requests in step, arrivals are in lockstep
 UNSEPARATED_SHARE = 0.1  # beyond this share of requests with loop lag over burst_gap_ms, tok/burst is unreliable
 DISAGREE_P = 1e-3  # repetitions whose TTFT differ at this p-value disagree
+HEADERS_SHARE = 0.1  # a server whose headers took (median) over this share of the median TTFT: a warning
 
 
 def client_delay_ms(r: RequestRecord) -> float | None:
@@ -83,6 +89,8 @@ class ClientCheck:
     time; `delayed`: requests over `max_client_lag_ms`; `token_mismatches`: requests whose
     token count differs from the server's; `ttft_minus_server_prefill_ms`: median of gate's
     TTFT minus the server's own prefill time (None: the server gives none);
+    `server_headers_p50_ms` / `server_headers_p99_ms`: the server's time to answer the
+    requests' headers (None: its headers came with the first token, or not served);
     `ttft_minus_server_ms` / `itl_minus_server_ms`: gate's mean TTFT / ITL minus the
     server's own over the window (vLLM's histograms; None where it keeps none); `achieved_rate`
     / `offered_rate`: requests/s (open loop); `bursts_separable`: whether the client's
@@ -109,6 +117,8 @@ class ClientCheck:
     ttft_minus_server_prefill_ms: float | None
     ttft_minus_server_ms: float | None = None
     itl_minus_server_ms: float | None = None
+    server_headers_p50_ms: float | None = None
+    server_headers_p99_ms: float | None = None
     achieved_rate: float | None = None
     offered_rate: float | None = None
     bursts_separable: bool = True  # False: the client's loop lag exceeded burst_gap_ms on too many requests
@@ -163,6 +173,16 @@ def check_window(
         len(mismatched),
         statistics.median(gaps) if gaps else None,
     )
+    answered = [x for x in (r.server_headers_ms for r in mine) if x is not None]
+    c.server_headers_p50_ms, c.server_headers_p99_ms = _q(answered, 0.5), _q(answered, 0.99)
+    ttft_p50 = _q([r.ttft_ms for r in mine if r.token_times_ms], 0.5)
+    if c.server_headers_p50_ms is not None and ttft_p50 and c.server_headers_p50_ms > HEADERS_SHARE * ttft_p50:
+        c.warnings.append(
+            f"the server answered the requests' headers a median {c.server_headers_p50_ms:.1f} ms (p99 "
+            f"{c.server_headers_p99_ms:.1f} ms) after they left, of a median TTFT of {ttft_p50:.1f} ms, over "
+            f"{len(answered)} requests: the server's time before it streamed (its accept queue, its threads, its "
+            "request handling), not the client's, and TTFT includes it"
+        )
     if delayed and max_client_lag_ms is not None:
         c.warnings.append(
             describe_delayed(delayed, len(mine), "requests", max_client_lag_ms) + ": timing verdicts leave them out"

@@ -59,7 +59,9 @@ class Metric:
     counts: what a dimensionless count counts ("sequences"; None: not a count). share: a
     share of something, in [0, 1] by its definition (its intervals keep to that range).
     on_accelerator: measured only on an accelerator (device memory); without one a rule on
-    it is skipped, saying "not measured: no accelerator", and nothing fails for it."""
+    it is skipped, saying "not measured: no accelerator", and nothing fails for it.
+    includes_server_headers: a served request's time that includes the server's time to
+    answer its headers (server_headers_ms), which its verdicts state beside it."""
 
     name: str
     dimension: Dimension
@@ -84,6 +86,7 @@ class Metric:
     of_proposals: bool = False
     counts: str | None = None
     on_accelerator: bool = False
+    includes_server_headers: bool = False
 
     @property
     def computed_once(self) -> bool:
@@ -262,6 +265,7 @@ TTFT_MS = Metric(
     timed=True,
     repeatable=True,
     better="lower",
+    includes_server_headers=True,
 )
 
 ITL_MS = Metric(
@@ -317,6 +321,7 @@ E2EL_MS = Metric(
     timed=True,
     repeatable=True,
     better="lower",
+    includes_server_headers=True,
 )
 
 OUTPUT_THROUGHPUT = Metric(
@@ -370,6 +375,22 @@ QUEUE_MS = Metric(
     "one served request",
     True,
     "client queue time: from the request's scheduled arrival to its send (open loop capped by max_concurrency)",
+    sampling="request",
+    timed=True,
+    repeatable=True,
+    better="lower",
+    measured_by="load_points",
+)
+
+SERVER_HEADERS_MS = Metric(
+    "server_headers_ms",
+    Dimension.TIME_MS,
+    SAMPLE_AGGREGATIONS,
+    "one served request whose response headers came before its first token",
+    True,
+    "the server's time to answer a request's headers: from the request leaving the client to the response's "
+    "headers, where they came before the first token (a server that sends them with its first token gives none); "
+    "its accept queue, its threads, its request handling before it streams: a part of TTFT that is the server's",
     sampling="request",
     timed=True,
     repeatable=True,
@@ -662,6 +683,7 @@ METRICS: dict[str, Metric] = {
         REQUEST_THROUGHPUT,
         GOODPUT,
         QUEUE_MS,
+        SERVER_HEADERS_MS,
         MEMORY_BILL_BYTES,
         MEMORY_LINE_BYTES,
         MEMORY_HEADROOM_BYTES,

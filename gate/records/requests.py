@@ -173,6 +173,8 @@ class RequestRecord:
     schedule_lag_ms: float | None = None  # how late the client began it against when it was due
     send_ms: float | None = None  # began -> left (connection set-up included)
     connect_ms: float | None = None  # TCP/TLS set-up when it opened its connection (None: kept-alive, or in-process)
+    # left -> its response's headers read (before the first token: the server's time before it streamed)
+    headers_ms: float | None = None
     loop_lag_ms: float | None = None  # the client worker's largest event-loop lag while it was in flight
     client_worker: int | None = None  # the client worker process that sent it (0-based)
     server_output_tokens: int | None = None  # output tokens the server counted (usage / tokens_predicted)
@@ -203,6 +205,15 @@ class RequestRecord:
     @property
     def ttft_ms(self) -> float:
         return self.token_times_ms[0] if self.token_times_ms else float("nan")
+
+    @property
+    def server_headers_ms(self) -> float | None:
+        """The server's time to answer a served request's headers (ms): from its leaving to its response's headers,
+        where they came before its first token (its accept queue, its threads, its request handling); None where they
+        came with it (nothing to tell apart from the prefill), or in-process."""
+        if self.headers_ms is None or not self.token_times_ms or self.headers_ms >= self.token_times_ms[0]:
+            return None
+        return self.headers_ms
 
     @property
     def itl_ms(self) -> list[float]:

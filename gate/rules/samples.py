@@ -60,6 +60,7 @@ REQUEST_SAMPLES: dict[str, Callable[[RequestRecord], list[float]]] = {
     ),
     "request_acceptance_rate": lambda r: [r.counters.acceptance_rate] if r.counters is not None else [],
     "queue_ms": lambda r: [r.queue_ms] if r.queue_ms is not None else [],
+    "server_headers_ms": lambda r: [r.server_headers_ms] if r.server_headers_ms is not None else [],
     "mapping_ms": lambda r: _mapping_steps(r),
     "mapping_share": lambda r: (
         [r.mapping_ms / r.e2el_ms] if r.step_mapping_ms is not None and r.draft != FALLBACK and r.e2el_ms > 0 else []

@@ -16,6 +16,8 @@ class ClientTiming:
     ended, a capped open loop's slot was released); `send_ms`: from beginning the request
     to its leaving (its one write handed to the transport; connection set-up included); `connect_ms`: the TCP (and TLS)
     set-up when this request opened its connection, None when it reused a kept-alive one;
+    `headers_ms`: from its leaving to its response's headers (None where none came); where they came before the
+    first token, the server's time before it streamed (its accept queue, its threads, its request handling);
     `loop_lag_ms`: the largest event-loop lag of its worker while it was in flight (a timer
     due every 2 ms, how late it ran: how late a byte's arrival could have been stamped);
     `worker`: the client worker process that sent it (0-based); `server_output_tokens`:
@@ -35,6 +37,7 @@ class ClientTiming:
     server_tpot_ms: float | None = None
     server_cached_tokens: int | None = None
     events: int = 0
+    headers_ms: float | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from conftest import stub_policy, write_policy
 from gate.cli import cli
 from gate.runners.client.workers import shared_pool
 from served_stub import Stub
+from threaded_stub import Server as ThreadedStub
 from unit.test_client_check import _resume_workers  # noqa: F401 - shared with that tier
 from unit.test_client_check import TTFT_RULE
 
@@ -114,6 +115,53 @@ def test_the_same_rule_on_a_client_that_gets_its_cpu_is_decided(tmp_path: Path, 
     for c in report["client"]:
         assert c["delayed"] <= c["requests"] / 2, c  # a busy test machine may delay a few, never most
         assert c["token_mismatches"] == 0  # the stub's tokens_predicted is the count it streamed
+
+
+def test_a_threaded_server_that_holds_requests_is_reported_as_the_servers_time(tmp_path: Path, tiny_model_dir: Path,
+                                                                             prompts_file: Path) -> None:
+    # two thread-per-connection servers (tests/threaded_stub.py): the draft's holds each request 30 ms before it answers
+    # its headers, the fallback's sends its headers with its first token (nothing to tell apart from the prefill)
+    servers = {"fast": ThreadedStub(("127.0.0.1", 0), 0.02, 0.005, 1, hold_s=0.03),
+               "fallback": ThreadedStub(("127.0.0.1", 0), 0.02, 0.005, 1, headers_with_first=True)}
+    for srv in servers.values():
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    endpoints = "".join(f"    {name}: {{base_url: 'http://127.0.0.1:{srv.server_address[1]}', api: completions}}\n"
+                        for name, srv in servers.items())
+    path = write_policy(tmp_path, f"""\
+version: 1
+target: {{model: {tiny_model_dir}, device: cpu}}
+drafts:
+  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
+law: {{temperature: 0}}
+runner:
+  kind: openai
+  endpoints:
+{endpoints}  request_timeout_s: 5
+load: {{concurrency: [2]}}
+workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 8, seed: 0, chat_template: true}}
+measurement: {{repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, sequential: false}}
+rules:
+{TTFT_RULE}""")
+    try:
+        result = CliRunner().invoke(cli, ["check", str(path), "--json", str(tmp_path / "out.json"), "--no-progress"])
+    finally:
+        for srv in servers.values():
+            srv.shutdown()
+            srv.server_close()
+    assert "Traceback" not in result.output and (tmp_path / "out.json").exists(), result.output
+    report = json.loads((tmp_path / "out.json").read_text())
+    requests = report["measurements"]["requests"]
+    held = [r for r in requests if r["draft"] == "fast"]
+    assert held and all(30.0 <= r["headers_ms"] < r["token_times_ms"][0] for r in held), [r["headers_ms"] for r in held]
+    first = [r for r in requests if r["draft"] == "fallback"]
+    assert first and all(r["headers_ms"] >= r["token_times_ms"][0] for r in first)  # with the first token
+    checks = {c["runner"]: c for c in report["client"]}
+    assert 30.0 <= checks["fast"]["server_headers_p50_ms"] < 60.0, checks["fast"]
+    assert any("the server answered the requests' headers" in w for w in checks["fast"]["warnings"])
+    assert checks["fallback"]["server_headers_p50_ms"] is None
+    (ttft,) = [o for o in report["outcomes"] if o["rule_id"] == "ttft"]
+    assert ttft["status"] == "fail" and "of it, the server's time to its response headers" in ttft["message"], ttft["message"]
+    assert "over 10 requests (server_headers_ms)" in ttft["message"], ttft["message"]
 
 
 # -- the checks on synthetic records (gate.measure.client_check) -----------------------------

@@ -121,6 +121,25 @@ def test_a_capped_open_loop_window_is_checked_on_its_requests() -> None:
     assert any("4 requests in flight, the server admits 2 at once" in w for w in c.warnings), c.warnings
 
 
+def test_a_server_slow_to_answer_its_headers_is_named_as_the_servers_time() -> None:
+    # headers 25 ms after the request left, its first token at 40 ms: the server took 25 ms before it streamed
+    held = [rec(i, headers_ms=25.0 + 0.1 * i) for i in range(16)]
+    assert held[0].server_headers_ms == 25.0
+    c = check_window(window(held), held, 10.0)
+    assert c.server_headers_p50_ms == pytest.approx(25.8) and c.server_headers_p99_ms == pytest.approx(26.5)
+    (said,) = [w for w in c.warnings if "the server answered the requests' headers" in w]
+    assert "a median 25.8 ms (p99 26.5 ms) after they left, of a median TTFT of 40.0 ms, over 16 requests" in said
+    assert "its accept queue, its threads, its request handling), not the client's" in said
+    # headers that came with the first token tell nothing apart from the prefill: no figure, no warning
+    first = [rec(i, headers_ms=40.0) for i in range(16)]
+    c = check_window(window(first), first, 10.0)
+    assert first[0].server_headers_ms is None and c.server_headers_p50_ms is None and c.warnings == []
+    # a hold of 1 ms in 40 is the server answering, not queueing: a figure, no warning
+    quick = [rec(i, headers_ms=1.0) for i in range(16)]
+    c = check_window(window(quick), quick, 10.0)
+    assert c.server_headers_p50_ms == 1.0 and c.warnings == []
+
+
 def test_the_servers_own_histograms_give_its_mean_ttft_and_itl_over_a_window() -> None:
     before = ServerSnapshot("vllm", {"vllm:time_to_first_token_seconds_sum": 1.0, "vllm:time_to_first_token_seconds_count": 10,
                                      "vllm:inter_token_latency_seconds_sum": 0.5, "vllm:inter_token_latency_seconds_count": 100})

@@ -26,6 +26,7 @@ from gate.metrics.catalogue import (
     METRICS,
     RATIO_NOT_SHARE,
     RESAMPLED,
+    SERVER_HEADERS_MS,
     TIMED,
     compares_with_fallback,
 )
@@ -57,6 +58,7 @@ from gate.rules.samples import (
     pooled,
     position_denominator,
     position_parts,
+    samples,
     value,
 )
 from gate.rules.scope import (
@@ -526,6 +528,7 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         else:
             status = Status.INCONCLUSIVE
             note += f"; {said}: a slower configuration than the machine's, so not this draft's verdict"
+    note += _server_headers(rule, m, where)
     if status == Status.FAIL:
         note += _low_acceptance_cause(rule, m, where)
     if status == Status.FAIL and rule.level == "warn":
@@ -539,6 +542,25 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
         message=f"{what}: measured {detail} vs threshold {bound}: {status}{note}",
         interval=interval,
         exceedance=exc,
+    )
+
+
+def _server_headers(rule: MetricRule, m: Measurements, where: Selection) -> str:
+    """ "; of it, the server's time to its response headers ..." for a served time that includes
+    it (Metric.includes_server_headers), from server_headers_ms
+    over the rule's cell (requests whose response headers came before their first token); ""
+    where the metric includes none or no request measured it (in-process; a server that sends
+    its headers with its first token)."""
+    if not METRICS[rule.metric].includes_server_headers:
+        return ""
+    answered = sorted(samples(SERVER_HEADERS_MS.name, m, where))
+    if not answered:
+        return ""
+    p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))]
+    return (
+        f"; of it, the server's time to its response headers (its accept queue, its threads, its request "
+        f"handling): median {answered[len(answered) // 2]:.1f} ms, p99 {p99:.1f} ms over {len(answered)} requests "
+        "(server_headers_ms)"
     )
 
 

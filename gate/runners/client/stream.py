@@ -83,6 +83,7 @@ class StreamClient:
             server_tpot_ms=next((e.tpot_ms for e in events if e.tpot_ms is not None), None),
             server_cached_tokens=next((e.cached_tokens for e in events if e.cached_tokens is not None), None),
             events=len(events),
+            headers_ms=None if raw.headers_s is None else (raw.headers_s - raw.sent_s) * 1e3,
         )
         result.cpu_stall_ms = raw.cpu_stall_ms
         result.load_avg_1m = raw.load_avg_1m

@@ -38,7 +38,8 @@ class RawStream:
     could first have begun, `begin_s` begun, `sent_s` it left (its one write handed to the
     transport: the clock of its times), `end_s` its last byte read), `connect_ms` (None: a kept-alive connection),
     `started_s` (wall
-    clock s since the epoch at begin), the machine's CPU stall over it (ms,
+    clock s since the epoch at begin), `headers_s` (perf_counter s its response's headers were read; None where none
+    came), the machine's CPU stall over it (ms,
     /proc/pressure/cpu; None without it), the load average at its end, and what its worker
     measured: `loop_lag_ms` (the worker's largest event-loop lag while it was in flight)
     and `worker` (0-based)."""
@@ -56,6 +57,7 @@ class RawStream:
     loop_lag_ms: float = 0.0
     worker: int = 0
     index: int = -1
+    headers_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,5 +148,15 @@ class Transfer:
             else None
         )
         return RawStream(
-            chunks, scheduled_s, due_s, begin, progress.t0 or begin, end, started_s, connect, stall, load_average()
+            chunks,
+            scheduled_s,
+            due_s,
+            begin,
+            progress.t0 or begin,
+            end,
+            started_s,
+            connect,
+            stall,
+            load_average(),
+            headers_s=progress.headers_s,
         )
