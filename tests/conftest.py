@@ -168,8 +168,8 @@ def stub_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, *, dr
                 draft_spec: str = EARLY_EXIT_DRAFT, draft_metrics: str | None = None, timeout_s: float = 5,
                 load: str = "{concurrency: [1, 2]}", max_new_tokens: int = 12,
                 measurement: str = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null",
-                rules: str = SPEEDUP_AND_EXACT, extra: str = "") -> str:
-    """A served policy (runner openai, llama.cpp's native API) on two stub endpoints
+                rules: str = SPEEDUP_AND_EXACT, extra: str = "", api: str = "llama_cpp") -> str:
+    """A served policy (runner openai, llama.cpp's native API unless `api` says) on two stub endpoints
     (tests/served_stub.py): the fallback at `fallback`, one draft `draft_name` at `draft`
     (its server counters at `draft_metrics`, llama.cpp's names), greedy, the JSONL `prompts`.
     `measurement` and `rules` are YAML (a flow mapping's inside; rule lines); contention
@@ -186,8 +186,8 @@ law: {{temperature: 0}}
 runner:
   kind: openai
   endpoints:
-    fallback: {{base_url: '{fallback}', api: llama_cpp}}
-    {draft_name}: {{base_url: '{draft}', api: llama_cpp{metrics}}}
+    fallback: {{base_url: '{fallback}', api: {api}}}
+    {draft_name}: {{base_url: '{draft}', api: {api}{metrics}}}
   request_timeout_s: {timeout_s}
 load: {load}
 workload: {{source: jsonl, path: {prompts}, max_new_tokens: {max_new_tokens}, seed: 0, chat_template: true}}

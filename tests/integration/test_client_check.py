@@ -125,23 +125,11 @@ def test_a_threaded_server_that_holds_requests_is_reported_as_the_servers_time(t
                "fallback": ThreadedStub(("127.0.0.1", 0), 0.02, 0.005, 1, headers_with_first=True)}
     for srv in servers.values():
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    endpoints = "".join(f"    {name}: {{base_url: 'http://127.0.0.1:{srv.server_address[1]}', api: completions}}\n"
-                        for name, srv in servers.items())
-    path = write_policy(tmp_path, f"""\
-version: 1
-target: {{model: {tiny_model_dir}, device: cpu}}
-drafts:
-  fast: {{kind: early_exit, num_layers: 1, num_draft_tokens: 3}}
-law: {{temperature: 0}}
-runner:
-  kind: openai
-  endpoints:
-{endpoints}  request_timeout_s: 5
-load: {{concurrency: [2]}}
-workload: {{source: jsonl, path: {prompts_file}, max_new_tokens: 8, seed: 0, chat_template: true}}
-measurement: {{repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, sequential: false}}
-rules:
-{TTFT_RULE}""")
+    urls = {name: f"http://127.0.0.1:{srv.server_address[1]}" for name, srv in servers.items()}
+    path = write_policy(tmp_path, stub_policy(
+        tiny_model_dir, prompts_file, urls["fallback"], urls["fast"], load="{concurrency: [2]}", max_new_tokens=8,
+        rules=TTFT_RULE, api="completions",
+        measurement="repetitions: 2, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, sequential: false"))
     try:
         result = CliRunner().invoke(cli, ["check", str(path), "--json", str(tmp_path / "out.json"), "--no-progress"])
     finally:
