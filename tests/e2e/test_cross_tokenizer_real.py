@@ -27,7 +27,7 @@ pytestmark = [
 def test_gemma_smollm2_pair_in_both_directions(tmp_path, example, target_vocab, draft_vocab):
     policy = yaml.safe_load((ROOT / "examples" / "gemma" / example).read_text())
     result, report = check_cut_example(tmp_path, ROOT / "examples" / "gemma" / example, per_category=1, num_prompts=2,
-                                       max_new_tokens=8, warmup_requests=0)
+                                       max_new_tokens=8, warmup_requests=0, sequential=False)
     assert result.exit_code in (0, 1, 3), result.output
     m = report["measurements"]
     assert m["failures"] == []
