@@ -167,7 +167,7 @@ SPEEDUP_AND_EXACT = ("  - {id: speedup, metric: speedup, aggregation: pooled, co
 def stub_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, *, draft_name: str = "fast",
                 draft_spec: str = EARLY_EXIT_DRAFT, draft_metrics: str | None = None, timeout_s: float = 5,
                 load: str = "{concurrency: [1, 2]}", max_new_tokens: int = 12,
-                measurement: str = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null, sequential: false",
+                measurement: str = "repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null",
                 rules: str = SPEEDUP_AND_EXACT, extra: str = "", api: str = "llama_cpp") -> str:
     """A served policy (runner openai, llama.cpp's native API unless `api` says) on two stub endpoints
     (tests/served_stub.py): the fallback at `fallback`, one draft `draft_name` at `draft`
@@ -175,10 +175,7 @@ def stub_policy(model_dir: Path, prompts: Path, fallback: str, draft: str, *, dr
     `measurement` and `rules` are YAML (a flow mapping's inside; rule lines); contention
     and client-delay handling are off by default, as the served tests are about the served
     path (a test of either sets it: tests/integration/test_client_check.py); with 5 pairs a
-    verdict, one request the client read late under a parallel test tier made it inconclusive.
-    The default is the fixed plan (`sequential: false`): 5 prompts leave intervals at their
-    minimum of units, where a sequential run would measure everything a second time; a test of
-    the sequential design passes its own `measurement`."""
+    verdict, one request the client read late under a parallel test tier made it inconclusive."""
     metrics = f", metrics_url: '{draft_metrics}', engine: llama_cpp" if draft_metrics else ""
     return f"""\
 version: 1

@@ -143,10 +143,13 @@ def test_a_threaded_server_that_holds_requests_is_reported_as_the_servers_time(t
     assert held and all(30.0 <= r["headers_ms"] < r["token_times_ms"][0] for r in held), [r["headers_ms"] for r in held]
     first = [r for r in requests if r["draft"] == "fallback"]
     assert first and all(r["headers_ms"] >= r["token_times_ms"][0] for r in first)  # with the first token
-    checks = {c["runner"]: c for c in report["client"]}
-    assert 30.0 <= checks["fast"]["server_headers_p50_ms"] < 60.0, checks["fast"]
-    assert any("the server answered the requests' headers" in w for w in checks["fast"]["warnings"])
-    assert checks["fallback"]["server_headers_p50_ms"] is None
+    # one self-check per window: each of the draft's holds its requests at least the 30 ms (more on a busy machine:
+    # the stub's threads share this process), the fallback's tells none apart
+    checks = report["client"]
+    held = [c for c in checks if c["runner"] == "fast"]
+    assert held and all(30.0 <= c["server_headers_p50_ms"] for c in held), held
+    assert all(any("the server answered the requests' headers" in w for w in c["warnings"]) for c in held), held
+    assert all(c["server_headers_p50_ms"] is None for c in checks if c["runner"] == "fallback")
     (ttft,) = [o for o in report["outcomes"] if o["rule_id"] == "ttft"]
     assert ttft["status"] == "fail" and "of it, the server's time to its response headers" in ttft["message"], ttft["message"]
     assert "over 10 requests (server_headers_ms)" in ttft["message"], ttft["message"]

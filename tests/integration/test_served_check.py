@@ -126,8 +126,7 @@ def test_sample_requests_that_fail_are_a_failure_of_the_exactness_rule_never_a_s
     rules = "  - {id: exact, kind: exactness, next_token_samples: 60}\n"
     with Stub() as good, Stub(draft_n=8, draft_n_accepted=4) as bad:
         bad.fault_all = "http500"
-        text = stub_policy(tiny_model_dir, prompts_file, good.url, bad.url, rules=rules, load="{concurrency: [1]}",
-                           measurement="repetitions: 1, warmup_requests: 0, max_cpu_stall: null, max_client_lag_ms: null")
+        text = stub_policy(tiny_model_dir, prompts_file, good.url, bad.url, rules=rules, load="{concurrency: [1]}")
         code, report, out = check(tmp_path, text.replace("law: {temperature: 0}", "law: {temperature: 0.8}"))
     m = report["measurements"]
     assert code == 3, out
