@@ -126,7 +126,7 @@ example-sampled: setup llama-server vllm
 TESTS ?= tests
 test: setup llama-server
 	GATE_LLAMA_SERVER="$$($(LLAMA_SERVER))" GATE_VLLM="$$($(VLLM) || echo unavailable)" \
-	  $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15 $(TESTS)
+	  $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(TESTS)
 
 # Style, format, types and layers of gate/ (pyproject.toml: [tool.ruff], [tool.mypy], [tool.importlinter]); CI runs it before the tests.
 lint: setup

@@ -20,7 +20,7 @@ from unit.test_num_draft_tokens import BEST_RULES, DRAFT, SPEEDS
 
 # A stub per K: one event every itl_s carrying tokens_per_event tokens, 12 tokens per request, 20 ms to the first.
 # E2E: fallback 20 + 11 x 8 = 108 ms; K=1 20 + 5 x 10 = 70 ms (1.54x); K=3 20 + 3 x 12 = 56 ms (1.93x);
-# K=6 20 + 2 x 20 = 60 ms (1.80x). So the best K is 3, the declared one is 6.
+# K=6 20 + 2 x 30 = 80 ms (1.35x). So the best K is 3, the declared one is 6.
 
 
 def sweep_policy(model: Path, prompts: Path, urls: dict[str, str], repetitions: int = 2, rules: str = "") -> str:
@@ -97,7 +97,11 @@ def test_gate_check_finds_the_known_best_k_and_decides_the_rule_on_every_k(tmp_p
         cells = {x["k"]: x for x in c["cells"]}
         assert set(cells) == {0, 1, 3, 6} and c["declared_k"] == 6
         assert c["best_k"] == 3, [(x["k"], x["score"], x["spread"]) for x in c["cells"]]
-        assert 1.8 < cells[3]["score"] < 2.05 and 1.4 < cells[1]["score"] < 1.6 and 1.7 < cells[6]["score"] < 1.9
+        # the stubs' design (1.93x, 1.54x, 1.35x) in order; within 15% of it, for a stalled request on a busy
+        # machine lowers a score (K=6 read 1.67x of 1.80x beside another job): the order is what picks K
+        score = {k: cells[k]["score"] for k in (1, 3, 6)}
+        assert score[3] > score[1] > score[6] > 1.0, score
+        assert all(abs(score[k] / design - 1) < 0.15 for k, design in ((3, 1.93), (1, 1.54), (6, 1.35))), score
         assert all(x["stable"] and len(x["per_repetition"]) == 2 for x in c["cells"] if x["k"] in (3, 6))
         assert not cells[1]["stable"] and "no proposal" in cells[1]["no_proposal"]  # fast.k1 never proposed
         assert "best K=3" in c["message"] and "declared K=6" in c["message"] and "made no proposal" in c["message"]
