@@ -40,6 +40,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gate.core.quantiles import order_statistic
 from gate.records import RequestRecord, RunRecord
 
 DEFAULT_MAX_CLIENT_LAG_MS = 10.0
@@ -73,13 +74,6 @@ def is_client_delayed(r: RequestRecord, max_client_lag_ms: float | None) -> bool
 def describe_delayed(delayed: int, total: int, unit: str, max_client_lag_ms: float) -> str:
     """ "client delayed: schedule or event-loop lag over 10 ms on 3 of 24 requests"."""
     return f"client delayed: schedule or event-loop lag over {max_client_lag_ms:g} ms on {delayed} of {total} {unit}"
-
-
-def _q(xs: Sequence[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 @dataclass
@@ -161,21 +155,21 @@ def check_window(
         len(mine),
         workers,
         max_client_lag_ms,
-        _q(sched, 0.5),
-        _q(sched, 0.99),
+        order_statistic(sched, 0.5),
+        order_statistic(sched, 0.99),
         max(sched, default=None),
-        _q(loop, 0.99),
+        order_statistic(loop, 0.99),
         max(loop, default=None),
-        _q(sends, 0.5),
-        _q(connects, 0.5),
+        order_statistic(sends, 0.5),
+        order_statistic(connects, 0.5),
         max(cpu, default=None),
         delayed,
         len(mismatched),
         statistics.median(gaps) if gaps else None,
     )
     answered = [x for x in (r.server_headers_ms for r in mine) if x is not None]
-    c.server_headers_p50_ms, c.server_headers_p99_ms = _q(answered, 0.5), _q(answered, 0.99)
-    ttft_p50 = _q([r.ttft_ms for r in mine if r.token_times_ms], 0.5)
+    c.server_headers_p50_ms, c.server_headers_p99_ms = order_statistic(answered, 0.5), order_statistic(answered, 0.99)
+    ttft_p50 = order_statistic([r.ttft_ms for r in mine if r.token_times_ms], 0.5)
     if c.server_headers_p50_ms is not None and ttft_p50 and c.server_headers_p50_ms > HEADERS_SHARE * ttft_p50:
         c.warnings.append(
             f"the server answered the requests' headers a median {c.server_headers_p50_ms:.1f} ms (p99 "

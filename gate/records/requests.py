@@ -181,7 +181,7 @@ class RequestRecord:
     server_prefill_ms: float | None = None  # the server's own prefill time (llama.cpp timings.prompt_ms)
     server_tpot_ms: float | None = None  # the server's own time per output token (llama.cpp predicted_per_token_ms)
     server_cached_tokens: int | None = None  # prompt tokens the server took from its prefix cache (llama.cpp cache_n)
-    started_s: float | None = None  # served: wall clock (s since the epoch) when the request left the client
+    started_s: float | None = None  # served: wall clock (s, epoch) when the client began it, before connecting
     # Cross-tokenizer drafts (gate.drafts.cross_tokenizer), per step like step_proposed (0 / None elsewhere):
     step_mapping_ms: list[float] | None = (
         None  # time spent translating between the tokenizers in the step's proposal (ms)

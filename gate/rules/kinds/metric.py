@@ -16,6 +16,7 @@ import operator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gate.core.quantiles import order_statistic
 from gate.core.units import Dimension, format_value, parse_quantity
 from gate.measure.client_check import describe_delayed, is_client_delayed
 from gate.measure.contention import describe, is_contended, pooled_stall_share
@@ -553,13 +554,13 @@ def _server_headers(rule: MetricRule, m: Measurements, where: Selection) -> str:
     its headers with its first token)."""
     if not METRICS[rule.metric].includes_server_headers:
         return ""
-    answered = sorted(samples(SERVER_HEADERS_MS.name, m, where))
-    if not answered:
+    answered = samples(SERVER_HEADERS_MS.name, m, where)
+    median, p99 = order_statistic(answered, 0.5), order_statistic(answered, 0.99)
+    if median is None or p99 is None:
         return ""
-    p99 = answered[min(len(answered) - 1, int(0.99 * len(answered)))]
     return (
         f"; of it, the server's time to its response headers (its accept queue, its threads, its request "
-        f"handling): median {answered[len(answered) // 2]:.1f} ms, p99 {p99:.1f} ms over {len(answered)} requests "
+        f"handling): median {median:.1f} ms, p99 {p99:.1f} ms over {len(answered)} requests "
         "(server_headers_ms)"
     )
 

@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from gate.core.quantiles import order_statistic
 from gate.records import ClientWorkerRecord
 from gate.runners.client.protocol import PROTOCOLS
 from gate.runners.client.transfer import RawStream, Transfer
@@ -147,10 +148,10 @@ class Lag:
 
     def stats(self) -> tuple[float, float, float]:
         """Median, 99th percentile and max lag in ms (0s without a timer)."""
-        if not self.lags:
+        median, p99 = order_statistic(self.lags, 0.5), order_statistic(self.lags, 0.99)
+        if median is None or p99 is None:
             return 0.0, 0.0, 0.0
-        xs = sorted(self.lags)
-        return xs[len(xs) // 2] * 1e3, xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1e3, xs[-1] * 1e3
+        return median * 1e3, p99 * 1e3, max(self.lags) * 1e3
 
 
 class Slots:
