@@ -107,6 +107,7 @@ class Written:
     rules: int
     to_set: list[int]
     todo: list[int]
+    target_problem: str | None = None  # why `gate validate` will refuse target.model as written (None: it is found)
 
 
 class Ask(Protocol):
@@ -480,10 +481,10 @@ def _header(doc: _Doc, ctx: _Context, path: Path) -> None:
         "Exit codes: 0 every error-level rule passed, 1 a rule failed, 2 invalid policy or input,\n"
         "3 a measurement could not be made or a verdict not decided.\n"
         'Every value marked "# set:" is a starting point for the team to set (from your SLOs and a run\n'
-        'of the draft you ship today); "# TODO: set" marks what gate cannot know (your files, your servers).'
+        'of the draft you ship today); a "TODO" comment marks what gate cannot know (your files, your servers).'
     )
     if ctx.in_process:
-        doc.comment("Sized like the embedded default: a few minutes on 2 CPU cores with a 135M target.")
+        doc.comment("Sized like the embedded default: under 10 minutes on 2 CPU cores with a 135M target.")
     doc.comment(f"The guide: docs/guides/{GUIDES[ctx.case]}; every key: docs/reference/policy.md (or `gate schema`).")
     doc.key("version", 1)
     doc.key("name", f"{ctx.case}-gate" if ctx.case != "quantized-audit" else "quantized-draft-audit")
@@ -540,12 +541,12 @@ def _workload(doc: _Doc, ctx: _Context) -> None:
         doc.key("categories", ["writing", "coding"], SET + "the domains your traffic has", indent=2)
         doc.key("per_category", 10, indent=2)
         doc.key("max_new_tokens", 24, SET + "your outputs' length", indent=2)
+    elif ctx.case == "release":  # its per-category rule needs 10 paired requests a category, served or not
+        doc.key("per_category", 5, "40 prompts: 10 paired requests a category at 2 repetitions", indent=2)
+        doc.key("max_new_tokens", 24, SET + "your outputs' length (a list is a matrix: [16, 128])", indent=2)
     elif ctx.served:
         doc.key("per_category", 2, "16 prompts; extraction and coding give prompt lookup text to copy", indent=2)
         doc.key("max_new_tokens", 48, SET + "your outputs' length", indent=2)
-    elif ctx.case == "release":
-        doc.key("per_category", 5, "40 prompts: 10 paired requests a category at 2 repetitions", indent=2)
-        doc.key("max_new_tokens", 24, SET + "your outputs' length (a list is a matrix: [16, 128])", indent=2)
     else:
         doc.key("per_category", 3, "24 prompts, three per MT-bench category", indent=2)
         doc.key("max_new_tokens", 24, SET + "your outputs' length (a list is a matrix: [16, 128])", indent=2)
@@ -566,7 +567,15 @@ def _runner(doc: _Doc, ctx: _Context) -> None:
     spec = runner_kinds.runner_class(kind).spec
     fields = spec.model_fields
     if "threads" in fields:
-        doc.key("threads", 2, SET + "the server's compute threads (-t)", indent=2)
+        from gate.measure.environment import cpu_count
+
+        cpus = cpu_count() or 2
+        doc.key(
+            "threads",
+            max(1, cpus - 1),
+            SET + f"the server's compute threads (-t): here {cpus} CPUs less one for gate's client",
+            indent=2,
+        )
     if "ctx_size" in fields:
         doc.key("ctx_size", 1024, "context tokens per parallel slot", indent=2)
     if "max_model_len" in fields:
@@ -940,7 +949,22 @@ def write(request: Request, path: Path = DEFAULT_PATH) -> Written:
         loaded_rules,
         [i for i, line in enumerate(lines, 1) if f"# {SET}" in line],
         [i for i, line in enumerate(lines, 1) if f"# {TODO}" in line],
+        _target_problem(checked.target, path),
     )
+
+
+def _target_problem(target: str, path: Path) -> str | None:
+    """Why target.model, as written to the policy at `path`, would not be found by `gate
+    validate` (a typo, a folder not made yet), or None. The policy is written all the same: a
+    team may write it before the model is on the machine."""
+    from gate.core.errors import PolicyValueError
+    from gate.models.loading import resolve_source
+
+    try:
+        resolve_source(target, None, path.parent, "target.model")
+    except PolicyValueError as e:
+        return e.message
+    return None
 
 
 def _load(text: str, path: Path) -> int:
@@ -1058,16 +1082,23 @@ def run(
 def summary(written: Written) -> list[str]:
     """What gate init prints once the policy is written."""
     lines = [f"{written.path}: written ({written.rules} rules), and gate's policy loader reads it back"]
+
+    def values(lines: list[int]) -> str:
+        return f"{len(lines)} value{'s' * (len(lines) != 1)}"
+
+    def at(lines: list[int]) -> str:
+        return f"line{'s' * (len(lines) != 1)} {', '.join(map(str, lines))}"
+
     if written.to_set:
         lines.append(
-            f'set: {len(written.to_set)} values marked "# {SET.strip()}" for the team to set '
-            f"(lines {', '.join(map(str, written.to_set))})"
+            f'set: {values(written.to_set)} marked "# {SET.strip()}" for the team to set ({at(written.to_set)})'
         )
     if written.todo:
         lines.append(
-            f'todo: {len(written.todo)} values marked "# {TODO.strip()}" that gate cannot know '
-            f"(lines {', '.join(map(str, written.todo))}): set each; gate validate refuses a missing file, "
-            "not a placeholder URL"
+            f'todo: {values(written.todo)} marked "# {TODO.strip()}" that gate cannot know ({at(written.todo)}): '
+            "set each; gate validate refuses a missing file, not a placeholder URL"
         )
+    if written.target_problem:
+        lines.append(f"warning: target.model: {written.target_problem}; gate validate refuses it until it is found")
     lines.append(f"next: gate validate {written.path}, then gate check {written.path}")
     return lines

@@ -151,7 +151,8 @@ def measure(
         phases = [loop.phase(names, session.laws, range(settings.repetitions))]
     else:  # a sequential run: the first look's units, then further looks while verdicts are undecided
         m.looks = replace(rounds.looks, taken={f"{n}/{law.name}": 1 for n in names for law in session.laws})
-        phases = [loop.phase(names, session.laws, units=rounds.units(1))]
+        first_look = f"look 1 of {len(rounds.looks.schedule)}"
+        phases = [loop.phase(names, session.laws, units=rounds.units(1), label=first_look)]
     first = settings.first_shard  # what is not split runs in the first shard (gate.commands.merge)
     if session.drafts and loop.overlap_laws():  # the drafts are loaded here: overlap along the fallback's outputs
         laws = loop.overlap_laws()
@@ -320,7 +321,9 @@ class Loop:
                 out.append(replace(b, units=units))
         return out
 
-    def phase(self, names: list[str], laws: list[Law], reps: range = range(0), units: Units | None = None) -> Phase:
+    def phase(
+        self, names: list[str], laws: list[Law], reps: range = range(0), units: Units | None = None, label: str = ""
+    ) -> Phase:
         """The timed requests of `reps` (or of `units`: a look of a sequential run, as
         gate.plan.rounds.Rounds.units gives them) as a Phase: when stopped, each runner, law and
         load point with requests that did not end gets a failure (stage "request") saying how
@@ -355,7 +358,7 @@ class Loop:
         return Phase(
             "the requests",
             FailureStage.REQUEST,
-            lambda: self.requests(names, laws, reps, units),
+            lambda: self.requests(names, laws, reps, units, label=label),
             unmeasured,
             detail=lambda: f"{ended()} of {total} requests measured",
         )
@@ -400,11 +403,13 @@ class Loop:
         reps: range = range(0),
         units: Units | None = None,
         once: bool = True,
+        label: str = "",
     ) -> None:
         """Every request of `names` (the fallback first) x `laws` x load points x `reps` (or
         `units`, Loop.phase), block by block; then, with `once` (the run's first requests, not
         a further look), what a run measures once after them: a served run's exactness
-        samples and the envelope search. An Exception that escapes a block (a server that
+        samples and the envelope search. `label` names these requests in the report's notes
+        (a further look: "look 3 of 5, t0.7"). An Exception that escapes a block (a server that
         cannot start) is a failure and the reports are still written; the runner is closed at
         the end, and the servers it ran recorded (m.servers)."""
         blocks = [b for r, p in self._runs(reps, units) for b in self.blocks(names, laws, r, p)]
@@ -433,7 +438,8 @@ class Loop:
             h = self.s.contention
             note = budget.note() if h.max_cpu_stall is not None and h.reruns else None
             if note:
-                self.m.notes.append(note)
+                named = f"contention reruns ({label}):" if label else "contention reruns:"
+                self.m.notes.append(note.replace("contention reruns:", named))
             self.m.servers = _servers(self.runner, names) or self.m.servers
             _not_lossless(self.m)
             self.runner.close()
@@ -474,7 +480,8 @@ class Loop:
                 names = [FALLBACK, *drafts]
                 for n in names:
                     self.m.looks.taken[f"{n}/{law_name}"] = look
-                self.requests(names, [law], units=rounds.units(look), once=False)
+                label = f"look {look} of {len(rounds.looks.schedule)}, {law_name}"
+                self.requests(names, [law], units=rounds.units(look), once=False, label=label)
                 if drafts and self.session.drafts and self.s.first_shard:
                     _overlaps(self.session, self.m, self.progress, set(drafts))
 

@@ -103,7 +103,8 @@ def resolve_source(model: str, gguf_file: str | None, base_dir: Path, yaml_path:
     hint = (
         f" (did you mean the packaged {close[0]!r}?)" if close else f" (packaged: {', '.join([*PACKAGED, *ASSEMBLED])})"
     )
-    raise PolicyValueError(yaml_path, f"model not found: {path}{hint}")
+    shown = model if str(path) == model else f"{model} (looked for {path})"  # as written, and where it was looked for
+    raise PolicyValueError(yaml_path, f"model not found: {shown}{hint}")
 
 
 _ASSEMBLED_PATHS: dict[str, Path] = {}  # name -> the assembled file, once per process (assemble() hashes 253 MB)

@@ -178,8 +178,14 @@ def planned_looks(plan: Any) -> str | None:
     looks = rounds.looks
     points = len(load_points(policy)) if windows else 1
     per = (1 + len(policy.drafts)) * len(plan.laws) * points * looks.requests_per_unit
+    prompts = len(plan.workload.prompts)
+    again = (
+        f" (past the workload's {prompts}, its prompts again, one more repetition each time)"
+        if not windows and looks.schedule[-1] > prompts
+        else ""
+    )
     return (
-        f"sequential: looks at {', '.join(map(str, looks.schedule))} {looks.unit}s per runner and law; "
+        f"sequential: looks at {', '.join(map(str, looks.schedule))} {looks.unit}s per runner and law{again}; "
         f"{per * looks.schedule[0]} timed requests at the first look, at most {per * looks.schedule[-1]} "
         f"(measurement.budget), against the fixed plan's {per * looks.fixed_plan}"
     )

@@ -80,7 +80,7 @@ def validate(path: str | Path) -> Plan:
             config,
             check_categories=lambda known: _check_categories(policy, known),
         )
-        weak = underpowered(policy, [p.category for p in workload.questions])
+        weak = underpowered(policy, [p.category for p in workload.questions], _budget_scale(policy, workload.prompts))
         loaded.warnings.extend(loaded.source.problem(w.path, w.message) for w in weak)
         loaded.warnings.extend(loaded.source.problem(at, message) for at, message in load_gaps(policy))
         loaded.warnings.extend(
@@ -276,6 +276,20 @@ def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
         raise PolicyValueError(yaml_path, str(e)) from None
     except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be read is bad input
         raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
+
+
+def _budget_scale(policy: Any, prompts: list[Any]) -> float | None:
+    """A sequential run's most units per runner and law over its fixed plan's (the budget's
+    last look, gate.plan.rounds.plan_rounds); None for a fixed plan (sequential: false)."""
+    from gate.plan.rounds import plan_rounds
+
+    ms = policy.measurement
+    if not ms.sequential:
+        return None
+    windows = not policy.runner.runs_models_here
+    lengths = len(policy.workload.max_new_tokens_list)
+    looks = plan_rounds(prompts, lengths, ms.repetitions, ms.budget.requests, windows, policy.workload.seed).looks
+    return looks.schedule[-1] / looks.fixed_plan
 
 
 def _budget_warnings(policy: Any, prompts: list[Any]) -> list[tuple[str, str]]:

@@ -40,11 +40,14 @@ class Shortfall(NamedTuple):
     rule: int  # the rule's index in policy.rules
 
 
-def underpowered(policy: Policy, categories: list[str]) -> list[Shortfall]:
+def underpowered(policy: Policy, categories: list[str], budget_scale: float | None = None) -> list[Shortfall]:
     """A Shortfall for every metric rule the planned run cannot decide with the requested
     confidence. `categories`: the category of every prompt the workload selects.
     Counts the cells of the rule's own scope (its categories; one value of `per`), at
-    measurement.repetitions (extra repetitions run only when a verdict is inconclusive)."""
+    measurement.repetitions (the fixed plan). `budget_scale`: a sequential run's most units
+    per runner and law over the fixed plan's (its budget's last look, gate.plan.rounds; None:
+    a fixed plan). A percentile rule that the fixed plan cannot pass but the budget can is
+    warned of, not called undecidable: its cell stays undecided, so the looks measure it further."""
     w, ms = policy.workload, policy.measurement
     lengths = len(w.context_lengths or []) or 1
     labels = w.constraint_labels  # each prompt runs under every workload.constraints entry
@@ -78,17 +81,27 @@ def underpowered(policy: Policy, categories: list[str]) -> list[Shortfall]:
             most = cells * (max(w.max_new_tokens_list) if rule.metric in PER_TOKEN else 1)
             if most < need:
                 what = "tokens" if rule.metric in PER_TOKEN else "requests"
-                out.append(
-                    Shortfall(
-                        f"rules[{i}].aggregation",
-                        f"{rule.aggregation} of {rule.metric} can never pass at "
-                        f"{level:.0%} confidence: even with no sample beyond the threshold it needs at least "
-                        f"{need} samples, and the plan has at most {most} {what} per draft and law{where} (add "
-                        "prompts or measurement.repetitions)",
-                        True,
-                        i,
-                    )
+                needs = (
+                    f"{level:.0%} confidence: even with no sample beyond the threshold it needs at least {need} "
+                    f"samples, and the fixed plan has at most {most} {what} per draft and law{where}"
                 )
+                # only an error-level verdict extends a run (a warn-level one is decided on what was measured)
+                budget = int(most * budget_scale) if budget_scale and rule.level == "error" else None
+                if budget is not None and budget >= need:
+                    message = (
+                        f"{rule.aggregation} of {rule.metric} cannot pass on the fixed plan at {needs}: its cell "
+                        f"stays undecided, so the sequential looks measure it further, up to {budget} {what} at "
+                        "the budget's last look (each look decides at a stricter level, which needs more)"
+                    )
+                else:
+                    message = (
+                        f"{rule.aggregation} of {rule.metric} can never pass at {needs}"
+                        + (f", {budget} at the budget's last look" if budget is not None else "")
+                        + " (add prompts or measurement.repetitions"
+                        + (", or raise measurement.budget" if budget is not None else "")
+                        + ")"
+                    )
+                out.append(Shortfall(f"rules[{i}].aggregation", message, budget is None or budget < need, i))
         elif rule.metric in WINDOW_ONLY:  # decided over windows: one per repetition and load point
             points = _load_points(policy)
             if ms.repetitions < MIN_UNITS:

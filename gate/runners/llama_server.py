@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gate.records import FALLBACK
 from gate.runners.client.transport import ServedError
@@ -257,6 +257,60 @@ class ServerConfig:
     extra_args: tuple[str, ...] = ()
 
 
+# llama-server flags gate sets itself, and what to write instead (runner.extra_args may not repeat them: a later
+# flag wins, and what gate records would be untrue).
+FIXED_FLAGS = {
+    **dict.fromkeys(
+        (
+            "-m",
+            "--model",
+            "-mu",
+            "--model-url",
+            "-hf",
+            "-hfr",
+            "--hf-repo",
+            "-hff",
+            "--hf-file",
+            "-dr",
+            "--docker-repo",
+        ),
+        "the target is target.model",
+    ),
+    **dict.fromkeys(("--host", "--port", "--metrics"), "gate listens on a free local port and reads /metrics"),
+    **dict.fromkeys(("-np", "--parallel"), "the slots are the highest concurrency of load"),
+    **dict.fromkeys(("-c", "--ctx-size"), "use runner.ctx_size (tokens per slot)"),
+    **dict.fromkeys(("-t", "--threads"), "use runner.threads"),
+}
+# Flags that turn speculation on. runner.extra_args go to every server, the fallback's too: with one of these the
+# fallback would speculate, and every "speedup over the fallback" would compare two speculative servers.
+SPECULATION_FLAGS = (
+    "-md",
+    "--model-draft",
+    "--spec-draft-model",
+    "--spec-type",
+    "--spec-draft-n-max",
+    "--spec-default",
+    "-hfd",
+    "-hfrd",
+    "--hf-repo-draft",
+    "--spec-draft-hf",
+)
+
+
+def refused_flag(arg: str) -> str | None:
+    """Why runner.extra_args may not hold `arg` (a llama-server flag, `--flag=value` too), or None."""
+    flag = arg.split("=", 1)[0]
+    if flag in FIXED_FLAGS:
+        return f"{flag} is set by gate: {FIXED_FLAGS[flag]}"
+    if flag in SPECULATION_FLAGS or (flag.startswith("--fim-") and flag.endswith("-spec")):
+        return (
+            f"{flag} turns speculation on, and runner.extra_args go to every server, the fallback's too: the "
+            "fallback would speculate. Declare the draft under drafts (kind model for -md, prompt_lookup for the "
+            "n-gram spec types; num_draft_tokens for --spec-draft-n-max)"
+        )
+    return None
+
+
 class LlamaServerRunnerSpec(ServedRunnerSpec):
     """runner.kind llama_server: llama.cpp's llama-server started by gate for each runner (the
     target GGUF, -md for a model draft, an n-gram spec type for prompt_lookup)."""
@@ -269,8 +323,44 @@ class LlamaServerRunnerSpec(ServedRunnerSpec):
     )
     threads: int = Field(2, ge=1, description="-t, compute threads of each server.")
     ctx_size: int = Field(2048, ge=64, description="Context tokens per parallel slot.")
-    extra_args: list[str] = Field(default_factory=list, description="Further command-line arguments.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Further llama-server arguments, given to every server (the fallback's too): not the flags "
+        "gate sets ("
+        + ", ".join(FIXED_FLAGS)
+        + ") nor those that turn speculation on ("
+        + ", ".join(SPECULATION_FLAGS)
+        + ", --fim-*-spec).",
+    )
     startup_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for /health.")
+
+    def policy_warnings(self, policy: Any) -> list[tuple[str, str]]:
+        """runner.threads that leave gate's own client no CPU on this machine: the client's
+        waits then show in TTFT and ITL (docs/guides/served.md)."""
+        from gate.measure.environment import cpu_count
+
+        out = super().policy_warnings(policy)
+        cpus = cpu_count()
+        if cpus and self.threads >= cpus:
+            out.append(
+                (
+                    "runner.threads",
+                    f"{self.threads} server threads on this machine's {cpus} CPUs leave gate's own client none: "
+                    "its waits then show in TTFT and ITL (on 2 CPUs a run with threads 2 fell to 1.3 tokens/s, "
+                    f"every request an error, against 26.8 with threads 1); use about {max(1, cpus - 1)}",
+                )
+            )
+        return out
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_gates(cls, args: list[str]) -> list[str]:
+        """Refuses gate's own flags and flags that would make the fallback speculate (refused_flag)."""
+        for a in args:
+            why = refused_flag(a)
+            if why:
+                raise ValueError(why)
+        return args
 
 
 @register("llama_server")
@@ -294,6 +384,7 @@ class LlamaServerRunner(ManagedServerRunner):
 
     program = "llama-server"
     build_hint = "build it: scripts/build-llama-server.sh; or set GATE_LLAMA_SERVER"
+    binary_env = "GATE_LLAMA_SERVER"
 
     def __init__(
         self,

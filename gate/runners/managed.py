@@ -55,6 +55,7 @@ class ManagedServerRunner(OpenAIRunner):
     program = "server"  # its name in messages
     health_path = "/health"
     build_hint = ""  # how to get the binary, for the "binary missing" message
+    binary_env = ""  # the environment variable that names the binary (find_binary reads it first)
 
     def __init__(
         self,
@@ -109,6 +110,14 @@ class ManagedServerRunner(OpenAIRunner):
         binary = str(plan.resolve(spec.binary)) if spec.binary else found
         if not binary or not Path(binary).is_file() or not os.access(binary, os.X_OK):
             said = f"{binary} is not an executable file" if binary else f"none in {where}"
+            given = os.environ.get(cls.binary_env, "") if cls.binary_env else ""
+            if not spec.binary and given and given == found:  # the bad path is the environment's, not the policy's
+                raise PolicyValueError(
+                    "runner",
+                    f"no executable {cls.program} found (${cls.binary_env} names {given}, which is not an "
+                    f"executable file); fix or unset ${cls.binary_env}, build one with `{build}`, or name it in "
+                    "runner.binary",
+                )
             raise PolicyValueError(
                 "runner.binary",
                 f"no executable {cls.program} found ({said}); build it with `{build}` or name it in runner.binary",

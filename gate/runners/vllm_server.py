@@ -198,6 +198,7 @@ class VLLMServerRunner(ManagedServerRunner):
     capabilities = replace(ManagedServerRunner.capabilities, slow_switch=True)
     program = "vllm"
     build_hint = "build it: scripts/build-vllm.sh (make vllm); or set GATE_VLLM"
+    binary_env = "GATE_VLLM"
 
     def __init__(
         self,

@@ -55,7 +55,9 @@ def test_a_draft_kind_vllm_cannot_run_is_refused_naming_the_draft(monkeypatch):
     assert "prompt_lookup" in e.value.message and "early_exit" in e.value.message and "heads" in e.value.message
 
 
-def test_a_missing_vllm_is_named_at_runner_binary(monkeypatch, tmp_path):
+def test_a_missing_vllm_is_named_where_its_path_came_from(monkeypatch, tmp_path):
+    """A bad $GATE_VLLM is blamed on the variable (the policy has no runner.binary); a bad
+    runner.binary on runner.binary, whatever the environment says."""
     from types import SimpleNamespace
 
     from gate.core.errors import PolicyValueError
@@ -64,7 +66,13 @@ def test_a_missing_vllm_is_named_at_runner_binary(monkeypatch, tmp_path):
     plan = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm"), drafts={}))
     with pytest.raises(PolicyValueError) as e:
         vs.VLLMServerRunner.from_plan(plan)
-    assert e.value.path == "runner.binary" and "make vllm" in e.value.message and "no-vllm" in e.value.message
+    assert e.value.path == "runner" and "$GATE_VLLM names" in e.value.message and "no-vllm" in e.value.message
+    assert "make vllm" in e.value.message and "unset $GATE_VLLM" in e.value.message
+    named = SimpleNamespace(policy=SimpleNamespace(runner=vs.VLLMRunnerSpec(kind="vllm", binary="bin/vllm"), drafts={}),
+                            resolve=lambda p: tmp_path / p)
+    with pytest.raises(PolicyValueError) as e:
+        vs.VLLMServerRunner.from_plan(named)
+    assert e.value.path == "runner.binary" and "bin/vllm is not an executable file" in e.value.message
 
 
 @pytest.fixture(scope="module")

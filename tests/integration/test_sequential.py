@@ -29,7 +29,8 @@ def test_only_the_undecided_cell_is_measured_again_and_its_verdict_says_its_look
     text += "measurement: {warmup_requests: 0, max_cpu_stall: null, budget: {requests: 20}}\n"
     policy = write_policy(tmp_path, text)
     validated = CliRunner().invoke(cli, ["validate", str(policy)])
-    assert "sequential: looks at 5, 10, 20 prompts per runner and law; 15 timed requests at the first look, at most 60 " \
+    assert "sequential: looks at 5, 10, 20 prompts per runner and law (past the workload's 5, its prompts again, one more " \
+           "repetition each time); 15 timed requests at the first look, at most 60 " \
            "(measurement.budget), against the fixed plan's 15" in validated.output, validated.output
     out = tmp_path / "r.json"
     result = CliRunner().invoke(cli, ["check", str(policy), "--json", str(out), "--junit", str(tmp_path / "j.xml"),

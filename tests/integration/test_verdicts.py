@@ -51,6 +51,30 @@ def test_validate_warns_about_an_underpowered_policy(tmp_path, tiny_model_dir, p
     assert "policy.yaml:" in result.output  # the file and line are named
 
 
+def test_a_percentile_the_fixed_plan_cannot_pass_but_the_budget_can_is_not_called_never(tmp_path, tiny_model_dir,
+                                                                                       prompts_file):
+    """A new user's finding: validate said a p99 rule "can never pass", and the run's further looks
+    (another verdict of the cell undecided) passed it. With 5 prompts of 16 tokens (80 gaps at
+    most) and a budget of 25 prompts (400), the rule's own cell stays undecided until 368."""
+    from types import SimpleNamespace
+
+    from gate.policy.reader import load_policy
+    from gate.plan.validate import _budget_scale
+    from gate.rules.power import underpowered
+
+    rule = "  - {id: itl-p99, metric: itl_ms, aggregation: p99, comparison: '<=', threshold: 1 s}\n"
+    text = tiny_policy(tiny_model_dir, prompts_file, rule, drafts=DRAFTS, max_new_tokens=16)
+    for measurement, never in (("measurement: {budget: {requests: 25}}\n", False),
+                               ("measurement: {sequential: false}\n", True),
+                               ("measurement: {budget: {requests: 20}}\n", True)):
+        policy = load_policy(write_policy(tmp_path, text + measurement)).policy
+        prompts = [SimpleNamespace(category="qa")] * 5
+        (w,) = [w for w in underpowered(policy, ["qa"] * 5, _budget_scale(policy, prompts)) if w.rule == 2]
+        assert w.undecidable == never, w.message
+        assert ("can never pass" in w.message) == never and ("cannot pass on the fixed plan" in w.message) != never
+        assert never or "up to 400 tokens at the budget's last look" in w.message, w.message
+
+
 def test_check_against_a_saved_baseline_report(tmp_path, tiny_model_dir, prompts_file):
     reps = "measurement:\n  repetitions: 4\n"
     text = tiny_policy(tiny_model_dir, prompts_file, drafts=DRAFTS) + reps

@@ -141,7 +141,7 @@ def test_a_served_model_draft_is_marked_todo_and_the_summary_says_so(tmp_path):
     assert result.exit_code == 0, result.output
     line = next(x for x in path.read_text().splitlines() if x.strip().startswith("model: ./small-draft"))
     assert "# TODO: set" in line
-    assert "todo: 1 values" in result.output
+    assert "todo: 1 value marked" in result.output
 
 
 def test_a_relative_target_path_is_written_relative_to_the_policy(tmp_path, monkeypatch):
@@ -310,3 +310,25 @@ def test_a_policy_gate_cannot_load_is_a_bug_said_so_and_nothing_is_written(tmp_p
     assert result.exit_code == 3, result.output
     assert "internal error: gate init wrote a policy gate cannot load (a bug in gate init)" in result.output
     assert not path.exists()
+
+
+def test_what_gate_cannot_know_is_counted_and_only_values_match_the_grep_the_docs_give(tmp_path):
+    """`grep -n 'TODO: set' policy.yaml` (README) finds the values to set, not the header's
+    explanation; one value is "1 value ... (line N)" (a new user's finding)."""
+    result, path = gate_init(tmp_path, "--for", "release", "--target", TARGET)
+    assert result.exit_code == 0, result.output
+    lines = path.read_text().splitlines()
+    todo = [i for i, line in enumerate(lines, 1) if "TODO: set" in line]
+    assert todo and all(not lines[i - 1].lstrip().startswith("#") for i in todo), [lines[i - 1] for i in todo]
+    assert len(todo) == 1 and f'todo: 1 value marked "# TODO: set" that gate cannot know (line {todo[0]})' in result.output
+
+
+def test_a_target_gate_cannot_find_is_written_with_a_warning_naming_the_likely_one(tmp_path):
+    """A typo in --target is written (a team may write the policy before the model is there),
+    and the summary says what gate validate will say (a new user's finding: it said nothing)."""
+    result, path = gate_init(tmp_path, "--for", "ci", "--target", "smollm2-135m-instrct")
+    assert result.exit_code == 0 and path.exists(), result.output
+    assert "warning: target.model: model not found: smollm2-135m-instrct" in result.output
+    assert "did you mean the packaged 'smollm2-135m-instruct'?" in result.output
+    ok, _ = gate_init(tmp_path / "ok", "--for", "ci", "--target", TARGET)
+    assert "warning" not in ok.output

@@ -89,3 +89,21 @@ def test_binary_missing_is_a_served_error(tmp_path):
 # ---- with a real llama-server ------------------------------------------------------------------------
 
 
+
+
+def test_extra_args_that_would_make_the_fallback_speculate_or_repeat_gates_flags_are_refused() -> None:
+    """runner.extra_args go to every server, the fallback's too (a new user's finding: --spec-type
+    there made the fallback speculate, silently)."""
+    from pydantic import ValidationError
+
+    from gate.runners.llama_server import LlamaServerRunnerSpec
+
+    for args, said in ((["--spec-type", "ngram-simple"], "the fallback would speculate"),
+                       (["-md", "d.gguf"], "the fallback would speculate"),
+                       (["--fim-qwen-7b-spec"], "the fallback would speculate"),
+                       (["-np", "8"], "-np is set by gate"), (["--port=9"], "--port is set by gate"),
+                       (["-t", "4"], "use runner.threads")):
+        with pytest.raises(ValidationError, match=said):
+            LlamaServerRunnerSpec(kind="llama_server", extra_args=args)
+    tuned = ["--spec-draft-p-min", "1.0", "--mlock"]  # a draft's tuning, inert without speculation
+    assert LlamaServerRunnerSpec(kind="llama_server", extra_args=tuned).extra_args == tuned
