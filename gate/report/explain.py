@@ -10,7 +10,7 @@ from typing import Any
 
 from gate.core.units import Dimension, format_value
 from gate.measure.client_check import DEFAULT_MAX_CLIENT_LAG_MS, client_delay_ms, is_client_delayed
-from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, stall_share
+from gate.measure.contention import DEFAULT_MAX_CPU_STALL, is_contended, pooled_stall_share, stall_share
 from gate.metrics.catalogue import METRICS, TIMED
 from gate.policy.saved import read_report as load_report
 from gate.report.document import Report
@@ -151,15 +151,18 @@ def _contended(report: Report, where: Any) -> list[str]:
     limit = (report.policy.get("measurement") or {}).get("max_cpu_stall", DEFAULT_MAX_CPU_STALL)
     cpus = report.measurements.environment.cpu_count
     reqs = [r for r in report.measurements.requests if where.takes(r)]
-    busy = [r for r in reqs if is_contended(r, limit, cpus)]
+    busy = sorted(
+        (r for r in reqs if is_contended(r, limit, cpus)), key=lambda r: stall_share(r, cpus) or 0.0, reverse=True
+    )
     out = []
     if busy:
         ids = ", ".join(f"{r.prompt_id} ({stall_share(r, cpus):.0%})" for r in busy[:8]) + (
             " ..." if len(busy) > 8 else ""
         )
+        pooled = pooled_stall_share(busy, cpus)
         out.append(
             f"  {where.runner}: {len(busy)} of {len(reqs)} requests contended (over {limit:.0%} of wall time without "
-            f"CPU): {ids}"
+            f"CPU; {pooled or 0.0:.0%} of theirs pooled, weighted by wall time), the most first: {ids}"
         )
     bound = (report.policy.get("measurement") or {}).get("max_client_lag_ms", DEFAULT_MAX_CLIENT_LAG_MS)
     delayed = [r for r in reqs if is_client_delayed(r, bound)]
