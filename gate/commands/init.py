@@ -1083,11 +1083,11 @@ def summary(written: Written) -> list[str]:
     """What gate init prints once the policy is written."""
     lines = [f"{written.path}: written ({written.rules} rules), and gate's policy loader reads it back"]
 
-    def values(lines: list[int]) -> str:
-        return f"{len(lines)} value{'s' * (len(lines) != 1)}"
+    def values(marked: list[int]) -> str:
+        return f"{len(marked)} value{'s' * (len(marked) != 1)}"
 
-    def at(lines: list[int]) -> str:
-        return f"line{'s' * (len(lines) != 1)} {', '.join(map(str, lines))}"
+    def at(marked: list[int]) -> str:
+        return f"line{'s' * (len(marked) != 1)} {', '.join(map(str, marked))}"
 
     if written.to_set:
         lines.append(
