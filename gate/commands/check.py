@@ -424,16 +424,16 @@ def finish(
     baseline: Baseline | None = None,
 ) -> CheckResult:
     """Evaluate `rules` (default: the policy's) on `m` and build the report and exit code."""
-    from gate.commands.compare import environment_differences
+    from gate.commands.compare import environment_differences, workload_differences
 
     base, mismatch = (baseline.measurements if baseline else None), None
-    if base is not None:
-        diffs = environment_differences(base.environment, m.environment)
+    if base is not None:  # what gate compare calls not comparable: another machine or software, another workload
+        diffs = environment_differences(base.environment, m.environment) + workload_differences(base, m)
         mismatch = "; ".join(diffs) or None
         if mismatch:
             notes = [
                 *notes,
-                f"baseline environment differs ({mismatch}): relative_to: baseline verdicts are inconclusive",
+                f"the baseline was measured otherwise ({mismatch}): relative_to: baseline verdicts are inconclusive",
             ]
     settings = settings_for(loaded.policy, base, mismatch, waivers=options.waivers)
     busy = contention_note(m, settings.max_cpu_stall)

@@ -102,10 +102,18 @@ def environment_differences(base: Environment, cand: Environment) -> list[str]:
 
 
 def workload_differences(base: Measurements, cand: Measurements) -> list[str]:
-    """What makes two runs measure different things: prompts, output lengths, laws."""
+    """What makes two runs measure different things: prompts, output lengths, laws. Prompts
+    are the workload's selected ones (WorkloadInfo.prompt_ids) where both reports record
+    them, so two sequential runs that stopped at different looks of one workload compare;
+    else the prompts their requests ran."""
+    planned = all(m.workload is not None and m.workload.prompt_ids for m in (base, cand))
+
+    def prompts(m: Measurements) -> set[Any]:
+        return set(m.workload.prompt_ids) if planned and m.workload is not None else {r.prompt_id for r in m.requests}
+
     out = []
     getters: list[tuple[str, Callable[[Measurements], set[Any]]]] = [
-        ("prompts", lambda m: {r.prompt_id for r in m.requests}),
+        ("prompts", prompts),
         ("max_new_tokens", lambda m: {r.max_new_tokens for r in m.requests}),
         ("laws", lambda m: set(m.laws)),
     ]

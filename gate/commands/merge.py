@@ -37,6 +37,8 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not sep or not head.strip().isdigit() or not tail.strip().isdigit():
         raise ValueError(f"expected I/N, e.g. 1/4, got {text!r}")
     i, n = int(head), int(tail)
+    if n < 1:
+        raise ValueError(f"shard {i}/{n}: N, the number of shards, must be at least 1")
     if not 1 <= i <= n:
         raise ValueError(f"shard {i}/{n}: I must be between 1 and N")
     return i, n
@@ -44,7 +46,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def join(parts: list[Measurements]) -> Measurements:
     """The measurements of the shards as one run's: lists (requests, windows, failures, ...)
-    concatenated in shard order, dicts merged, peaks the highest, the session's fields
+    concatenated in shard order (the notes without repeats), dicts merged, peaks the highest, the session's fields
     (environment, laws, tokenizers, workload, target identity) shard 1's."""
     out = copy.deepcopy(parts[0])
     for other in parts[1:]:
@@ -63,6 +65,7 @@ def join(parts: list[Measurements]) -> Measurements:
             elif mine is None:
                 setattr(out, f.name, copy.deepcopy(theirs))
     out.exactness = combined_exactness(out.exactness)
+    out.notes = list(dict.fromkeys(out.notes))  # a note every shard made (how a shard measures) once
     return out
 
 

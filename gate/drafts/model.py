@@ -183,8 +183,24 @@ def _tokenizer_sources(name: str, spec: ModelDraftSpec) -> list[ModelRef]:
 
 
 def _policy_problems(name: str, spec: ModelDraftSpec, target: Any) -> list[tuple[str, str]]:
+    """A draft that is the target itself; int8_dynamic on weights other than float32 (the
+    draft's dtype, or the target's when it inherits it: refused at validate, not after the
+    models load) or on a CUDA target (torch dynamic quantization runs on the CPU)."""
     if spec.model == "target" and spec.dtype in (None, target.dtype) and spec.quantization == "none":
         return [(f"drafts.{name}", "this draft is the target itself (same weights, dtype, quantization)")]
+    if spec.quantization == "int8_dynamic":
+        dtype = spec.dtype or target.dtype
+        if dtype != "float32":
+            at, whose = ("dtype", "") if spec.dtype else ("quantization", ", the target's, which it inherits")
+            return [
+                (
+                    f"drafts.{name}.{at}",
+                    f"int8_dynamic quantizes float32 weights, and the draft's dtype is {dtype}{whose}: give the "
+                    "draft dtype: float32",
+                )
+            ]
+        if target.device == "cuda":
+            return [(f"drafts.{name}.quantization", "int8_dynamic (torch dynamic quantization) runs on the CPU only")]
     return []
 
 

@@ -448,6 +448,11 @@ class Loop:
         """The looks of this run (gate.plan.rounds; None: the fixed plan, or a shard: a shard
         measures its part of the fixed plan, gate merge decides on all of them)."""
         seq = self.s.sequential
+        if seq is not None and self.s.shard is not None:
+            self.m.notes.append(
+                "a shard measures its part of the fixed plan (measurement.repetitions), not sequential looks: the "
+                "looks would have to decide on every shard's records at once; gate merge decides on the fixed plan"
+            )
         if seq is None or self.s.shard is not None:
             return None
         return plan_rounds(

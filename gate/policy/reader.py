@@ -235,7 +235,14 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return tp if _is_model(tp) else None
 
 
+# Names the field gives other values than gate's, and gate's: a synonym is the likely meaning, not the nearest
+# spelling ('p50' is the median, not 'p95').
+SYNONYMS = {"p50": "median", "avg": "mean", "average": "mean", "minimum": "min", "maximum": "max"}
+
+
 def _close(key: str, known: list[str]) -> str | None:
+    if SYNONYMS.get(key) in known:
+        return SYNONYMS[key]
     close = difflib.get_close_matches(key, known, n=1)
     return close[0] if close else None
 

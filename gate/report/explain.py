@@ -17,6 +17,7 @@ from gate.report.document import Report
 from gate.rules.kinds import registry as rule_kinds
 from gate.rules.samples import FALLBACK, samples
 from gate.rules.scope import parse_scope
+from gate.rules.sequential import shown_level
 from gate.rules.status import Status
 
 __all__ = ["explain_rule", "load_report"]
@@ -119,7 +120,8 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
         if o.interval is not None:
             i = o.interval
             lines.append(
-                f"  interval: {i.level:.0%} CI {format_value(i.low, dim)} to {format_value(i.high, dim)} ({i.method}, "
+                f"  interval: {shown_level(i.level)} CI {format_value(i.low, dim)} to {format_value(i.high, dim)} "
+                f"({i.method}, "
                 f"resampling {i.units} units: whole requests, so tokens of one request stay together)"
             )
         if o.exceedance is not None:
@@ -129,7 +131,7 @@ def explain_rule(report: Report, rule_id: str, scope: str | None, max_values: in
                 "effect "
                 f"{e.design_effect:.2f} over {e.units} requests -> effective n {e.n / e.design_effect:.0f}; "
                 "Clopper-Pearson "
-                f"{e.level:.0%} CI of the share {e.low:.3%} to {e.high:.3%} vs at most {e.allowed:.0%} allowed"
+                f"{shown_level(e.level)} CI of the share {e.low:.3%} to {e.high:.3%} vs at most {e.allowed:.0%} allowed"
             )
         rule_text = {
             Status.PASS: "the whole interval satisfies the rule",

@@ -294,7 +294,15 @@ SPECULATION_FLAGS = (
     "-hfrd",
     "--hf-repo-draft",
     "--spec-draft-hf",
+    # older builds' names of the draft window (removed in llama.cpp's current server)
+    "--draft",
+    "--draft-n",
+    "--draft-max",
+    "--draft-min",
+    "--draft-n-min",
 )
+# llama-server's synthetic acceptance ("benchmarking only"): acceptance drawn from fixed rates, not from p and q
+SYNTHETIC_FLAGS = ("--spec-synth-len", "--spec-synth-rates")
 
 
 def refused_flag(arg: str) -> str | None:
@@ -302,6 +310,11 @@ def refused_flag(arg: str) -> str | None:
     flag = arg.split("=", 1)[0]
     if flag in FIXED_FLAGS:
         return f"{flag} is set by gate: {FIXED_FLAGS[flag]}"
+    if flag in SYNTHETIC_FLAGS:
+        return (
+            f"{flag} is llama-server's synthetic acceptance (benchmarking only): acceptance drawn from fixed rates, "
+            "not from the target's and the draft's laws, so nothing it reports about a draft is measured"
+        )
     if flag in SPECULATION_FLAGS or (flag.startswith("--fim-") and flag.endswith("-spec")):
         return (
             f"{flag} turns speculation on, and runner.extra_args go to every server, the fallback's too: the "

@@ -101,6 +101,12 @@ def test_kind_checks_through_the_registry() -> None:
     target = policy_model.TargetSpec()
     assert registry.policy_problems("same", same, target) == [
         ("drafts.same", "this draft is the target itself (same weights, dtype, quantization)")]
+    # int8_dynamic on a bfloat16 target's inherited dtype: refused at validate (a new user's finding: gate check refused
+    # it after 19 s of loading, naming a dtype key the policy did not have)
+    int8 = Drafts.model_validate({"d": {"kind": "model", "quantization": "int8_dynamic"}}).d
+    assert registry.policy_problems("int8", int8, target) == []
+    ((at, why),) = registry.policy_problems("int8", int8, policy_model.TargetSpec(dtype="bfloat16"))
+    assert at == "drafts.int8.quantization" and "bfloat16, the target's, which it inherits" in why
 
 
 TOY_MODULE = '''

@@ -91,6 +91,7 @@ def test_check_against_a_saved_baseline_report(tmp_path, tiny_model_dir, prompts
     assert o["status"] == "pass" and o["measured"] == pytest.approx(1.0) and second.exit_code == 0, o["message"]
     # a baseline from another torch is not comparable: inconclusive, named, never silently wrong
     doc = json.loads((tmp_path / "base.json").read_text())
+    torch_version = doc["measurements"]["environment"]["torch"]
     doc["measurements"]["environment"]["torch"] = "0.0-other"
     (tmp_path / "base.json").write_text(json.dumps(doc))
     third = CliRunner().invoke(cli, ["check", str(tmp_path / "policy.yaml"), "--json", str(tmp_path / "r.json"),
@@ -98,7 +99,16 @@ def test_check_against_a_saved_baseline_report(tmp_path, tiny_model_dir, prompts
     report = json.loads((tmp_path / "r.json").read_text())
     (o,) = [o for o in report["outcomes"] if o["rule_id"] == "vs-release"]
     assert o["status"] == "inconclusive" and "0.0-other" in o["message"] and third.exit_code == 3
-    assert any("baseline environment differs" in n for n in report["notes"])
+    assert any(n.startswith("the baseline was measured otherwise") for n in report["notes"])
+    # nor is one of another workload (a new user's finding: it was used silently, where gate compare refused it)
+    doc["measurements"]["environment"]["torch"] = torch_version
+    doc["measurements"]["workload"]["prompt_ids"][0] = "another-prompt"
+    (tmp_path / "base.json").write_text(json.dumps(doc))
+    fourth = CliRunner().invoke(cli, ["check", str(tmp_path / "policy.yaml"), "--json", str(tmp_path / "r.json"),
+                                      "--junit", str(tmp_path / "j.xml"), "--no-warmup"])
+    (o,) = [o for o in json.loads((tmp_path / "r.json").read_text())["outcomes"] if o["rule_id"] == "vs-release"]
+    assert o["status"] == "inconclusive" and "prompts differ" in o["message"] and "another-prompt" in o["message"]
+    assert fourth.exit_code == 3
     # a baseline that is not there is bad input at validate
     (tmp_path / "base.json").unlink()
     missing = CliRunner().invoke(cli, ["validate", str(tmp_path / "policy.yaml")])

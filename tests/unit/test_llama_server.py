@@ -102,7 +102,8 @@ def test_extra_args_that_would_make_the_fallback_speculate_or_repeat_gates_flags
                        (["-md", "d.gguf"], "the fallback would speculate"),
                        (["--fim-qwen-7b-spec"], "the fallback would speculate"),
                        (["-np", "8"], "-np is set by gate"), (["--port=9"], "--port is set by gate"),
-                       (["-t", "4"], "use runner.threads")):
+                       (["-t", "4"], "use runner.threads"), (["--draft-max", "8"], "the fallback would speculate"),
+                       (["--spec-synth-len", "4"], "synthetic acceptance")):
         with pytest.raises(ValidationError, match=said):
             LlamaServerRunnerSpec(kind="llama_server", extra_args=args)
     tuned = ["--spec-draft-p-min", "1.0", "--mlock"]  # a draft's tuning, inert without speculation

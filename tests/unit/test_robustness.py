@@ -75,6 +75,14 @@ def test_p95_is_an_aggregation() -> None:
     assert QUANTILES["p95"] == 0.95
 
 
+def test_a_synonym_is_suggested_before_the_nearest_spelling() -> None:
+    """'p50' is the median, not 'p95' (a new user's finding: "did you mean 'p95'?")."""
+    from gate.policy.reader import _close
+
+    known = ["mean", "median", "p10", "p90", "p95", "p99", "min", "max", "pooled"]
+    assert _close("p50", known) == "median" and _close("avg", known) == "mean" and _close("p98", known) == "p99"
+
+
 # --- a small gate check run, shared: p95, JUnit times, progress lines, explain, compare --
 
 

@@ -150,6 +150,11 @@ def test_relative_to_baseline_pairs_cells_and_an_environment_mismatch_is_inconcl
     better = run({"candidate": 2.5}, noise=0.05, seed=3)
     (o,) = evaluate([rule], better, Settings(baseline=base, baseline_drafts={"candidate": "released"}))
     assert o.status == "pass" and "consider refreshing it" in o.message
+    # a lax threshold cleared by a candidate worse than the baseline is no improvement (a new user's finding: 0.956x
+    # of the baseline read "a large improvement over the baseline")
+    lax = rule.model_copy(update={"threshold": "0.5x"})
+    (o,) = evaluate([lax], cand, Settings(baseline=base, baseline_drafts={"candidate": "released"}))
+    assert o.status == "pass" and o.measured == pytest.approx(0.8, rel=0.05) and "refreshing" not in o.message
 
 
 def test_a_baseline_comparison_of_a_time_holds_the_fallbacks_change_between_the_runs():

@@ -505,7 +505,7 @@ def _one(rule: MetricRule, m: Measurements, where: Selection, s: Settings) -> Ou
     note = ""
     if rule.relative_to == "baseline" and s.baseline_mismatch:
         status, note = Status.INCONCLUSIVE, f"; the baseline cannot be compared: {s.baseline_mismatch}"
-    elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison, threshold):
+    elif rule.relative_to == "baseline" and interval and _improved(interval, rule.comparison):
         note = "; a large improvement over the baseline: consider refreshing it"
     if busy is not None and busy.whole:
         note += (
@@ -770,9 +770,12 @@ def _same_cells(a: Estimand, b: Estimand) -> bool:
     return len(a.groups) == len(b.groups) == 1 and set(a.groups[0][0].keys) == set(b.groups[0][0].keys)
 
 
-def _improved(interval: Interval, comparison: str, threshold: float) -> bool:
-    """The whole interval is more than 10% beyond the threshold on the good side."""
-    return interval.low > threshold * 1.1 if comparison in (">=", ">") else interval.high < threshold / 1.1
+def _improved(interval: Interval, comparison: str) -> bool:
+    """A ratio to the baseline whose whole interval is more than 10% better than the baseline
+    itself (1.0x), on the side the comparison calls good: above 1.1x for >=, below 1/1.1 for <=.
+    Not against the threshold: a lax threshold (>= 0.8x) is cleared by a candidate worse than
+    the baseline (0.956x), which is no improvement."""
+    return interval.low > 1.1 if comparison in (">=", ">") else interval.high < 1 / 1.1
 
 
 def _unit_word(est: Estimand, rule: MetricRule) -> str:
