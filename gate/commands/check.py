@@ -428,7 +428,7 @@ def finish(
 
     base, mismatch = (baseline.measurements if baseline else None), None
     if base is not None:  # what gate compare calls not comparable: another machine or software, another workload
-        diffs = environment_differences(base.environment, m.environment) + workload_differences(base, m)
+        diffs = environment_differences(base.environment, m.environment) + workload_differences(base, m, laws=False)
         mismatch = "; ".join(diffs) or None
         if mismatch:
             notes = [

@@ -101,11 +101,12 @@ def environment_differences(base: Environment, cand: Environment) -> list[str]:
     return out
 
 
-def workload_differences(base: Measurements, cand: Measurements) -> list[str]:
-    """What makes two runs measure different things: prompts, output lengths, laws. Prompts
-    are the workload's selected ones (WorkloadInfo.prompt_ids) where both reports record
-    them, so two sequential runs that stopped at different looks of one workload compare;
-    else the prompts their requests ran."""
+def workload_differences(base: Measurements, cand: Measurements, laws: bool = True) -> list[str]:
+    """What makes two runs measure different things: prompts, output lengths, laws (with
+    `laws`; gate check's baseline pairs cells law by law, so a law one run lacks leaves only
+    its own cells without a partner). Prompts are the workload's selected ones
+    (WorkloadInfo.prompt_ids) where both reports record them, so two sequential runs that
+    stopped at different looks of one workload compare; else the prompts their requests ran."""
     planned = all(m.workload is not None and m.workload.prompt_ids for m in (base, cand))
 
     def prompts(m: Measurements) -> set[Any]:
@@ -115,7 +116,7 @@ def workload_differences(base: Measurements, cand: Measurements) -> list[str]:
     getters: list[tuple[str, Callable[[Measurements], set[Any]]]] = [
         ("prompts", prompts),
         ("max_new_tokens", lambda m: {r.max_new_tokens for r in m.requests}),
-        ("laws", lambda m: set(m.laws)),
+        *([("laws", lambda m: set(m.laws))] if laws else []),
     ]
     for what, get in getters:
         a, b = get(base), get(cand)
