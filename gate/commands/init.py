@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import yaml
 
 from gate import __version__
-from gate.core.errors import EXIT_MEASUREMENT, GateError, InputError
+from gate.core.errors import EXIT_MEASUREMENT, GateError, InputError, PolicyValueError
 from gate.drafts import registry as draft_kinds
 from gate.metrics.catalogue import (
     ACCEPTANCE_RATE,
@@ -957,7 +957,6 @@ def _target_problem(target: str, path: Path) -> str | None:
     """Why target.model, as written to the policy at `path`, would not be found by `gate
     validate` (a typo, a folder not made yet), or None. The policy is written all the same: a
     team may write it before the model is on the machine."""
-    from gate.core.errors import PolicyValueError
     from gate.models.loading import resolve_source
 
     try:

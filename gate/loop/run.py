@@ -436,10 +436,9 @@ class Loop:
             self.m.failures.append(Failure(FailureStage.RUN, "*", "*", "run", describe_error(e)))
         finally:
             h = self.s.contention
-            note = budget.note() if h.max_cpu_stall is not None and h.reruns else None
+            note = budget.note(label) if h.max_cpu_stall is not None and h.reruns else None
             if note:
-                named = f"contention reruns ({label}):" if label else "contention reruns:"
-                self.m.notes.append(note.replace("contention reruns:", named))
+                self.m.notes.append(note)
             self.m.servers = _servers(self.runner, names) or self.m.servers
             _not_lossless(self.m)
             self.runner.close()

@@ -302,8 +302,9 @@ class RerunBudget:
         if self.stopped is not None:
             self.stopped_at = self.cells
 
-    def note(self) -> str | None:
-        """What the reruns did not do and why, for the report (None: every contended cell got its reruns)."""
+    def note(self, label: str = "") -> str | None:
+        """What the reruns did not do and why, for the report (None: every contended cell got its reruns);
+        `label` names the requests it covers ("look 2 of 5, t0.7")."""
         parts = []
         if self.stopped is not None:
             parts.append(
@@ -319,4 +320,5 @@ class RerunBudget:
             )
         if not parts:
             return None
-        return "contention reruns: " + "; ".join(parts) + "; verdicts resting on contended requests are inconclusive"
+        head = f"contention reruns ({label}): " if label else "contention reruns: "
+        return head + "; ".join(parts) + "; verdicts resting on contended requests are inconclusive"

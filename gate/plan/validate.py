@@ -278,18 +278,24 @@ def _tokenizer(source: ModelSource, yaml_path: str) -> Any:
         raise PolicyValueError(yaml_path, f"cannot load the tokenizer of {source}: {type(e).__name__}: {e}") from None
 
 
-def _budget_scale(policy: Any, prompts: list[Any]) -> float | None:
-    """A sequential run's most units per runner and law over its fixed plan's (the budget's
-    last look, gate.plan.rounds.plan_rounds); None for a fixed plan (sequential: false)."""
+def _looks(policy: Any, prompts: list[Any]) -> Any:
+    """The looks a sequential run of `policy` takes over `prompts` (gate.records.LooksRecord,
+    from gate.plan.rounds.plan_rounds), as the loop will plan them."""
     from gate.plan.rounds import plan_rounds
 
     ms = policy.measurement
-    if not ms.sequential:
-        return None
     windows = not policy.runner.runs_models_here
     lengths = len(policy.workload.max_new_tokens_list)
-    looks = plan_rounds(prompts, lengths, ms.repetitions, ms.budget.requests, windows, policy.workload.seed).looks
-    return looks.schedule[-1] / looks.fixed_plan
+    return plan_rounds(prompts, lengths, ms.repetitions, ms.budget.requests, windows, policy.workload.seed).looks
+
+
+def _budget_scale(policy: Any, prompts: list[Any]) -> float | None:
+    """A sequential run's most units per runner and law over its fixed plan's (the budget's
+    last look); None for a fixed plan (sequential: false)."""
+    if not policy.measurement.sequential:
+        return None
+    looks = _looks(policy, prompts)
+    return float(looks.schedule[-1] / looks.fixed_plan)
 
 
 def _budget_warnings(policy: Any, prompts: list[Any]) -> list[tuple[str, str]]:
@@ -297,8 +303,6 @@ def _budget_warnings(policy: Any, prompts: list[Any]) -> list[tuple[str, str]]:
     plan (verdicts are decided on at most the budget; an exactness rule's cells stop there too)
     or below its first look (which is measured whole: the budget is exceeded), and for one
     given to a fixed plan (sequential: false), where it sets nothing."""
-    from gate.plan.rounds import plan_rounds
-
     ms = policy.measurement
     budget = ms.budget.requests
     if not ms.sequential and "requests" in ms.budget.model_fields_set:
@@ -310,9 +314,7 @@ def _budget_warnings(policy: Any, prompts: list[Any]) -> list[tuple[str, str]]:
         ]
     if not ms.sequential or not isinstance(budget, int):
         return []
-    windows = not policy.runner.runs_models_here
-    lengths = len(policy.workload.max_new_tokens_list)
-    looks = plan_rounds(prompts, lengths, ms.repetitions, budget, windows, policy.workload.seed).looks
+    looks = _looks(policy, prompts)
     per = looks.requests_per_unit
     first, fixed = looks.schedule[0] * per, looks.fixed_plan * per
     if budget < first:
